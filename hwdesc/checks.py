@@ -1,0 +1,128 @@
+"""Cross-reference and plausibility checks that a schema alone cannot express.
+
+The typed model rejects wrong types, unknown keys and non-positive numbers; these checks reject
+descriptions that are well-typed but not a chip: a memory at a level that does not exist, a
+transfer between memories that do not exist, an axis split over levels that are not adjacent.
+Each problem is returned with its key path so that the loader can name the file and line.
+"""
+
+from __future__ import annotations
+
+from .model import HwDesc
+from .source import KeyPath
+
+# The notation reserves these axis names (PFN layout notation): W is the element inside a long
+# word and Time a slice index, so no level may use them.
+RESERVED_AXES = ("W", "Time")
+# The transfer-mode vocabulary the simulator implements; the numbers behind each live in YAML.
+TRANSFER_MODES = ("individual", "broadcast", "mab_broadcast", "distribute", "collect", "reduce")
+HOST = "host"
+
+Problem = tuple[KeyPath, str]
+
+
+def check(hw: HwDesc) -> list[Problem]:
+    """All the problems of a description, in file order; empty when it is a valid chip."""
+    problems: list[Problem] = []
+    problems += _check_levels(hw)
+    problems += _check_memories(hw)
+    problems += _check_formats(hw)
+    problems += _check_units(hw)
+    problems += _check_transfers(hw)
+    problems += _check_host_link(hw)
+    return problems
+
+
+def _known(kind: str, names: object) -> str:
+    return f"expected one of the {kind}: {', '.join(names)}"  # type: ignore[arg-type]
+
+
+def _check_levels(hw: HwDesc) -> list[Problem]:
+    problems: list[Problem] = []
+    seen: list[str] = []
+    for name, level in hw.levels.items():
+        if level.axis is None:
+            continue
+        if level.axis in RESERVED_AXES:
+            problems.append((("levels", name, "axis"), f"axis name {level.axis!r} is reserved by the layout notation"))
+        if level.axis in seen and seen[-1] != level.axis:
+            problems.append((("levels", name, "axis"),
+                             f"axis {level.axis!r} must be fed by adjacent levels; expected it right below "
+                             f"the level that last used it"))
+        seen.append(level.axis)
+    if not hw.axes:
+        problems.append((("levels",), "no level names a layout axis; expected at least one `axis:`"))
+    return problems
+
+
+def _check_memories(hw: HwDesc) -> list[Problem]:
+    problems: list[Problem] = []
+    for name, mem in hw.memories.items():
+        if mem.level not in hw.levels:
+            problems.append((("memories", name, "level"), f"level {mem.level!r} does not exist; {_known('levels', hw.levels)}"))
+            continue
+        unit = hw.address_unit_bytes(name)
+        if int(mem.capacity_bytes) % unit:
+            problems.append((("memories", name, "capacity_bytes"),
+                             f"{int(mem.capacity_bytes)} bytes is not a whole number of {unit}-byte address units"))
+    return problems
+
+
+def _check_formats(hw: HwDesc) -> list[Problem]:
+    problems: list[Problem] = []
+    lw_bits = hw.long_word_bytes * 8
+    for name, fmt in hw.formats.items():
+        if fmt.bits < 1 + fmt.exponent_bits + fmt.mantissa_bits:
+            problems.append((("formats", name, "bits"),
+                             f"{fmt.bits} bits cannot hold a sign, {fmt.exponent_bits} exponent and "
+                             f"{fmt.mantissa_bits} mantissa bits"))
+        if lw_bits % fmt.bits:
+            problems.append((("formats", name, "bits"), f"a {lw_bits}-bit long word does not hold a whole number of {fmt.bits}-bit elements"))
+    return problems
+
+
+def _check_units(hw: HwDesc) -> list[Problem]:
+    problems: list[Problem] = []
+    for name, unit in hw.units.items():
+        if unit.level not in hw.levels:
+            problems.append((("units", name, "level"), f"level {unit.level!r} does not exist; {_known('levels', hw.levels)}"))
+        for mode_name, table in (("matrix", unit.matrix), ("vector", unit.vector)):
+            for dtype, mode in table.items():
+                if dtype not in hw.formats:
+                    problems.append((("units", name, mode_name, dtype), f"dtype {dtype!r} has no format; {_known('formats', hw.formats)}"))
+                if mode.acc not in hw.formats:
+                    problems.append((("units", name, mode_name, dtype, "acc"), f"accumulator {mode.acc!r} has no format; {_known('formats', hw.formats)}"))
+    for name, op in hw.pe_ops.items():
+        if op.unit not in hw.units:
+            problems.append((("pe_ops", name, "unit"), f"unit {op.unit!r} does not exist; {_known('units', hw.units)}"))
+    return problems
+
+
+def _check_transfers(hw: HwDesc) -> list[Problem]:
+    problems: list[Problem] = []
+    endpoints = (*hw.memories, HOST)
+    for name, t in hw.transfers.items():
+        for side in ("src", "dst"):
+            for i, mem in enumerate(getattr(t, side)):
+                if mem not in endpoints:
+                    problems.append((("transfers", name, side), f"memory {mem!r} does not exist; {_known('memories', endpoints)}"))
+        for mode_name in t.modes:
+            if mode_name not in TRANSFER_MODES:
+                problems.append((("transfers", name, "modes", mode_name), f"unknown transfer mode {mode_name!r}; {_known('modes', TRANSFER_MODES)}"))
+        if (HOST in t.src or HOST in t.dst) != (t.engine == "host_link"):
+            problems.append((("transfers", name, "engine"), "the host link drives exactly the transfers to and from the host"))
+    return problems
+
+
+def _check_host_link(hw: HwDesc) -> list[Problem]:
+    problems: list[Problem] = []
+    link = hw.host_link
+    if link.memory not in hw.memories:
+        return [(("host_link", "memory"), f"memory {link.memory!r} does not exist; {_known('memories', hw.memories)}")]
+    n = hw.memory_instances(link.memory)
+    for g in link.groups:
+        if g >= n:
+            problems.append((("host_link", "groups"), f"instance {g} of {link.memory} does not exist; the chip has {n}"))
+    if int(link.window_bytes) > int(hw.memories[link.memory].capacity_bytes):
+        problems.append((("host_link", "window_bytes"), f"the window is larger than {link.memory}"))
+    return problems

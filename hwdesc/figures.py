@@ -1,0 +1,131 @@
+"""Figures derived from a description: counts, capacities, peaks and bandwidths.
+
+Nothing here is written in the YAML: each figure is arithmetic on described values, so a variant
+that changes one number changes every figure that depends on it, and no number is stated twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import HwDesc
+
+
+@dataclass(frozen=True)
+class Peak:
+    """Peak arithmetic throughput of one unit kind in one mode and dtype."""
+
+    unit: str
+    mode: str  # "matrix" or "vector"
+    dtype: str
+    flop_per_cycle_per_unit: int
+    units: int
+    flops: float  # FLOP/s for the whole chip
+
+
+@dataclass(frozen=True)
+class PathBandwidth:
+    """Throughput of one transfer mode: each side of one engine instance, and the chip total.
+
+    The two sides are given separately because the modes differ in fan-out: a distribute reads
+    64 LW/cycle from L2BM but writes 8 LW/cycle into each of the 8 L1BMs.
+    """
+
+    transfer: str
+    mode: str
+    src_lw_per_cycle: float
+    dst_lw_per_cycle: float
+    src_bytes_per_s: float  # read side of one engine instance
+    dst_bytes_per_s: float  # write side, per destination instance
+    instances: int  # engines that can run this path at once
+    total_bytes_per_s: float  # read side over all engine instances
+
+
+def level_counts(hw: HwDesc) -> dict[str, int]:
+    """Instances of every level: Group 4, L2B 8, L1B 64, MAB 1024, PE 4096 on MN-Core 2."""
+    return {name: hw.instances(name) for name in hw.level_names}
+
+
+def capacity_total_bytes(hw: HwDesc, memory: str) -> int:
+    return int(hw.memories[memory].capacity_bytes) * hw.memory_instances(memory)
+
+
+def capacity_by_level(hw: HwDesc) -> dict[str, int]:
+    """Total bytes of memory owned at each level."""
+    totals = {name: 0 for name in hw.level_names}
+    for name, mem in hw.memories.items():
+        totals[mem.level] += capacity_total_bytes(hw, name)
+    return totals
+
+
+def on_chip_bytes(hw: HwDesc) -> int:
+    """Every memory but those at the root-most level that holds tensors off chip (DRAM)."""
+    return sum(capacity_total_bytes(hw, m) for m in hw.memories if m != "DRAM")
+
+
+def peaks(hw: HwDesc) -> list[Peak]:
+    """Peak FLOP/s per unit, mode and dtype; an FMA counts as two FLOPs."""
+    out = []
+    for name, unit in hw.units.items():
+        n = hw.instances(unit.level)
+        for dtype, m in unit.matrix.items():
+            per = 2 * m.rows * m.cols
+            out.append(Peak(name, "matrix", dtype, per, n, per * n * hw.clock_hz))
+        for dtype, v in unit.vector.items():
+            per = 2 * v.lanes_per_cycle
+            out.append(Peak(name, "vector", dtype, per, n, per * n * hw.clock_hz))
+    return out
+
+
+def peak_flops(hw: HwDesc, dtype: str, mode: str = "matrix") -> float:
+    """The chip's best FLOP/s for a dtype in a mode, over all units that offer it."""
+    return max((p.flops for p in peaks(hw) if p.dtype == dtype and p.mode == mode), default=0.0)
+
+
+def memory_bandwidth(hw: HwDesc, memory: str) -> float:
+    """Bytes/s of one instance of a memory (one port)."""
+    return hw.memories[memory].lw_per_cycle * hw.long_word_bytes * hw.clock_hz
+
+
+def dram_bandwidth_total(hw: HwDesc) -> float:
+    """Aggregate DRAM bandwidth of the chip in bytes/s."""
+    return memory_bandwidth(hw, "DRAM") * hw.memory_instances("DRAM")
+
+
+def engine_instances(hw: HwDesc, transfer: str) -> int:
+    """How many engines run a path at once: one Data Engine per Group, one PE-stream transfer per
+    instance of the source memory's level (every L2B or L1B at once), one host link."""
+    t = hw.transfers[transfer]
+    if t.engine == "host_link":
+        return 1
+    if t.engine == "data_engine":
+        return hw.instances(hw.memories["DRAM"].level)
+    upper = [m for m in (*t.src, *t.dst) if m in hw.memories]
+    return min(hw.memory_instances(m) for m in upper)
+
+
+def path_bandwidths(hw: HwDesc) -> list[PathBandwidth]:
+    out = []
+    lw, f = hw.long_word_bytes, hw.clock_hz
+    for name, t in hw.transfers.items():
+        n = engine_instances(hw, name)
+        for mode_name, m in t.modes.items():
+            src, dst = m.src_lw_per_cycle * lw * f, m.dst_lw_per_cycle * lw * f
+            out.append(PathBandwidth(name, mode_name, m.src_lw_per_cycle, m.dst_lw_per_cycle, src, dst, n, src * n))
+    return out
+
+
+def summary(hw: HwDesc) -> dict[str, float | int]:
+    """The headline figures as one flat mapping (used by `hw show` and `hw diff`)."""
+    out: dict[str, float | int] = {}
+    for level, n in level_counts(hw).items():
+        out[f"count.{level}"] = n
+    for mem in hw.memories:
+        out[f"capacity_total.{mem}"] = capacity_total_bytes(hw, mem)
+    out["capacity_total.on_chip"] = on_chip_bytes(hw)
+    for p in peaks(hw):
+        out[f"peak_flops.{p.unit}.{p.mode}.{p.dtype}"] = p.flops
+    for b in path_bandwidths(hw):
+        out[f"bandwidth.{b.transfer}.{b.mode}"] = b.total_bytes_per_s
+    out["bandwidth.dram_total"] = dram_bandwidth_total(hw)
+    return out
