@@ -109,6 +109,8 @@ def _check_transfers(hw: HwDesc) -> list[Problem]:
         for mode_name in t.modes:
             if mode_name not in TRANSFER_MODES:
                 problems.append((("transfers", name, "modes", mode_name), f"unknown transfer mode {mode_name!r}; {_known('modes', TRANSFER_MODES)}"))
+        if (t.slot is not None) != (t.engine == "pe_stream"):
+            problems.append((("transfers", name, "slot"), "exactly the pe_stream transfers name the VLIW slot that drives them"))
         if (HOST in t.src or HOST in t.dst) != (t.engine == "host_link"):
             problems.append((("transfers", name, "engine"), "the host link drives exactly the transfers to and from the host"))
     return problems

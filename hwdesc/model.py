@@ -147,6 +147,8 @@ class Transfer(_Frozen):
     src: Names
     dst: Names
     engine: Literal["data_engine", "pe_stream", "host_link"]
+    slot: Name | None = None
+    """For PE-stream paths, the VLIW instruction group that drives them (l2bm, l1bm)."""
     latency_cycles: Annotated[int, Field(ge=0)]
     modes: Table(TransferMode, min_length=1)
 
