@@ -1,0 +1,6 @@
+"""Tensor layouts in PFN's notation: parsing, placement on a chip, host scatter and gather."""
+
+from .layout import ADDRESS, TIME_AXIS, W_AXIS, Broadcast, Factor, Layout
+from .parse import parse
+
+__all__ = ["ADDRESS", "TIME_AXIS", "W_AXIS", "Broadcast", "Factor", "Layout", "parse"]

@@ -1,0 +1,105 @@
+"""Host scatter and gather: a tensor into memory rows per its placement, and back.
+
+Memory rows are `uint32` arrays shaped [instances, words] (the simulator's machine state). A
+tensor's elements are written as raw bits of their width (16, 32 or 64) into the row viewed as
+slots of that width, every broadcast copy included, and read back from the first copy.
+
+Placements are linear in their digits, so for an unpadded layout the tensor reshaped to its
+digits *is* a strided view of memory: scatter and gather are one numpy strided copy each, with
+broadcast copies as extra zero-source dimensions. Padded layouts take the general path through
+explicit offsets. Neither loops in Python per element.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ..errors import LayoutError
+from .placement import Placement
+
+_UINT = {16: np.uint16, 32: np.uint32, 64: np.uint64}
+
+
+def slot_rows(mem: np.ndarray, bits: int) -> np.ndarray:
+    """The [instances, words] uint32 memory viewed as [instances, slots] of `bits`-wide slots."""
+    if mem.dtype != np.uint32 or mem.ndim != 2 or not mem.flags.c_contiguous:
+        raise LayoutError("memory rows must be a C-contiguous uint32 array shaped [instances, words]")
+    return mem.view(_UINT[bits])
+
+
+def as_bits(values: np.ndarray, bits: int) -> np.ndarray:
+    """The raw bits of `values`, which must have the element width of the placement's dtype."""
+    values = np.ascontiguousarray(values)
+    if values.dtype.itemsize * 8 != bits:
+        raise LayoutError(f"values of dtype {values.dtype} are {values.dtype.itemsize * 8}-bit; this placement "
+                          f"holds {bits}-bit elements")
+    return values.view(_UINT[bits])
+
+
+def _check_fits(p: Placement, rows: np.ndarray, base_lw: int) -> None:
+    if rows.shape[0] < p.instance_count:
+        raise LayoutError(f"memory has {rows.shape[0]} rows but {p.memory} has {p.instance_count} instances")
+    need = (base_lw + p.span_lw) * p.epl
+    if base_lw < 0 or need > rows.shape[1]:
+        raise LayoutError(f"{p.memory} rows hold {rows.shape[1] // p.epl} long words; the tensor needs "
+                          f"long words {base_lw}..{base_lw + p.span_lw - 1}")
+
+
+def _strided_view(p: Placement, rows: np.ndarray, base_lw: int) -> np.ndarray | None:
+    """Memory as an array indexed [digits..., copies...], or None when the layout needs the general path."""
+    if not p.linear or p.layout.extents != p.layout.shape:
+        return None
+    per_row = rows.shape[1]
+    coef = p.inst_coef * per_row + p.slot_coef
+    copy_sizes = [n for n, _, _ in p.copy_dims]
+    copy_coef = [inst * per_row + slot for _, inst, slot in p.copy_dims]
+    item = rows.itemsize
+    flat = rows.reshape(-1)[base_lw * p.epl:]
+    return as_strided(flat, shape=(*p.sizes.tolist(), *copy_sizes),
+                      strides=tuple(int(c) * item for c in (*coef.tolist(), *copy_coef)), writeable=True)
+
+
+def _offsets(p: Placement, rows: np.ndarray, base_lw: int, first_copy_only: bool) -> tuple[np.ndarray, np.ndarray]:
+    loc = p.locate(first_copy_only=first_copy_only)
+    return loc.element, loc.instance * rows.shape[1] + (base_lw + loc.lw) * p.epl + loc.w
+
+
+def scatter(p: Placement, values: np.ndarray, mem: np.ndarray, base_lw: int = 0) -> None:
+    """Write `values` (shape = the layout's shape) into `mem` at `base_lw`, every copy."""
+    bits = p.hw.formats[p.dtype].bits
+    rows = slot_rows(mem, bits)
+    _check_fits(p, rows, base_lw)
+    src = as_bits(values, bits)
+    if src.shape != p.layout.shape:
+        raise LayoutError(f"values have shape {src.shape}; the layout is for {p.layout.shape}")
+    view = _strided_view(p, rows, base_lw)
+    if view is not None:
+        view[...] = src.reshape(*p.sizes.tolist(), *([1] * len(p.copy_dims)))
+        return
+    element, offset = _offsets(p, rows, base_lw, first_copy_only=False)
+    rows.reshape(-1)[offset] = src.reshape(-1)[element]
+
+
+def gather(p: Placement, mem: np.ndarray, base_lw: int = 0, *, out_dtype: np.dtype | None = None,
+           check_replicas: bool = False) -> np.ndarray:
+    """Read the tensor back from the first copy; optionally check that every copy agrees."""
+    bits = p.hw.formats[p.dtype].bits
+    rows = slot_rows(mem, bits)
+    _check_fits(p, rows, base_lw)
+    view = _strided_view(p, rows, base_lw)
+    if view is not None:
+        first = view[(Ellipsis, *([0] * len(p.copy_dims)))]
+        out = np.ascontiguousarray(first).reshape(p.layout.shape)
+        if check_replicas and p.copies > 1 and not (view == first[(Ellipsis, *([None] * len(p.copy_dims)))]).all():
+            raise LayoutError(f"the copies of the tensor in {p.memory} differ (layout {p.layout})")
+    else:
+        element, offset = _offsets(p, rows, base_lw, first_copy_only=not check_replicas)
+        flat = rows.reshape(-1)
+        out = np.empty(p.layout.numel, dtype=rows.dtype)
+        stride = 1 if not check_replicas else p.copies
+        out[element[::stride]] = flat[offset[::stride]]
+        if check_replicas and not np.array_equal(flat[offset], np.repeat(out[element[::stride]], stride)):
+            raise LayoutError(f"the copies of the tensor in {p.memory} differ (layout {p.layout})")
+        out = out.reshape(p.layout.shape)
+    return out.view(out_dtype) if out_dtype is not None else out

@@ -1,0 +1,173 @@
+"""`Layout`: PFN's tensor layout notation as a value.
+
+A layout says, per tensor dimension (outermost first), how the dimension's index is split into
+factors, major to minor, and where each factor's digit goes: onto a hardware axis (`8_L2B:1`),
+the element-in-long-word axis (`2_W:1`), the time-slice axis (`25_Time:1`) or the long-word
+address (`4:2`). `B@[...]` lists axes the tensor is replicated over. Axis names are not checked
+here (a layout is chip-independent text); `Placement` binds a layout to a chip.
+
+Two layouts are equal when they place every element alike: spacing, omitted or redundant strides,
+size-1 factors and factors that merge (`2:8, 8:1` is `16:1`) do not make them differ. `str()`
+prints that canonical form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+ADDRESS = None  # the axis of an untagged factor: the long-word address
+W_AXIS = "W"
+TIME_AXIS = "Time"
+
+
+@dataclass(frozen=True)
+class Factor:
+    """One digit of a dimension's index: `size` positions, each `stride` apart on `axis`."""
+
+    size: int
+    axis: str | None = ADDRESS
+    stride: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.size}:{self.stride}" if self.axis is None else f"{self.size}_{self.axis}:{self.stride}"
+
+    @property
+    def reach(self) -> int:
+        """The largest offset this factor adds: (size - 1) * stride."""
+        return (self.size - 1) * self.stride
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """A `B@` item: replicate over `axis`; every position (`size` None) or `size` positions `stride` apart."""
+
+    axis: str
+    size: int | None = None
+    stride: int = 1
+
+    def __str__(self) -> str:
+        return self.axis if self.size is None else f"{self.size}_{self.axis}:{self.stride}"
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """A tensor layout in PFN notation; see the module doc."""
+
+    dims: tuple[tuple[Factor, ...], ...]
+    shape: tuple[int, ...]
+    broadcast: tuple[Broadcast, ...] = field(default=())
+
+    @staticmethod
+    def parse(text: str) -> "Layout":
+        from .parse import parse
+        return parse(text)
+
+    @staticmethod
+    def of(dims: list[list[Factor]] | tuple, shape: tuple[int, ...] | None = None,
+           broadcast: tuple[Broadcast, ...] = ()) -> "Layout":
+        """Build a layout from factor lists; the shape defaults to the factor extents."""
+        dims_t = tuple(tuple(d) for d in dims)
+        return Layout(dims_t, tuple(shape) if shape is not None else tuple(prod(f.size for f in d) for d in dims_t),
+                      tuple(broadcast))
+
+    # ---- structure --------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    @property
+    def extents(self) -> tuple[int, ...]:
+        """Padded extent of each dimension: the product of its factor sizes."""
+        return tuple(prod(f.size for f in d) for d in self.dims)
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def factors(self) -> list[tuple[int, Factor]]:
+        """All factors with their dimension, outermost dimension first."""
+        return [(d, f) for d, dim in enumerate(self.dims) for f in dim]
+
+    @property
+    def placed_axes(self) -> tuple[str, ...]:
+        """Axes named by some factor, in order of first mention (address excluded)."""
+        seen: list[str] = []
+        for _, f in self.factors:
+            if f.axis is not None and f.axis not in seen:
+                seen.append(f.axis)
+        return tuple(seen)
+
+    # ---- canonical form ---------------------------------------------------------------------
+
+    def canonical(self) -> "Layout":
+        """The equal layout with merged factors, unit strides on size-1 factors and no redundancy."""
+        placed_elsewhere = {f.axis for _, f in self.factors if f.axis is not None and f.size > 1}
+        kept_unit_axes: set[str] = set()
+        dims = []
+        for dim in self.dims:
+            real = [f for f in dim if f.size > 1]
+            units = []
+            for f in dim:
+                if f.size == 1 and f.axis is not None and f.axis not in placed_elsewhere \
+                        and f.axis not in kept_unit_axes:
+                    kept_unit_axes.add(f.axis)
+                    units.append(Factor(1, f.axis, 1))
+            merged = _coalesce(real)
+            dims.append(tuple(merged + units) or (Factor(1, ADDRESS, 1),))
+        placed = {f.axis for d in dims for f in d if f.axis is not None}
+        items = sorted({b for b in self.broadcast if b.axis not in placed},
+                       key=lambda b: (b.axis, b.size or 0, b.stride))
+        items = [Broadcast(b.axis, b.size, 1 if b.size == 1 else b.stride) for b in items]
+        return Layout(tuple(dims), self.shape, tuple(dict.fromkeys(items)))
+
+    def _key(self) -> tuple:
+        c = self.canonical()
+        return (c.shape, c.dims, c.broadcast)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Layout) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    # ---- printing ---------------------------------------------------------------------------
+
+    def __str__(self) -> str:
+        return self.canonical().format()
+
+    def __repr__(self) -> str:
+        return f"Layout({str(self)!r})"
+
+    def format(self, *, with_shape: bool = True, extra_broadcast: tuple[str, ...] = ()) -> str:
+        """This layout's text as it stands (not canonicalised); optionally with more `B@` axes."""
+        dims = ", ".join("(" + ", ".join(str(f) for f in dim) + ")" for dim in self.dims)
+        items = [str(b) for b in self.broadcast] + [a for a in extra_broadcast
+                                                   if a not in {b.axis for b in self.broadcast}]
+        bcast = f"; B@[{', '.join(items)}]" if items else ""
+        shape = ""
+        if with_shape:
+            shape = "(" + ", ".join(str(s) for s in self.shape) + ("," if len(self.shape) == 1 else "") + ")/"
+        return f"{shape}({dims}{bcast})"
+
+    # ---- transformations the compiler uses ----------------------------------------------------
+
+    def with_shape(self, shape: tuple[int, ...]) -> "Layout":
+        return Layout(self.dims, tuple(shape), self.broadcast)
+
+    def permute(self, order: tuple[int, ...]) -> "Layout":
+        """The layout of `tensor.permute(order)`: the same placement, dimensions reordered."""
+        return Layout(tuple(self.dims[i] for i in order), tuple(self.shape[i] for i in order), self.broadcast)
+
+
+def _coalesce(factors: list[Factor]) -> list[Factor]:
+    """Merge neighbours that act as one digit: outer stride == inner size * inner stride, same axis."""
+    out: list[Factor] = []
+    for f in factors:
+        if out and out[-1].axis == f.axis and out[-1].stride == f.size * f.stride:
+            outer = out.pop()
+            f = Factor(outer.size * f.size, f.axis, f.stride)
+        out.append(f)
+    return out
