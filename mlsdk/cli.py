@@ -8,6 +8,7 @@ import sys
 from rich.console import Console
 
 from hwdesc import MnsimError
+from compiler.layout import cli as layout_cli
 from hwdesc import cli as hw_cli
 
 
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mnsim", description="MN-Core 2 simulator with an MLSDK-compatible API")
     sub = parser.add_subparsers(dest="command", required=True)
     hw_cli.register(sub)
+    layout_cli.register(sub)
     return parser
 
 
@@ -30,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args, console) or 0)
     except MnsimError as e:
-        Console(stderr=True).print(f"[red]error:[/red] {e}", highlight=False)
+        Console(stderr=True, width=console.width).print(f"[red]error:[/red] {e}", highlight=False)
         return 1
 
 

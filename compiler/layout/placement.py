@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import product as cartesian
 from math import prod
 
 import numpy as np
@@ -211,12 +210,13 @@ class Placement:
         # Each group is an arithmetic progression: one extra strided dimension of the copies.
         self.copy_dims = [(len(g), g[1][0] - g[0][0] if len(g) > 1 else 0, g[1][1] - g[0][1] if len(g) > 1 else 0)
                           for g in per_axis]
-        combos = list(cartesian(*per_axis)) if per_axis else [()]
-        self.copy_inst = np.array([sum(c[0] for c in combo) for combo in combos], dtype=np.int64)
-        self.copy_slot = np.array([sum(c[1] for c in combo) for combo in combos], dtype=np.int64)
-        self.copy_coords = {axis: np.array([next((c[3] for c in combo if c[2] == axis), 0) for combo in combos],
-                                           dtype=np.int64)
-                            for axis in {c[2] for group in per_axis for c in group}}
+        counts = [len(g) for g in per_axis]
+        grid = np.indices(counts, dtype=np.int64).reshape(len(counts), -1) if counts else np.zeros((0, 1), np.int64)
+        self.copy_inst = sum((np.array([c[0] for c in g], np.int64)[grid[i]] for i, g in enumerate(per_axis)),
+                             np.zeros(grid.shape[1], np.int64))
+        self.copy_slot = sum((np.array([c[1] for c in g], np.int64)[grid[i]] for i, g in enumerate(per_axis)),
+                             np.zeros(grid.shape[1], np.int64))
+        self.copy_coords = {g[0][2]: np.array([c[3] for c in g], np.int64)[grid[i]] for i, g in enumerate(per_axis)}
         self.broadcast_axes = tuple(group[0][2] for group in per_axis)
 
     @property

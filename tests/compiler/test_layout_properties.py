@@ -1,0 +1,64 @@
+"""Property tests on mncore2 and mini: text round trip, scatter/gather round trip, injectivity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hwdesc
+from compiler.layout import parse
+from compiler.layout.hostio import gather, scatter
+from compiler.layout.placement import Placement
+
+from .layout_strategies import legal_layouts, spaced
+
+CHIPS = {name: hwdesc.load(name) for name in ("mncore2", "mini")}
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("memory", ["LM0", "DRAM"])
+@SETTINGS
+@given(data=st.data())
+def test_print_then_parse_is_the_same_layout(chip, memory, data):
+    layout = data.draw(legal_layouts(CHIPS[chip], memory))
+    text = str(layout)
+    assert parse(text) == layout
+    assert parse(spaced(text, data.draw)) == layout
+    assert str(parse(text)) == text  # printing is canonical
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("memory, dtype", [("LM0", "float32"), ("LM1", "float16"), ("DRAM", "float32"), ("DRAM", "float16")])
+@SETTINGS
+@given(data=st.data())
+def test_gather_of_scatter_is_the_tensor(chip, memory, dtype, data):
+    hw = CHIPS[chip]
+    layout = data.draw(legal_layouts(hw, memory, dtype))
+    p = Placement(layout, hw, memory, dtype)
+    bits = hw.formats[dtype].bits
+    x = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))).integers(
+        1, 2**bits - 1, size=layout.shape, dtype=np.uint64).astype({16: np.uint16, 32: np.uint32}[bits])
+    base = data.draw(st.integers(0, 3))
+    mem = np.zeros((p.instance_count, (base + p.span_lw) * 2 + 6), dtype=np.uint32)
+    scatter(p, x, mem, base)
+    assert np.array_equal(gather(p, mem, base, check_replicas=True), x)
+    written = np.count_nonzero(mem.view({16: np.uint16, 32: np.uint32}[bits]))
+    assert written == layout.numel * p.copies  # every copy written, nothing else touched
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("memory", ["LM0", "DRAM"])
+@SETTINGS
+@given(data=st.data())
+def test_placement_is_injective_on_non_broadcast_coordinates(chip, memory, data):
+    hw = CHIPS[chip]
+    p = Placement(data.draw(legal_layouts(hw, memory)), hw, memory, "float32")
+    first = p.locate(first_copy_only=True)
+    keys = np.stack([first.instance, first.lw, first.w, first.time])
+    assert np.unique(keys, axis=1).shape[1] == p.layout.numel
+    every = p.locate()
+    assert (every.instance < p.instance_count).all() and (every.lw < p.span_lw).all() and (every.w < p.epl).all()
+    assert np.unique(np.stack([every.instance, every.lw, every.w]), axis=1).shape[1] == p.layout.numel * p.copies
