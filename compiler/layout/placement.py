@@ -312,6 +312,25 @@ class Placement:
         return Location(element=rep(elements), instance=rep(inst) + tile(self.copy_inst), lw=rep(lw),
                         w=w_all, coords=out_coords, time=rep(t))
 
+    def element_at(self, instance: np.ndarray, lw: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """The inverse map: flat element index held at (instance, long word, W), or -1 for a hole."""
+        instance, lw, w = (np.asarray(a, dtype=np.int64) for a in (instance, lw, w))
+        inverse = self._inverse
+        inside = (instance >= 0) & (instance < self.instance_count) & (lw >= 0) & (lw < self.span_lw) & \
+                 (w >= 0) & (w < self.epl)
+        key = np.where(inside, (instance * self.span_lw + lw) * self.epl + w, 0)
+        return np.where(inside, inverse[key], -1)
+
+    @cached_property
+    def _inverse(self) -> np.ndarray:
+        slots = self.instance_count * self.span_lw * self.epl
+        if slots > 4 * EXACT_CHECK_LIMIT:
+            raise LayoutError(f"the inverse map of {self.layout} would need {slots} entries; locate elements instead")
+        inverse = np.full(slots, -1, dtype=np.int64)
+        loc = self.locate()
+        inverse[(loc.instance * self.span_lw + loc.lw) * self.epl + loc.w] = loc.element
+        return inverse
+
     # ---- what a person asks of a layout -------------------------------------------------------
 
     @cached_property

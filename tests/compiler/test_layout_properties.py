@@ -62,3 +62,7 @@ def test_placement_is_injective_on_non_broadcast_coordinates(chip, memory, data)
     every = p.locate()
     assert (every.instance < p.instance_count).all() and (every.lw < p.span_lw).all() and (every.w < p.epl).all()
     assert np.unique(np.stack([every.instance, every.lw, every.w]), axis=1).shape[1] == p.layout.numel * p.copies
+    assert np.array_equal(p.element_at(every.instance, every.lw, every.w), every.element)  # and back
+    holes = p.instance_count * p.span_lw * p.epl - p.layout.numel * p.copies
+    grid = np.indices((p.instance_count, p.span_lw, p.epl)).reshape(3, -1)
+    assert int((p.element_at(*grid) == -1).sum()) == holes
