@@ -109,6 +109,8 @@ def _check_transfers(hw: HwDesc) -> list[Problem]:
         for mode_name in t.modes:
             if mode_name not in TRANSFER_MODES:
                 problems.append((("transfers", name, "modes", mode_name), f"unknown transfer mode {mode_name!r}; {_known('modes', TRANSFER_MODES)}"))
+        if t.group_level is not None and t.group_level not in hw.levels:
+            problems.append((("transfers", name, "group_level"), f"level {t.group_level!r} does not exist; {_known('levels', hw.levels)}"))
         if (t.slot is not None) != (t.engine == "pe_stream"):
             problems.append((("transfers", name, "slot"), "exactly the pe_stream transfers name the VLIW slot that drives them"))
         if (HOST in t.src or HOST in t.dst) != (t.engine == "host_link"):
@@ -118,6 +120,8 @@ def _check_transfers(hw: HwDesc) -> list[Problem]:
 
 def _check_host_link(hw: HwDesc) -> list[Problem]:
     problems: list[Problem] = []
+    if hw.data_engine.level not in hw.levels:
+        problems.append((("data_engine", "level"), f"level {hw.data_engine.level!r} does not exist; {_known('levels', hw.levels)}"))
     link = hw.host_link
     if link.memory not in hw.memories:
         return [(("host_link", "memory"), f"memory {link.memory!r} does not exist; {_known('memories', hw.memories)}")]

@@ -99,7 +99,7 @@ def engine_instances(hw: HwDesc, transfer: str) -> int:
     if t.engine == "host_link":
         return 1
     if t.engine == "data_engine":
-        return hw.instances(hw.memories["DRAM"].level)
+        return hw.instances(hw.data_engine.level)
     upper = [m for m in (*t.src, *t.dst) if m in hw.memories]
     return min(hw.memory_instances(m) for m in upper)
 

@@ -149,6 +149,9 @@ class Transfer(_Frozen):
     engine: Literal["data_engine", "pe_stream", "host_link"]
     slot: Name | None = None
     """For PE-stream paths, the VLIW instruction group that drives them (l2bm, l1bm)."""
+    group_level: Name | None = None
+    """Level whose children the modes treat as one wide unit (MAB for the 16x1 l1bm modes);
+    None: each instance of the lower memory stands alone."""
     latency_cycles: Annotated[int, Field(ge=0)]
     modes: Table(TransferMode, min_length=1)
 
@@ -156,6 +159,8 @@ class Transfer(_Frozen):
 class DataEngine(_Frozen):
     """Each Group's MV engine: asynchronous transfers joined by tags and waits."""
 
+    level: Name
+    """The level with one Data Engine per instance (Group)."""
     tags: Count
     queue_depth: Count
 

@@ -37,7 +37,7 @@ UNSOURCED = "unsourced"
 SOURCED_KEYS = frozenset({"v", "conf", "src"})
 # Keys whose values name or connect things rather than state hardware facts; they carry no source.
 STRUCTURAL_KEYS = frozenset({"name", "summary", "doc", "extends", "level", "axis", "src", "dst",
-                             "engine", "slot", "unit", "acc", "memory"})
+                             "engine", "slot", "group_level", "unit", "acc", "memory"})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,141 @@
+"""`ProgramBuilder`: write programs with names instead of field numbers.
+
+Hand-written test programs and the compiler's code generator both emit instructions through
+this one API. Memories, modes and ops are given by name; an address may be a `Sym` (an offset
+into a named, relocatable buffer) that `Program.bind` resolves at run time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from . import isa
+from .isa import ALL_GROUPS, FIELDS, IMM, DType, Dir, Mode, Op, Red, Scope, VOp
+from .params import MachineParams
+from .program import Program
+
+
+@dataclass(frozen=True)
+class Sym:
+    """An address inside a relocatable buffer: `Sym("x") + 64` is long word 64 of buffer x."""
+
+    name: str
+    offset: int = 0
+
+    def __add__(self, k: int) -> "Sym":
+        return Sym(self.name, self.offset + int(k))
+
+
+Address = int | Sym
+Operand = tuple[str, int, int, int] | float | None  # (memory, element address, outer stride, inner stride) or an immediate
+
+
+def f32_bits(x: float) -> int:
+    return int(np.array([x], dtype=np.float32).view(np.uint32)[0])
+
+
+class ProgramBuilder:
+    def __init__(self, params: MachineParams) -> None:
+        self.params = params
+        self._rows: list[np.ndarray] = []
+        self._relocs: list[tuple[int, int, int]] = []
+        self._symbols: dict[str, int] = {}
+        self._labels: list[tuple[int, int, str]] = []
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    # ---- low level --------------------------------------------------------------------------
+
+    def _mem(self, name: str) -> int:
+        return self.params.memory_id(name)
+
+    def _emit(self, op: Op, fields: dict[int, Address]) -> int:
+        row = np.zeros(FIELDS, dtype=np.int64)
+        row[0] = op
+        index = len(self._rows)
+        for k, v in fields.items():
+            if isinstance(v, Sym):
+                sym = self._symbols.setdefault(v.name, len(self._symbols))
+                self._relocs.append((index, k, sym))
+                row[k] = v.offset
+            else:
+                row[k] = int(v)
+        self._rows.append(row)
+        return index
+
+    @contextlib.contextmanager
+    def label(self, name: str) -> Iterator[None]:
+        """Name the instructions emitted inside the block (for reports and traces)."""
+        first = len(self._rows)
+        yield
+        if len(self._rows) > first:
+            self._labels.append((first, len(self._rows), name))
+
+    def build(self) -> Program:
+        code = np.array(self._rows, dtype=np.int64).reshape(-1, FIELDS)
+        relocs = np.array(self._relocs, dtype=np.int64).reshape(-1, 3)
+        symbols = tuple(sorted(self._symbols, key=self._symbols.get))
+        return Program(code, list(self._labels), relocs, symbols)
+
+    # ---- instructions -----------------------------------------------------------------------
+
+    def nop(self, steps: int = 1) -> int:
+        return self._emit(Op.NOP, {isa.NOP_STEPS: steps})
+
+    def wait(self, tag: int) -> int:
+        return self._emit(Op.WAIT, {isa.WAIT_TAG: tag})
+
+    def mv(self, mode: str, src_mem: str, src_addr: Address, dst_mem: str, dst_addr: Address, n_lw: int, *, tag: int,
+           src_inst: int = ALL_GROUPS, dst_inst: int = ALL_GROUPS, src_local: int = 0, dst_local: int = 0,
+           red: str = "none", dtype: str = "float32", scope: str = "group") -> int:
+        """A Data Engine transfer. With the default instances (-1) it runs in every Group at once,
+        between the Group's `src_local`-th and `dst_local`-th instances of the two memories."""
+        return self._emit(Op.MV, {
+            isa.MV_MODE: Mode[mode], isa.MV_SRC_MEM: self._mem(src_mem), isa.MV_SRC_INST: src_inst,
+            isa.MV_SRC_ADDR: src_addr, isa.MV_DST_MEM: self._mem(dst_mem), isa.MV_DST_INST: dst_inst,
+            isa.MV_DST_ADDR: dst_addr, isa.MV_N: n_lw, isa.MV_TAG: tag, isa.MV_RED: Red[red], isa.MV_DTYPE: DType[dtype],
+            isa.MV_SRC_LOCAL: src_local, isa.MV_DST_LOCAL: dst_local, isa.MV_SCOPE: Scope[scope]})
+
+    def host_dma(self, to_device: bool, pdm_addr: Address, host_buf: int, host_off_lw: int, n_lw: int, *, tag: int) -> int:
+        return self._emit(Op.HOST_DMA, {isa.DMA_DIR: 0 if to_device else 1, isa.DMA_PDM_ADDR: pdm_addr,
+                                        isa.DMA_HOST_BUF: host_buf, isa.DMA_HOST_OFF: host_off_lw, isa.DMA_N: n_lw,
+                                        isa.DMA_TAG: tag})
+
+    def xfer(self, mode: str, direction: str, up_mem: str, up_addr: int, lo_mem: str, lo_addr: int, n_lw: int, *,
+             red: str = "none", dtype: str = "float32", index: int = 0) -> int:
+        """A PE-stream transfer between an upper memory (L2BM, L1BM) and its children, in every
+        upper instance at once; `n_lw` counts long words on the upper side."""
+        return self._emit(Op.XFER, {isa.X_MODE: Mode[mode], isa.X_DIR: Dir[direction], isa.X_UP_MEM: self._mem(up_mem),
+                                    isa.X_UP_ADDR: up_addr, isa.X_LO_MEM: self._mem(lo_mem), isa.X_LO_ADDR: lo_addr,
+                                    isa.X_N: n_lw, isa.X_RED: Red[red], isa.X_DTYPE: DType[dtype], isa.X_INDEX: index})
+
+    def vop(self, op: str, dtype: str, n_outer: int, n_inner: int, dst: Operand, a: Operand, b: Operand = None,
+            c: Operand = None, *, src_dtype: str | None = None) -> int:
+        """Element-wise op on every PE: dst[i, j] = op(a[i, j], b[i, j], c[i, j]); an operand is
+        (memory, element address, outer stride, inner stride) or a float immediate."""
+        fields = {isa.V_OP: VOp[op], isa.V_DTYPE: DType[dtype], isa.V_N_OUTER: n_outer, isa.V_N_INNER: n_inner,
+                  isa.V_SRC_DTYPE: DType[src_dtype or dtype]}
+        for base, operand in ((isa.V_DST, dst), (isa.V_A, a), (isa.V_B, b), (isa.V_C, c)):
+            if operand is None or isinstance(operand, (int, float)):
+                fields.update({base: IMM, base + 1: f32_bits(float(operand or 0.0)), base + 2: 0, base + 3: 0})
+            else:
+                mem, addr, so, si = operand
+                fields.update({base: self._mem(mem), base + 1: addr, base + 2: so, base + 3: si})
+        return self._emit(Op.VOP, fields)
+
+    def matmul(self, dtype: str, m: int, k: int, n: int, a: tuple[str, int, int], b: tuple[str, int, int],
+               c: tuple[str, int, int], *, trans_b: bool = False, accumulate: bool = False) -> int:
+        """C (+)= A @ B on every MAB. Operands are (memory, element address, row pitch in elements)
+        per PE: A is M x K with K split over the MAB's PEs, B is K x N with K split (or N x K when
+        `trans_b`), C is float32 M x N with N split; see sim.isa."""
+        return self._emit(Op.MATMUL, {
+            isa.MM_DTYPE: DType[dtype], isa.MM_M: m, isa.MM_K: k, isa.MM_N: n,
+            isa.MM_A_MEM: self._mem(a[0]), isa.MM_A_ADDR: a[1], isa.MM_A_PITCH: a[2],
+            isa.MM_B_MEM: self._mem(b[0]), isa.MM_B_ADDR: b[1], isa.MM_B_PITCH: b[2],
+            isa.MM_C_MEM: self._mem(c[0]), isa.MM_C_ADDR: c[1], isa.MM_C_PITCH: c[2],
+            isa.MM_FLAGS: (isa.MM_TRANS_B if trans_b else 0) | (isa.MM_ACCUMULATE if accumulate else 0)})

@@ -1,0 +1,251 @@
+"""The functional engine: numba kernels that apply instructions to the memory arrays.
+
+Every memory is a uint32 array shaped [instances, words]; a kernel loops over all instances of
+the level an instruction drives (every Group, every L2B, every PE) inside one call, so a program
+costs per instruction, not per PE. Data patterns of the transfer modes follow
+layout_notation.md section 7.2, with fan-outs and chunk sizes from the hardware description:
+
+* distribute: upper LW q goes to child (q div chunk) mod F at chunk*(q div (chunk*F)) + q mod chunk
+  (l2bmd: chunk 8 over 8 L1Bs; l1bmd: chunk 1 over the 64 PEs of an L1B); collect is its inverse;
+* mab_broadcast: upper LW q goes to member q mod G at q div G of every group of G children
+  (l1bmm: the 4 PEs of every MAB); individual and reduce (upward) read groups the same way;
+* broadcast: every child gets the same n long words.
+
+MATMUL and HOST_DMA run in `sim.machine` with numpy (BLAS for the products); everything else is
+here. Element-wise operations use the PE's lanes: float32 words, or half words of a float16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import isa
+from .isa import ALL_GROUPS, IMM, DType, Dir, Mode, Op, Red, Scope
+from .numerics import apply, half_from_f32_bits, half_to_f32
+
+
+@njit(cache=True)
+def _word_addr(lw_addressed: np.ndarray, mem: int, addr: int) -> int:
+    return addr * 2 if lw_addressed[mem] else addr
+
+
+@njit(cache=True)
+def _copy_lw(dst: np.ndarray, d_inst: int, d_word: int, src: np.ndarray, s_inst: int, s_word: int, n_lw: int) -> None:
+    for i in range(2 * n_lw):
+        dst[d_inst, d_word + i] = src[s_inst, s_word + i]
+
+
+@njit(cache=True)
+def _combine(red: int, dtype: int, a: np.uint32, b: np.uint32) -> np.uint32:
+    """Reduce two words element-wise (one float32/int32, or two halves)."""
+    if dtype == DType.float16:
+        out = np.uint32(0)
+        for shift in (0, 16):
+            x = half_to_f32(np.uint16((a >> shift) & 0xFFFF))
+            y = half_to_f32(np.uint16((b >> shift) & 0xFFFF))
+            r = x + y if red == Red.add else (max(x, y) if red == Red.max else min(x, y))
+            out |= np.uint32(half_from_f32_bits(np.array([np.float32(r)]).view(np.uint32)[0])) << shift
+        return out
+    if dtype == DType.int32:
+        x, y = np.int32(a), np.int32(b)
+        r = x + y if red == Red.add else (max(x, y) if red == Red.max else min(x, y))
+        return np.uint32(np.int64(r) & 0xFFFFFFFF)
+    fx = np.array([a], dtype=np.uint32).view(np.float32)[0]
+    fy = np.array([b], dtype=np.uint32).view(np.float32)[0]
+    fr = np.float32(fx + fy) if red == Red.add else (max(fx, fy) if red == Red.max else min(fx, fy))
+    return np.array([fr], dtype=np.float32).view(np.uint32)[0]
+
+
+# ---- MV: the Data Engines ---------------------------------------------------------------------
+
+@njit(cache=True)
+def _scope_range(mem_instances: np.ndarray, n_groups: int, mem: int, scope: int, group: int) -> tuple:
+    if scope == Scope.chip:
+        return 0, mem_instances[mem]
+    per = mem_instances[mem] // n_groups
+    return group * per, per
+
+
+@njit(cache=True)
+def _mv(row, mems, mem_instances, lw_addressed, n_groups, chunk):
+    mode, n = row[isa.MV_MODE], row[isa.MV_N]
+    sm, dm = row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]
+    src, dst = mems[sm], mems[dm]
+    sw = _word_addr(lw_addressed, sm, row[isa.MV_SRC_ADDR])
+    dw = _word_addr(lw_addressed, dm, row[isa.MV_DST_ADDR])
+    per_group = row[isa.MV_SRC_INST] == ALL_GROUPS or row[isa.MV_DST_INST] == ALL_GROUPS
+    groups = n_groups if per_group else 1
+    s_per, d_per = mem_instances[sm] // n_groups, mem_instances[dm] // n_groups
+    for g in range(groups):
+        s = row[isa.MV_SRC_INST] if row[isa.MV_SRC_INST] >= 0 else g * s_per + row[isa.MV_SRC_LOCAL]
+        d = row[isa.MV_DST_INST] if row[isa.MV_DST_INST] >= 0 else g * d_per + row[isa.MV_DST_LOCAL]
+        if mode == Mode.individual:
+            _copy_lw(dst, d, dw, src, s, sw, n)
+        elif mode == Mode.broadcast:
+            first, count = _scope_range(mem_instances, n_groups, dm, row[isa.MV_SCOPE], s // s_per)
+            for k in range(count):
+                _copy_lw(dst, first + k, dw, src, s, sw, n)
+        elif mode == Mode.distribute:
+            first, count = _scope_range(mem_instances, n_groups, dm, row[isa.MV_SCOPE], s // s_per)
+            for q in range(n):
+                k = (q // chunk) % count
+                off = chunk * (q // (chunk * count)) + q % chunk
+                _copy_lw(dst, first + k, dw + 2 * off, src, s, sw + 2 * q, 1)
+        elif mode == Mode.collect:
+            first, count = _scope_range(mem_instances, n_groups, sm, row[isa.MV_SCOPE], d // d_per)
+            for q in range(n):
+                k = (q // chunk) % count
+                off = chunk * (q // (chunk * count)) + q % chunk
+                _copy_lw(dst, d, dw + 2 * q, src, first + k, sw + 2 * off, 1)
+        else:  # reduce
+            first, count = _scope_range(mem_instances, n_groups, sm, row[isa.MV_SCOPE], d // d_per)
+            red, dtype = row[isa.MV_RED], row[isa.MV_DTYPE]
+            for i in range(2 * n):
+                acc = src[first, sw + i]
+                for k in range(1, count):
+                    acc = _combine(red, dtype, acc, src[first + k, sw + i])
+                dst[d, dw + i] = acc
+
+
+# ---- XFER: L2BM <-> L1BM and L1BM <-> PE, in every upper instance at once --------------------
+
+@njit(cache=True)
+def _xfer(row, mems, mem_instances, lw_addressed, group, chunk):
+    mode, direction, n = row[isa.X_MODE], row[isa.X_DIR], row[isa.X_N]
+    um, lm = row[isa.X_UP_MEM], row[isa.X_LO_MEM]
+    up, lo = mems[um], mems[lm]
+    uw = _word_addr(lw_addressed, um, row[isa.X_UP_ADDR])
+    lw = _word_addr(lw_addressed, lm, row[isa.X_LO_ADDR])
+    n_up = mem_instances[um]
+    fan = mem_instances[lm] // n_up
+    for u in range(n_up):
+        base = u * fan
+        if direction == Dir.down:
+            if mode == Mode.broadcast:
+                for k in range(fan):
+                    _copy_lw(lo, base + k, lw, up, u, uw, n)
+            elif mode == Mode.mab_broadcast:
+                for g in range(fan // group):
+                    for q in range(n):
+                        _copy_lw(lo, base + g * group + q % group, lw + 2 * (q // group), up, u, uw + 2 * q, 1)
+            else:  # distribute
+                for q in range(n):
+                    k = (q // chunk) % fan
+                    off = chunk * (q // (chunk * fan)) + q % chunk
+                    _copy_lw(lo, base + k, lw + 2 * off, up, u, uw + 2 * q, 1)
+        else:
+            if mode == Mode.collect:
+                for q in range(n):
+                    k = (q // chunk) % fan
+                    off = chunk * (q // (chunk * fan)) + q % chunk
+                    _copy_lw(up, u, uw + 2 * q, lo, base + k, lw + 2 * off, 1)
+            elif mode == Mode.individual:
+                g = row[isa.X_INDEX]
+                for q in range(n):
+                    _copy_lw(up, u, uw + 2 * q, lo, base + g * group + q % group, lw + 2 * (q // group), 1)
+            else:  # reduce over the groups
+                red, dtype = row[isa.X_RED], row[isa.X_DTYPE]
+                for q in range(n):
+                    member = q % group
+                    for half in range(2):
+                        acc = lo[base + member, lw + 2 * (q // group) + half]
+                        for g in range(1, fan // group):
+                            acc = _combine(red, dtype, acc, lo[base + g * group + member, lw + 2 * (q // group) + half])
+                        up[u, uw + 2 * q + half] = acc
+
+
+# ---- VOP: element-wise PE operations ----------------------------------------------------------
+
+@njit(cache=True)
+def _imm(bits: np.int64) -> np.float32:
+    return np.array([bits & 0xFFFFFFFF], dtype=np.uint32).view(np.float32)[0]
+
+
+@njit(cache=True)
+def _vop_f32(op, n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a_imm, a0, aso, asi, b, b_imm, b0, bso, bsi,
+             c, c_imm, c0, cso, csi):
+    """float32 element loop with operand arrays chosen up front (immediates read once)."""
+    ai, bi, ci = _imm(a0), _imm(b0), _imm(c0)
+    for pe in range(n_pe):
+        for i in range(n_outer):
+            for j in range(n_inner):
+                x = ai if a_imm else a[pe, a0 + i * aso + j * asi]
+                y = bi if b_imm else b[pe, b0 + i * bso + j * bsi]
+                z = ci if c_imm else c[pe, c0 + i * cso + j * csi]
+                d[pe, d0 + i * dso + j * dsi] = apply(op, x, y, z)
+
+
+@njit(cache=True)
+def _vop_half(op, n_pe, n_outer, n_inner, dst_half, src_half, d16, d32, d0, dso, dsi, a16, a32, a_imm, a0, aso, asi,
+              b16, b_imm, b0, bso, bsi, c16, c_imm, c0, cso, csi):
+    """Loop for VOPs with a float16 side: half operands are decoded, results encoded (1-6-9)."""
+    ai, bi, ci = _imm(a0), _imm(b0), _imm(c0)
+    for pe in range(n_pe):
+        for i in range(n_outer):
+            for j in range(n_inner):
+                if a_imm:
+                    x = ai
+                elif src_half:
+                    x = half_to_f32(a16[pe, a0 + i * aso + j * asi])
+                else:
+                    x = a32[pe, a0 + i * aso + j * asi]
+                y = bi if b_imm else half_to_f32(b16[pe, b0 + i * bso + j * bsi])
+                z = ci if c_imm else half_to_f32(c16[pe, c0 + i * cso + j * csi])
+                r = apply(op, x, y, z)
+                idx = d0 + i * dso + j * dsi
+                if dst_half:
+                    d16[pe, idx] = half_from_f32_bits(np.array([r], dtype=np.float32).view(np.uint32)[0])
+                else:
+                    d32[pe, idx] = r
+
+
+@njit(cache=True)
+def _vop(row, words, f32, u16, n_pe):
+    op, dtype = row[isa.V_OP], row[isa.V_DTYPE]
+    src_dtype = row[isa.V_SRC_DTYPE] if op == isa.VOp.cvt else dtype
+    n_outer, n_inner = row[isa.V_N_OUTER], row[isa.V_N_INNER]
+    dm, d0, dso, dsi = row[isa.V_DST], row[isa.V_DST + 1], row[isa.V_DST + 2], row[isa.V_DST + 3]
+    am, a0, aso, asi = row[isa.V_A], row[isa.V_A + 1], row[isa.V_A + 2], row[isa.V_A + 3]
+    bm, b0, bso, bsi = row[isa.V_B], row[isa.V_B + 1], row[isa.V_B + 2], row[isa.V_B + 3]
+    cm, c0, cso, csi = row[isa.V_C], row[isa.V_C + 1], row[isa.V_C + 2], row[isa.V_C + 3]
+    ka, kb, kc = max(am, 0), max(bm, 0), max(cm, 0)  # an immediate reads no memory; any array will do
+    if dtype == DType.int32:  # integers are only moved (copy), bit for bit
+        dw, aw = words[dm], words[ka]
+        for pe in range(n_pe):
+            for i in range(n_outer):
+                for j in range(n_inner):
+                    dw[pe, d0 + i * dso + j * dsi] = aw[pe, a0 + i * aso + j * asi]
+        return
+    if dtype == DType.float32 and src_dtype == DType.float32:
+        _vop_f32(op, n_pe, n_outer, n_inner, f32[dm], d0, dso, dsi, f32[ka], am == IMM, a0, aso, asi,
+                 f32[kb], bm == IMM, b0, bso, bsi, f32[kc], cm == IMM, c0, cso, csi)
+        return
+    _vop_half(op, n_pe, n_outer, n_inner, dtype == DType.float16, src_dtype == DType.float16, u16[dm], f32[dm],
+              d0, dso, dsi, u16[ka], f32[ka], am == IMM, a0, aso, asi, u16[kb], bm == IMM, b0, bso, bsi,
+              u16[kc], cm == IMM, c0, cso, csi)
+
+
+# ---- the block executor -----------------------------------------------------------------------
+
+@njit(cache=True)
+def execute_block(code, start, end, mems, f32, u16, mem_instances, lw_addressed, n_groups, path_of, path_group,
+                  mode_chunk, n_pe):
+    """Run instructions [start, end) that the numba engine handles (NOP, WAIT, MV, XFER, VOP).
+
+    `mems` are the uint32 rows of every memory; `f32` and `u16` the same rows viewed as float32
+    and as half words (made by the caller: numba cannot build tuples of views itself)."""
+    for i in range(start, end):
+        row = code[i]
+        op = row[0]
+        if op == Op.MV:
+            p = path_of[row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]]
+            _mv(row, mems, mem_instances, lw_addressed, n_groups, mode_chunk[p, row[isa.MV_MODE]])
+        elif op == Op.XFER:
+            if row[isa.X_DIR] == Dir.down:
+                p = path_of[row[isa.X_UP_MEM], row[isa.X_LO_MEM]]
+            else:
+                p = path_of[row[isa.X_LO_MEM], row[isa.X_UP_MEM]]
+            _xfer(row, mems, mem_instances, lw_addressed, path_group[p], mode_chunk[p, row[isa.X_MODE]])
+        elif op == Op.VOP:
+            _vop(row, mems, f32, u16, n_pe)

@@ -1,0 +1,168 @@
+"""mnsim's instruction set: macro-instructions, each a run of identical hardware steps.
+
+A program is an int64 array shaped [instructions, FIELDS]; field 0 is the opcode and the rest
+are the operands named in `TABLE` below. One row stands for what the hardware does in many
+steps (a vector op over an address range, a transfer of n long words in one mode, a MAU matrix
+product over tiles), so simulation cost grows with instructions, not with PEs or cycles.
+
+Units of addresses: long words (LW) for LW-addressed memories (DRAM, PDM, L2BM, L1BM), words for
+word-addressed ones (LM0, LM1, GRF0, GRF1) as in the hardware; VOP operands count elements of
+their dtype (word for float32, half word for float16). Instance fields are global instance
+indices of the memory's level; -1 means "in every Group at once" (with the local index within
+the Group in the matching *_local field).
+
+The timing rules cite the YAML numbers they use: steps are PE-stream steps of `step_cycles`;
+"rate" is a transfer mode's LW/cycle on one side (`transfers.<path>.modes.<mode>`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+FIELDS = 24
+ALL_GROUPS = -1  # an instance field meaning: the same transfer in every Group at once
+IMM = -1  # a VOP operand memory meaning: an immediate float32, its bits in the address field
+
+
+class Op(IntEnum):
+    NOP = 0
+    WAIT = 1
+    MV = 2
+    HOST_DMA = 3
+    XFER = 4
+    VOP = 5
+    MATMUL = 6
+
+
+class Mode(IntEnum):
+    """Transfer modes (names as in the YAML `modes:` tables)."""
+
+    individual = 0
+    broadcast = 1
+    mab_broadcast = 2
+    distribute = 3
+    collect = 4
+    reduce = 5
+
+
+class Dir(IntEnum):
+    down = 0  # toward the PEs (upper memory -> lower memory)
+    up = 1
+
+
+class Red(IntEnum):
+    none = 0
+    add = 1
+    max = 2
+    min = 3
+
+
+class DType(IntEnum):
+    float32 = 0
+    float16 = 1  # MN-Core half, 1-6-9
+    int32 = 2
+
+
+class Scope(IntEnum):
+    group = 0  # the set of instances in the source's (or destination's) Group
+    chip = 1  # every instance on the chip
+
+
+class VOp(IntEnum):
+    """Element-wise PE operations; each is costed by the YAML `pe_ops` entry of `COST_NAME`."""
+
+    copy = 0
+    add = 1
+    sub = 2
+    mul = 3
+    div = 4
+    fma = 5  # a * b + c
+    neg = 6
+    max = 7
+    min = 8
+    relu = 9
+    abs = 10
+    cmp_lt = 11  # 1.0 where a < b else 0.0
+    cmp_le = 12
+    cmp_gt = 13
+    cmp_ge = 14
+    cmp_eq = 15
+    cmp_ne = 16
+    select = 17  # a != 0 ? b : c
+    cvt = 18  # convert from the source dtype (field `src_dtype`) to the dtype
+    floor = 19
+    reciprocal = 20
+    rsqrt = 21
+    sqrt = 22
+    exp = 23
+    log = 24
+    tanh = 25
+    sigmoid = 26
+    erf = 27
+    pow = 28
+
+
+ARITY = {VOp.copy: 1, VOp.neg: 1, VOp.relu: 1, VOp.abs: 1, VOp.cvt: 1, VOp.floor: 1, VOp.reciprocal: 1,
+         VOp.rsqrt: 1, VOp.sqrt: 1, VOp.exp: 1, VOp.log: 1, VOp.tanh: 1, VOp.sigmoid: 1, VOp.erf: 1,
+         VOp.fma: 3, VOp.select: 3}
+COST_NAME = {op: ("cmp" if op.name.startswith("cmp_") else op.name) for op in VOp}
+
+
+def arity(op: VOp) -> int:
+    return ARITY.get(op, 2)
+
+
+# Field positions per opcode. Operands of VOP come in groups of four: memory, address (elements),
+# outer stride, inner stride; the element (i, j) of operand X is X.address + i*outer + j*inner.
+F_OP = 0
+NOP_STEPS = 1
+WAIT_TAG = 1
+DMA_DIR, DMA_PDM_ADDR, DMA_HOST_BUF, DMA_HOST_OFF, DMA_N, DMA_TAG = range(1, 7)
+(MV_MODE, MV_SRC_MEM, MV_SRC_INST, MV_SRC_ADDR, MV_DST_MEM, MV_DST_INST, MV_DST_ADDR, MV_N, MV_TAG, MV_RED,
+ MV_DTYPE, MV_SRC_LOCAL, MV_DST_LOCAL, MV_SCOPE) = range(1, 15)
+(X_MODE, X_DIR, X_UP_MEM, X_UP_ADDR, X_LO_MEM, X_LO_ADDR, X_N, X_RED, X_DTYPE, X_INDEX) = range(1, 11)
+V_OP, V_DTYPE, V_N_OUTER, V_N_INNER = 1, 2, 3, 4
+V_DST, V_A, V_B, V_C = 5, 9, 13, 17  # each: mem, addr, outer stride, inner stride
+V_SRC_DTYPE = 21
+(MM_DTYPE, MM_M, MM_K, MM_N, MM_A_MEM, MM_A_ADDR, MM_A_PITCH, MM_B_MEM, MM_B_ADDR, MM_B_PITCH, MM_C_MEM, MM_C_ADDR,
+ MM_C_PITCH, MM_FLAGS) = range(1, 15)
+MM_TRANS_B, MM_ACCUMULATE = 1, 2  # flag bits
+
+
+@dataclass(frozen=True)
+class InstrDoc:
+    op: Op
+    operands: str
+    unit: str
+    timing: str
+
+
+TABLE: tuple[InstrDoc, ...] = (
+    InstrDoc(Op.NOP, "steps", "PE stream",
+             "steps * step_cycles"),
+    InstrDoc(Op.WAIT, "tag", "PE stream",
+             "the stream (and every later issue) stalls until all MV/DMA with this tag have completed"),
+    InstrDoc(Op.MV, "mode, src_mem, src_inst, src_addr, dst_mem, dst_inst, dst_addr, n_lw, tag, red, dtype, "
+             "src_local, dst_local, scope", "Data Engine of every Group it touches",
+             "issue takes no stream time; starts when its engines are free (FIFO, queue of data_engine.queue_depth); "
+             "latency_cycles + ceil(max(src LW / src rate, LW per destination / dst rate)), sizes rounded up to "
+             "unit_lw, cross_group_lw_per_cycle when it crosses Groups"),
+    InstrDoc(Op.HOST_DMA, "dir, pdm_addr, host_buf, host_off_lw, n_lw, tag", "host link",
+             "latency_cycles + ceil(n_lw / rate) of host_to_pdm or pdm_to_host; FIFO on the one link"),
+    InstrDoc(Op.XFER, "mode, dir, up_mem, up_addr, lo_mem, lo_addr, n_lw (upper side), red, dtype, index",
+             "PE stream (l2bm or l1bm slot)",
+             "ceil(ceil(max(LW on the src side / src rate, LW per dst instance / dst rate)) / step_cycles) steps"),
+    InstrDoc(Op.VOP, "op, dtype, n_outer, n_inner, dst(mem, addr, so, si), a(...), b(...), c(...), src_dtype",
+             "PE stream (ALU or MAU per pe_ops.<op>.unit)",
+             "ceil(n_outer * n_inner / lanes per PE per step) * pe_ops.<op>.issues steps; lanes per PE per step = "
+             "units.<unit>.vector.<dtype>.lanes_per_cycle * step_cycles / PEs per unit"),
+    InstrDoc(Op.MATMUL, "dtype, M, K, N, a(mem, addr, pitch), b(mem, addr, pitch), c(mem, addr, pitch), flags",
+             "PE stream (MAU of every MAB)",
+             "ceil(ceil(M / rows) * ceil(K / cols) * max(N, rows / load_rows_per_cycle) / step_cycles) steps, from "
+             "units.MAU.matrix.<dtype>"),
+)
+
+
+def instr_doc(op: Op) -> InstrDoc:
+    return next(d for d in TABLE if d.op == op)

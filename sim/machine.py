@@ -1,0 +1,169 @@
+"""`Machine`: the device state of one chip, and running programs on it.
+
+The state is one uint32 array per memory kind with one row per instance (DRAM and PDM per Group,
+L2BM per L2B, L1BM per L1B, LM0/LM1/GRF0/GRF1 per PE, ...), sized from the YAML; DRAM starts
+empty and grows to the highest address a program or an allocation touches. `run` validates a
+program, then executes it functionally (data really moves through the memories), times it, or
+both.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from hwdesc import HwDesc
+
+from . import isa
+from .alloc import Allocator
+from .functional import execute_block
+from .isa import DType, Op
+from .numerics import HALF_TO_F32
+from .params import MachineParams
+from .program import Program
+from .stats import RunStats
+from .timing import simulate
+from .validate import max_addresses, validate
+
+RunMode = Literal["both", "timing", "functional"]
+PYTHON_OPS = (Op.MATMUL, Op.HOST_DMA)  # run with numpy here; the rest in numba blocks
+DRAM = "DRAM"
+
+
+class Machine:
+    """Memories of one simulated chip plus allocators for DRAM buffers."""
+
+    def __init__(self, hw: HwDesc) -> None:
+        self.hw = hw
+        self.params = MachineParams.from_hw(hw)
+        p = self.params
+        self.memories: list[np.ndarray] = []
+        for m, name in enumerate(p.memory_names):
+            words = 0 if name == DRAM else int(p.mem_words[m])
+            self.memories.append(np.zeros((int(p.mem_instances[m]), words), dtype=np.uint32))
+        self.dram = Allocator(DRAM, hw.memory_lw(DRAM), "long words", align=1)
+
+    # ---- memory -----------------------------------------------------------------------------
+
+    def memory(self, name: str) -> np.ndarray:
+        return self.memories[self.params.memory_id(name)]
+
+    def grow(self, name: str, words: int) -> None:
+        """Make every instance of a growable memory (DRAM) hold at least `words` words."""
+        m = self.params.memory_id(name)
+        current = self.memories[m]
+        if words <= current.shape[1]:
+            return
+        cap = int(self.params.mem_words[m])
+        new = min(cap, max(words, 2 * current.shape[1], 1 << 16))
+        grown = np.zeros((current.shape[0], new), dtype=np.uint32)
+        grown[:, : current.shape[1]] = current
+        self.memories[m] = grown
+
+    def alloc_dram(self, n_lw: int, align: int = 64) -> int:
+        """A DRAM region of n long words, the same range in every Group's DRAM."""
+        addr = self.dram.alloc(n_lw, align)
+        self.grow(DRAM, 2 * self.dram.high_water)
+        return addr
+
+    def free_dram(self, addr: int) -> None:
+        self.dram.free(addr)
+
+    # ---- running ----------------------------------------------------------------------------
+
+    def run(self, program: Program | np.ndarray, *, mode: RunMode = "both", host: Sequence[np.ndarray] = (),
+            bases: dict[str, int] | None = None, validated: bool = False) -> RunStats | None:
+        """Run a program. `host` are uint32 arrays the HOST_DMA instructions read or write;
+        `bases` binds a Program's relocatable buffers. Returns RunStats unless mode is functional."""
+        code = program.bind(bases or {}) if isinstance(program, Program) else np.ascontiguousarray(program, np.int64)
+        host = [np.ascontiguousarray(h).view(np.uint32).reshape(-1) for h in host]
+        if not validated:
+            validate(self.params, code, [len(h) for h in host])
+        if mode in ("both", "functional"):
+            self._execute(code, host)
+        if mode == "functional":
+            return None
+        return self.time(code)
+
+    def time(self, code: np.ndarray) -> RunStats:
+        """Cycles of a (validated) instruction array, from the YAML numbers only."""
+        p = self.params
+        (start, end, unit, mask, path, nbytes, total, pe_busy, engine_busy, host_busy, wait_stall,
+         queue_stall) = simulate(code, p.n_groups, p.step_cycles, p.queue_depth, p.tags, p.mem_instances, p.path_of,
+                                 p.path_engine, p.path_latency, p.path_group, p.mode_src_rate, p.mode_dst_rate,
+                                 p.mode_cross_rate, p.mode_unit, p.vop_issues, p.vop_lanes, p.mm_rows, p.mm_cols,
+                                 p.mm_load_rows, p.host_path_in, p.host_path_out)
+        per_path = np.bincount(path[path >= 0], weights=nbytes[path >= 0], minlength=len(p.path_names))
+        ops = np.bincount(code[:, 0], minlength=len(Op))
+        return RunStats(total_cycles=int(total), clock_hz=p.clock_hz, pe_busy=int(pe_busy),
+                        engine_busy=[int(x) for x in engine_busy], host_busy=int(host_busy),
+                        wait_stall=int(wait_stall), queue_stall=int(queue_stall),
+                        bytes_per_path={name: int(per_path[i]) for i, name in enumerate(p.path_names) if per_path[i]},
+                        instructions={op.name: int(ops[op]) for op in Op if ops[op]},
+                        start=start, end=end, unit=unit, engine_mask=mask)
+
+    def _execute(self, code: np.ndarray, host: list[np.ndarray]) -> None:
+        p = self.params
+        for m, top in max_addresses(p, code).items():
+            if p.memory_names[m] == DRAM:
+                self.grow(DRAM, top)
+        mems = tuple(self.memories)
+        f32 = tuple(m.view(np.float32) for m in mems)
+        u16 = tuple(m.view(np.uint16) for m in mems)
+        n_pe = int(p.mem_instances[p.pe_memories[0]])
+        ops = code[:, 0]
+        special = np.flatnonzero(np.isin(ops, PYTHON_OPS))
+        start = 0
+        for i in [*special.tolist(), len(code)]:
+            if i > start:
+                execute_block(code, start, i, mems, f32, u16, p.mem_instances, p.mem_lw_addressed, p.n_groups,
+                              p.path_of, p.path_group, p.mode_chunk, n_pe)
+            if i < len(code):
+                (self._matmul if ops[i] == Op.MATMUL else self._host_dma)(code[i], host)
+            start = i + 1
+
+    def _host_dma(self, row: np.ndarray, host: list[np.ndarray]) -> None:
+        p = self.params
+        pdm = self.memories[p.host_memory]
+        buf = host[row[isa.DMA_HOST_BUF]]
+        n, off, addr = int(row[isa.DMA_N]), int(row[isa.DMA_HOST_OFF]), int(row[isa.DMA_PDM_ADDR])
+        device = pdm[p.host_instance, 2 * addr: 2 * (addr + n)]
+        if row[isa.DMA_DIR] == 0:
+            device[:] = buf[2 * off: 2 * (off + n)]
+        else:
+            buf[2 * off: 2 * (off + n)] = device
+
+    def _matmul(self, row: np.ndarray, host: list[np.ndarray]) -> None:
+        """C (+)= A @ B on every MAB at once: K is split over a MAB's PEs in A and B, N in C, so
+        each PE's slice is a row-major matrix and the products are plain BLAS calls."""
+        p = self.params
+        pes = p.pes_per_mab
+        dtype = DType(int(row[isa.MM_DTYPE]))
+        m, k, n = int(row[isa.MM_M]), int(row[isa.MM_K]), int(row[isa.MM_N])
+        kp, np_ = k // pes, n // pes
+        trans = bool(row[isa.MM_FLAGS] & isa.MM_TRANS_B)
+
+        def operand(mem_f: int, rows: int, cols: int, half: bool) -> np.ndarray:
+            mem = self.memories[int(row[mem_f])]
+            view = mem.view(np.uint16) if half else mem.view(np.float32)
+            per_pe = view.shape[1]
+            flat = view.reshape(-1)[int(row[mem_f + 1]):]
+            pitch = int(row[mem_f + 2])
+            item = view.itemsize
+            n_mab = view.shape[0] // pes
+            out = as_strided(flat, shape=(n_mab, pes, rows, cols),
+                             strides=(pes * per_pe * item, per_pe * item, pitch * item, item))
+            return HALF_TO_F32[out] if half else out
+
+        half = dtype == DType.float16
+        a = operand(isa.MM_A_MEM, m, kp, half)
+        b = operand(isa.MM_B_MEM, n, kp, half).swapaxes(-1, -2) if trans else operand(isa.MM_B_MEM, kp, n, half)
+        tile = np.matmul(a, b).sum(axis=1, dtype=np.float32)  # [MABs, M, N]: the K-slices of the PEs added
+        c = operand(isa.MM_C_MEM, m, np_, False)
+        result = tile.reshape(tile.shape[0], m, pes, np_).transpose(0, 2, 1, 3)
+        if row[isa.MM_FLAGS] & isa.MM_ACCUMULATE:
+            c += result
+        else:
+            c[...] = result

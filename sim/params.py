@@ -1,0 +1,171 @@
+"""The numbers a program runs on, derived once from a hardware description.
+
+Kernels and the timing loop are numba functions; they take plain integer and float arrays, not
+objects. `MachineParams.from_hw` is the one place that turns a `HwDesc` into those arrays, so
+every cycle and every data pattern the simulator produces traces back to a YAML value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from hwdesc import HwDesc
+
+from .isa import COST_NAME, DType, Mode, VOp
+
+HOST = -2  # memory id of the host end of the host link
+ENGINES = ("data_engine", "pe_stream", "host_link")
+DTYPE_FORMAT = {DType.float32: "float32", DType.float16: "float16", DType.int32: "int32"}
+
+
+@dataclass(frozen=True, eq=False)
+class MachineParams:
+    """Topology, transfer rates, op costs: arrays indexed by memory id, path id, mode, op, dtype."""
+
+    hw: HwDesc
+    memory_names: tuple[str, ...]
+    mem_instances: np.ndarray  # [memories]
+    mem_words: np.ndarray  # capacity per instance in 32-bit words
+    mem_lw_addressed: np.ndarray  # bool: addresses count long words (else words)
+    mem_level: np.ndarray  # level index of each memory
+    level_instances: np.ndarray  # [levels]
+    n_groups: int  # Data Engines
+    engine_level: int
+    pe_memories: tuple[int, ...]  # memories one per leaf instance
+    # paths
+    path_names: tuple[str, ...]
+    path_of: np.ndarray  # [memories + 1 (host), memories + 1] -> path id or -1; host at index -1... see path_id
+    path_engine: np.ndarray  # ENGINES index
+    path_latency: np.ndarray
+    path_group: np.ndarray  # G: children treated as one unit (1 or PEs per MAB)
+    mode_offered: np.ndarray  # [paths, modes] bool
+    mode_src_rate: np.ndarray  # [paths, modes] LW/cycle
+    mode_dst_rate: np.ndarray
+    mode_cross_rate: np.ndarray  # 0 = not offered across Groups
+    mode_unit: np.ndarray  # [paths, modes] LW
+    mode_chunk: np.ndarray  # [paths, modes] LW
+    # PE stream
+    step_cycles: int
+    vop_issues: np.ndarray  # [VOp] issues per lane group; 0 = op has no cost entry (not offered)
+    vop_lanes: np.ndarray  # [VOp, DType] lanes per PE per step; 0 = unit has no mode for the dtype
+    mm_rows: np.ndarray  # [DType] MAU matrix rows (0 = dtype not offered)
+    mm_cols: np.ndarray
+    mm_load_rows: np.ndarray
+    mab_level: int  # level of the MAU
+    pes_per_mab: int
+    # engines
+    queue_depth: int
+    tags: int
+    host_path_in: int
+    host_path_out: int
+    host_instance: int  # the PDM instance the host link reaches
+    host_memory: int
+    clock_hz: int
+    hazards: dict[str, int] = field(default_factory=dict)
+
+    @staticmethod
+    def from_hw(hw: HwDesc) -> "MachineParams":
+        return _from_hw(hw)
+
+    def memory_id(self, name: str) -> int:
+        try:
+            return self.memory_names.index(name)
+        except ValueError:
+            raise KeyError(f"{self.hw.name} has no memory {name!r}; it has {', '.join(self.memory_names)}") from None
+
+    def path_id(self, src: int, dst: int) -> int:
+        return int(self.path_of[src, dst])
+
+    def instances_per_group(self, mem: int) -> int:
+        return int(self.mem_instances[mem]) // self.n_groups
+
+    def group_of(self, mem: int, instance: int) -> int:
+        return instance // self.instances_per_group(mem)
+
+
+@lru_cache(maxsize=32)
+def _from_hw(hw: HwDesc) -> MachineParams:
+    names = tuple(hw.memories)
+    mem_id = {n: i for i, n in enumerate(names)}
+    levels = hw.level_names
+    n_mem = len(names)
+    path_names = tuple(hw.transfers)
+    n_paths, n_modes = len(path_names), len(Mode)
+    # host gets index n_mem in the lookup table (HOST = -2 maps there via path_id's caller)
+    path_of = np.full((n_mem + 2, n_mem + 2), -1, dtype=np.int64)
+    offered = np.zeros((n_paths, n_modes), dtype=np.bool_)
+    src_rate = np.zeros((n_paths, n_modes))
+    dst_rate = np.zeros((n_paths, n_modes))
+    cross = np.zeros((n_paths, n_modes))
+    unit = np.ones((n_paths, n_modes), dtype=np.int64)
+    chunk = np.ones((n_paths, n_modes), dtype=np.int64)
+    engine = np.zeros(n_paths, dtype=np.int64)
+    latency = np.zeros(n_paths, dtype=np.int64)
+    group = np.ones(n_paths, dtype=np.int64)
+    for p, (pname, t) in enumerate(hw.transfers.items()):
+        engine[p] = ENGINES.index(t.engine)
+        latency[p] = t.latency_cycles
+        for s in t.src:
+            for d in t.dst:
+                si = mem_id.get(s, HOST)
+                di = mem_id.get(d, HOST)
+                path_of[si, di] = p
+        if t.group_level is not None:
+            lower = [m for m in t.src + t.dst if m in hw.memories]
+            lower_level = max((hw.memories[m].level for m in lower), key=levels.index)
+            group[p] = hw.fanout(t.group_level, lower_level)
+        for mname, m in t.modes.items():
+            k = Mode[mname]
+            offered[p, k] = True
+            src_rate[p, k], dst_rate[p, k] = m.src_lw_per_cycle, m.dst_lw_per_cycle
+            cross[p, k] = m.cross_group_lw_per_cycle or 0.0
+            unit[p, k] = m.unit_lw
+            chunk[p, k] = m.chunk_lw or 1
+    vop_issues = np.zeros(len(VOp), dtype=np.int64)
+    vop_lanes = np.zeros((len(VOp), len(DType)), dtype=np.int64)
+    for op in VOp:
+        cost = hw.pe_ops.get(COST_NAME[op])
+        if cost is None:
+            continue
+        vop_issues[op] = cost.issues
+        u = hw.units[cost.unit]
+        per_unit = hw.fanout(u.level, hw.leaf_level)
+        for dt in DType:
+            mode = u.vector.get(DTYPE_FORMAT[dt])
+            if mode is not None:
+                vop_lanes[op, dt] = max(1, mode.lanes_per_cycle * hw.step_cycles // per_unit)
+    mau = hw.units.get("MAU")
+    mm_rows = np.zeros(len(DType), dtype=np.int64)
+    mm_cols = np.zeros(len(DType), dtype=np.int64)
+    mm_load = np.ones(len(DType), dtype=np.int64)
+    mab_level = levels.index(mau.level) if mau else len(levels) - 1
+    if mau:
+        for dt in DType:
+            m = mau.matrix.get(DTYPE_FORMAT[dt])
+            if m is not None:
+                mm_rows[dt], mm_cols[dt], mm_load[dt] = m.rows, m.cols, m.load_rows_per_cycle
+    host_in = hw.transfer("host", hw.host_link.memory)
+    host_out = hw.transfer(hw.host_link.memory, "host")
+    host_mem = mem_id[hw.host_link.memory]
+    return MachineParams(
+        hw=hw, memory_names=names,
+        mem_instances=np.array([hw.memory_instances(n) for n in names], dtype=np.int64),
+        mem_words=np.array([hw.memory_words(n) for n in names], dtype=np.int64),
+        mem_lw_addressed=np.array([hw.memories[n].address_unit == "long_word" for n in names]),
+        mem_level=np.array([levels.index(hw.memories[n].level) for n in names], dtype=np.int64),
+        level_instances=np.array([hw.instances(n) for n in levels], dtype=np.int64),
+        n_groups=hw.instances(hw.data_engine.level), engine_level=levels.index(hw.data_engine.level),
+        pe_memories=tuple(i for i, n in enumerate(names) if hw.memories[n].level == hw.leaf_level),
+        path_names=path_names, path_of=path_of, path_engine=engine, path_latency=latency, path_group=group,
+        mode_offered=offered, mode_src_rate=src_rate, mode_dst_rate=dst_rate, mode_cross_rate=cross,
+        mode_unit=unit, mode_chunk=chunk, step_cycles=hw.step_cycles, vop_issues=vop_issues, vop_lanes=vop_lanes,
+        mm_rows=mm_rows, mm_cols=mm_cols, mm_load_rows=mm_load, mab_level=mab_level,
+        pes_per_mab=hw.fanout(mau.level, hw.leaf_level) if mau else 1,
+        queue_depth=hw.data_engine.queue_depth, tags=hw.data_engine.tags,
+        host_path_in=path_names.index(host_in[0]) if host_in else -1,
+        host_path_out=path_names.index(host_out[0]) if host_out else -1,
+        host_instance=hw.host_link.groups[0] * (hw.memory_instances(hw.host_link.memory) // hw.instances(hw.data_engine.level)),
+        host_memory=host_mem, clock_hz=hw.clock_hz, hazards=dict(hw.hazards))

@@ -1,0 +1,218 @@
+"""The timing engine: a numba event loop over a program's instruction array.
+
+Units and how they advance (DESIGN.md, "the machine model"):
+
+* the PE stream issues one macro-instruction after another; a PE instruction (NOP, VOP, XFER,
+  MATMUL) occupies it for steps x step_cycles;
+* MV instructions are issued from the stream at no stream time and run on the Data Engines of
+  the Groups they touch, first come first served; when an engine already has `queue_depth`
+  transfers outstanding, the stream stalls until the oldest finishes;
+* HOST_DMA runs on the single host link the same way;
+* WAIT stalls the stream until every transfer with its tag has finished.
+
+The program ends when the stream and every engine are done. All costs come from `MachineParams`
+(the YAML): transfer rates per side and mode, unit sizes, latencies, lanes and issue counts of
+the PE operations, MAU shapes. See `sim.isa.TABLE` for each instruction's rule.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from . import isa
+from .isa import ALL_GROUPS, Dir, Mode, Op, Scope
+
+UNIT_PE, UNIT_HOST = 0, 1  # per-instruction unit ids; Data Engine g is 2 + g
+
+
+@njit(cache=True)
+def _ceil_div(a: float, b: float) -> int:
+    return int(math.ceil(a / b - 1e-9))
+
+
+@njit(cache=True)
+def _pe_cycles(row, step, vop_issues, vop_lanes, path_of, path_group, mode_src_rate, mode_dst_rate,
+               mem_instances, mm_rows, mm_cols, mm_load):
+    op = row[0]
+    if op == Op.NOP:
+        return row[isa.NOP_STEPS] * step
+    if op == Op.VOP:
+        vop, dtype = row[isa.V_OP], row[isa.V_DTYPE]
+        lanes = vop_lanes[vop, dtype]
+        if vop == isa.VOp.cvt:
+            lanes = min(lanes, vop_lanes[vop, row[isa.V_SRC_DTYPE]])
+        n = row[isa.V_N_OUTER] * row[isa.V_N_INNER]
+        return max(1, _ceil_div(n, lanes)) * vop_issues[vop] * step
+    if op == Op.XFER:
+        mode, n = row[isa.X_MODE], row[isa.X_N]
+        um, lm = row[isa.X_UP_MEM], row[isa.X_LO_MEM]
+        down = row[isa.X_DIR] == Dir.down
+        p = path_of[um, lm] if down else path_of[lm, um]
+        fan = mem_instances[lm] // mem_instances[um]
+        g = path_group[p]
+        if mode == Mode.broadcast:
+            per_lower = n
+        elif mode == Mode.distribute or mode == Mode.collect:
+            per_lower = _ceil_div(n, fan)
+        else:  # mab_broadcast, individual, reduce: each member of a group carries n / G
+            per_lower = _ceil_div(n, g)
+        upper, lower = (n, per_lower)
+        src_side, dst_side = (upper, lower) if down else (lower, upper)
+        cycles = max(src_side / mode_src_rate[p, mode], dst_side / mode_dst_rate[p, mode])
+        return max(1, _ceil_div(_ceil_div(cycles, 1.0), step)) * step
+    if op == Op.MATMUL:
+        dt = row[isa.MM_DTYPE]
+        rows, cols = mm_rows[dt], mm_cols[dt]
+        load = _ceil_div(rows, mm_load[dt])
+        cycles = _ceil_div(row[isa.MM_M], rows) * _ceil_div(row[isa.MM_K], cols) * max(row[isa.MM_N], load)
+        return max(1, _ceil_div(cycles, step)) * step
+    return 0
+
+
+@njit(cache=True)
+def _mv_cost(row, n_groups, mem_instances, path_of, path_latency, mode_src_rate, mode_dst_rate, mode_cross_rate,
+             mode_unit):
+    """(cycles, engine mask, bytes written) of one MV."""
+    mode, n = row[isa.MV_MODE], row[isa.MV_N]
+    sm, dm = row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]
+    p = path_of[sm, dm]
+    unit = mode_unit[p, mode]
+    n_eff = _ceil_div(n, unit) * unit
+    s_per, d_per = mem_instances[sm] // n_groups, mem_instances[dm] // n_groups
+    every = row[isa.MV_SRC_INST] == ALL_GROUPS or row[isa.MV_DST_INST] == ALL_GROUPS
+    chip = row[isa.MV_SCOPE] == Scope.chip and mode != Mode.individual
+    all_mask = (np.int64(1) << n_groups) - 1
+    if every:
+        mask, crossing = all_mask, False
+    elif chip:
+        mask, crossing = all_mask, n_groups > 1
+    else:
+        sg = row[isa.MV_SRC_INST] // s_per
+        dg = row[isa.MV_DST_INST] // d_per if mode == Mode.individual else sg
+        if mode == Mode.collect or mode == Mode.reduce:
+            sg = dg = row[isa.MV_DST_INST] // d_per
+        mask = (np.int64(1) << sg) | (np.int64(1) << dg)
+        crossing = sg != dg
+    count = 1
+    if mode != Mode.individual:
+        count = mem_instances[dm] if (mode == Mode.broadcast or mode == Mode.distribute) else mem_instances[sm]
+        if not chip:
+            count = count // n_groups
+    src_lw, dst_lw = float(n_eff), float(n_eff)
+    if mode == Mode.distribute:
+        dst_lw = n_eff / count
+    elif mode == Mode.collect:
+        src_lw = n_eff / count
+    src_rate, dst_rate = mode_src_rate[p, mode], mode_dst_rate[p, mode]
+    if crossing:
+        cross = mode_cross_rate[p, mode]
+        src_rate, dst_rate = min(src_rate, cross), min(dst_rate, cross)
+    cycles = path_latency[p] + _ceil_div(max(src_lw / src_rate, dst_lw / dst_rate), 1.0)
+    groups = n_groups if every else 1
+    copies = count if mode == Mode.broadcast else 1
+    return cycles, mask, n * 8 * groups * copies
+
+
+@njit(cache=True)
+def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, path_engine, path_latency, path_group,
+             mode_src_rate, mode_dst_rate, mode_cross_rate, mode_unit, vop_issues, vop_lanes, mm_rows, mm_cols,
+             mm_load, host_path_in, host_path_out):
+    """Start and end cycle, unit and bytes of every instruction, plus busy cycles per unit."""
+    n = code.shape[0]
+    start = np.zeros(n, dtype=np.int64)
+    end = np.zeros(n, dtype=np.int64)
+    unit = np.zeros(n, dtype=np.int64)
+    mask_of = np.zeros(n, dtype=np.int64)
+    path = np.full(n, -1, dtype=np.int64)
+    nbytes = np.zeros(n, dtype=np.int64)
+    engine_free = np.zeros(n_groups, dtype=np.int64)
+    engine_busy = np.zeros(n_groups, dtype=np.int64)
+    ring = np.zeros((n_groups + 1, queue_depth), dtype=np.int64)  # last slot row: the host link
+    issued = np.zeros(n_groups + 1, dtype=np.int64)
+    tag_done = np.zeros(n_tags + 1, dtype=np.int64)
+    t = np.int64(0)
+    host_free = np.int64(0)
+    pe_busy = np.int64(0)
+    host_busy = np.int64(0)
+    wait_stall = np.int64(0)
+    queue_stall = np.int64(0)
+    for i in range(n):
+        row = code[i]
+        op = row[0]
+        if op == Op.WAIT:
+            start[i] = t
+            done = tag_done[row[isa.WAIT_TAG]]
+            if done > t:
+                wait_stall += done - t
+                t = done
+            end[i] = t
+        elif op == Op.MV:
+            cycles, mask, b = _mv_cost(row, n_groups, mem_instances, path_of, path_latency, mode_src_rate,
+                                       mode_dst_rate, mode_cross_rate, mode_unit)
+            for g in range(n_groups):  # a full queue stalls the stream until its oldest transfer ends
+                if (mask >> g) & 1 and issued[g] >= queue_depth:
+                    oldest = ring[g, issued[g] % queue_depth]
+                    if oldest > t:
+                        queue_stall += oldest - t
+                        t = oldest
+            begin = t
+            for g in range(n_groups):
+                if (mask >> g) & 1 and engine_free[g] > begin:
+                    begin = engine_free[g]
+            finish = begin + cycles
+            for g in range(n_groups):
+                if (mask >> g) & 1:
+                    engine_free[g] = finish
+                    engine_busy[g] += cycles
+                    ring[g, issued[g] % queue_depth] = finish
+                    issued[g] += 1
+            tag = row[isa.MV_TAG]
+            if finish > tag_done[tag]:
+                tag_done[tag] = finish
+            start[i], end[i], mask_of[i] = begin, finish, mask
+            first = 0
+            while (mask >> first) & 1 == 0:
+                first += 1
+            unit[i] = 2 + first  # the lowest engine it runs on; `mask_of` lists them all
+            path[i] = path_of[row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]]
+            nbytes[i] = b
+        elif op == Op.HOST_DMA:
+            p = host_path_in if row[isa.DMA_DIR] == 0 else host_path_out
+            cycles = path_latency[p] + _ceil_div(_ceil_div(row[isa.DMA_N], mode_unit[p, Mode.individual])
+                                                 * mode_unit[p, Mode.individual], mode_src_rate[p, Mode.individual])
+            h = n_groups
+            if issued[h] >= queue_depth:
+                oldest = ring[h, issued[h] % queue_depth]
+                if oldest > t:
+                    queue_stall += oldest - t
+                    t = oldest
+            begin = max(t, host_free)
+            finish = begin + cycles
+            host_free = finish
+            host_busy += cycles
+            ring[h, issued[h] % queue_depth] = finish
+            issued[h] += 1
+            tag = row[isa.DMA_TAG]
+            if finish > tag_done[tag]:
+                tag_done[tag] = finish
+            start[i], end[i], unit[i], path[i], nbytes[i] = begin, finish, UNIT_HOST, p, row[isa.DMA_N] * 8
+        else:
+            cycles = _pe_cycles(row, step, vop_issues, vop_lanes, path_of, path_group, mode_src_rate, mode_dst_rate,
+                                mem_instances, mm_rows, mm_cols, mm_load)
+            start[i] = t
+            t += cycles
+            end[i] = t
+            pe_busy += cycles
+            unit[i] = UNIT_PE
+            if op == Op.XFER:
+                um, lm = row[isa.X_UP_MEM], row[isa.X_LO_MEM]
+                path[i] = path_of[um, lm] if row[isa.X_DIR] == Dir.down else path_of[lm, um]
+                nbytes[i] = row[isa.X_N] * 8 * mem_instances[um]
+    total = t
+    for g in range(n_groups):
+        total = max(total, engine_free[g])
+    total = max(total, host_free)
+    return start, end, unit, mask_of, path, nbytes, total, pe_busy, engine_busy, host_busy, wait_stall, queue_stall

@@ -1,0 +1,310 @@
+"""Checks a program against a chip before anything runs, so a bad program cannot half-run.
+
+Every address range an instruction touches must lie inside its memory, every mode must be one
+its path offers (from the YAML), operands must be aligned as the hardware requires, tags must
+be in range and a WAIT must follow a transfer with its tag. The first problem raises `SimError`
+naming the instruction index and its decoded fields. The numba kernels do not bounds-check;
+this is what keeps them safe.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import isa
+from .errors import SimError
+from .isa import ALL_GROUPS, IMM, DType, Dir, Mode, Op, Red, Scope, VOp, arity
+from .params import HOST, MachineParams
+
+
+def disassemble(row: np.ndarray, params: MachineParams) -> str:
+    """One instruction in words, e.g. `MV distribute DRAM[each]+0 -> L2BM[each.0]+0 n=256 tag=1`."""
+    op = Op(int(row[0]))
+    mem = lambda i: params.memory_names[i] if 0 <= i < len(params.memory_names) else ("imm" if i == IMM else f"mem{i}")  # noqa: E731
+    if op == Op.NOP:
+        return f"NOP steps={row[isa.NOP_STEPS]}"
+    if op == Op.WAIT:
+        return f"WAIT tag={row[isa.WAIT_TAG]}"
+    if op == Op.MV:
+        def at(m, inst, local, addr):
+            where = f"each.{local}" if inst == ALL_GROUPS else str(inst)
+            return f"{mem(m)}[{where}]+{addr}"
+        text = (f"MV {_name(Mode, row[isa.MV_MODE])} {at(row[isa.MV_SRC_MEM], row[isa.MV_SRC_INST], row[isa.MV_SRC_LOCAL], row[isa.MV_SRC_ADDR])}"
+                f" -> {at(row[isa.MV_DST_MEM], row[isa.MV_DST_INST], row[isa.MV_DST_LOCAL], row[isa.MV_DST_ADDR])}"
+                f" n={row[isa.MV_N]} tag={row[isa.MV_TAG]} scope={_name(Scope, row[isa.MV_SCOPE])}")
+        return text + (f" {_name(Red, row[isa.MV_RED])}" if row[isa.MV_RED] else "")
+    if op == Op.HOST_DMA:
+        way = "host -> PDM" if row[isa.DMA_DIR] == 0 else "PDM -> host"
+        return (f"HOST_DMA {way} pdm+{row[isa.DMA_PDM_ADDR]} buf{row[isa.DMA_HOST_BUF]}+{row[isa.DMA_HOST_OFF]} "
+                f"n={row[isa.DMA_N]} tag={row[isa.DMA_TAG]}")
+    if op == Op.XFER:
+        return (f"XFER {_name(Mode, row[isa.X_MODE])} {_name(Dir, row[isa.X_DIR])} {mem(row[isa.X_UP_MEM])}+{row[isa.X_UP_ADDR]}"
+                f" / {mem(row[isa.X_LO_MEM])}+{row[isa.X_LO_ADDR]} n={row[isa.X_N]}"
+                + (f" {_name(Red, row[isa.X_RED])}" if row[isa.X_RED] else "")
+                + (f" index={row[isa.X_INDEX]}" if row[isa.X_MODE] == Mode.individual and row[isa.X_DIR] == Dir.up else ""))
+    if op == Op.VOP:
+        ops = []
+        for base in (isa.V_DST, isa.V_A, isa.V_B, isa.V_C):
+            m = row[base]
+            ops.append("imm" if m == IMM else f"{mem(m)}[{row[base + 1]}:{row[base + 2]},{row[base + 3]}]")
+        return (f"VOP {_name(VOp, row[isa.V_OP])}.{_name(DType, row[isa.V_DTYPE])} {row[isa.V_N_OUTER]}x{row[isa.V_N_INNER]} "
+                + " ".join(ops[: 1 + arity(VOp(int(row[isa.V_OP])))]))
+    if op == Op.MATMUL:
+        return (f"MATMUL.{_name(DType, row[isa.MM_DTYPE])} M={row[isa.MM_M]} K={row[isa.MM_K]} N={row[isa.MM_N]} "
+                f"A={mem(row[isa.MM_A_MEM])}+{row[isa.MM_A_ADDR]} B={mem(row[isa.MM_B_MEM])}+{row[isa.MM_B_ADDR]} "
+                f"C={mem(row[isa.MM_C_MEM])}+{row[isa.MM_C_ADDR]} flags={row[isa.MM_FLAGS]}")
+    return f"op {int(row[0])}"
+
+
+def _name(enum, value: int) -> str:
+    try:
+        return enum(int(value)).name
+    except ValueError:
+        return f"?{int(value)}"
+
+
+class _Checker:
+    def __init__(self, params: MachineParams, code: np.ndarray, host_words: list[int]) -> None:
+        self.p, self.code, self.host_words = params, code, host_words
+        self.tags_seen: set[int] = set()
+
+    def fail(self, i: int, message: str) -> SimError:
+        return SimError(message, index=i, instruction=disassemble(self.code[i], self.p))
+
+    def enum(self, i: int, enum, value: int, what: str):
+        try:
+            return enum(int(value))
+        except ValueError:
+            raise self.fail(i, f"{what} {int(value)} is not one of {', '.join(e.name for e in enum)}") from None
+
+    def memory(self, i: int, m: int, what: str) -> int:
+        if not 0 <= m < len(self.p.memory_names):
+            raise self.fail(i, f"{what} memory id {m} does not exist; the chip has {', '.join(self.p.memory_names)}")
+        return m
+
+    def units(self, m: int) -> int:
+        """Capacity of one instance in the memory's own address units."""
+        words = int(self.p.mem_words[m])
+        return words // 2 if self.p.mem_lw_addressed[m] else words
+
+    def in_range(self, i: int, m: int, first: int, count: int, what: str, unit_words: int = 1) -> None:
+        """[first, first + count) in address units of `m` (or elements when `unit_words` is a fraction)."""
+        cap = self.units(m) if unit_words == 1 else int(self.p.mem_words[m]) * unit_words
+        if first < 0 or count < 0 or first + count > cap:
+            raise self.fail(i, f"{what} {first}..{first + count - 1} are outside {self.p.memory_names[m]} "
+                               f"(0..{cap - 1})")
+
+    def instance(self, i: int, m: int, inst: int, local: int, what: str) -> None:
+        n = int(self.p.mem_instances[m])
+        if inst == ALL_GROUPS:
+            per = n // self.p.n_groups
+            if not 0 <= local < per:
+                raise self.fail(i, f"{what} local instance {local} does not exist; {self.p.memory_names[m]} has {per} per Group")
+        elif not 0 <= inst < n:
+            raise self.fail(i, f"{what} instance {inst} does not exist; {self.p.memory_names[m]} has {n}")
+
+    def path(self, i: int, src: int, dst: int, mode: Mode) -> int:
+        p = self.p.path_id(src, dst)
+        name = lambda m: "host" if m == HOST else self.p.memory_names[m]  # noqa: E731
+        if p < 0:
+            raise self.fail(i, f"{self.p.hw.name} has no transfer path from {name(src)} to {name(dst)}")
+        if not self.p.mode_offered[p, mode]:
+            offered = [m.name for m in Mode if self.p.mode_offered[p, m]]
+            raise self.fail(i, f"path {self.p.path_names[p]} does not offer mode {mode.name}; it offers {', '.join(offered)}")
+        return p
+
+    def tag(self, i: int, tag: int) -> None:
+        if not 1 <= tag <= self.p.tags:
+            raise self.fail(i, f"tag {tag} is outside 1..{self.p.tags}")
+
+    # ---- per opcode -------------------------------------------------------------------------
+
+    def check(self, i: int) -> None:
+        row = self.code[i]
+        op = self.enum(i, Op, row[0], "opcode")
+        getattr(self, f"_{op.name.lower()}")(i, row)
+
+    def _nop(self, i, row):
+        if row[isa.NOP_STEPS] < 0:
+            raise self.fail(i, "a NOP cannot last a negative number of steps")
+
+    def _wait(self, i, row):
+        tag = int(row[isa.WAIT_TAG])
+        self.tag(i, tag)
+        if tag not in self.tags_seen:
+            raise self.fail(i, f"WAIT on tag {tag}, which no earlier MV or HOST_DMA carries")
+
+    def _mv(self, i, row):
+        mode = self.enum(i, Mode, row[isa.MV_MODE], "mode")
+        sm = self.memory(i, int(row[isa.MV_SRC_MEM]), "source")
+        dm = self.memory(i, int(row[isa.MV_DST_MEM]), "destination")
+        p = self.path(i, sm, dm, mode)
+        if self.p.path_engine[p] != 0:
+            raise self.fail(i, f"path {self.p.path_names[p]} is not driven by the Data Engine; use XFER or HOST_DMA")
+        scope = self.enum(i, Scope, row[isa.MV_SCOPE], "scope")
+        self.enum(i, Red, row[isa.MV_RED], "reduction")
+        self.enum(i, DType, row[isa.MV_DTYPE], "dtype")
+        si, di = int(row[isa.MV_SRC_INST]), int(row[isa.MV_DST_INST])
+        self.instance(i, sm, si, int(row[isa.MV_SRC_LOCAL]), "source")
+        self.instance(i, dm, di, int(row[isa.MV_DST_LOCAL]), "destination")
+        if (si == ALL_GROUPS) != (di == ALL_GROUPS) and mode == Mode.individual:
+            raise self.fail(i, "an individual MV runs either in every Group (both instances -1) or between two instances")
+        if scope == Scope.chip and ALL_GROUPS in (si, di) and mode != Mode.individual:
+            raise self.fail(i, "a chip-wide MV has one source or destination instance, not one per Group")
+        if mode in (Mode.reduce,) and row[isa.MV_RED] == Red.none:
+            raise self.fail(i, "a reduce MV needs a reduction op (add, max, min)")
+        n = int(row[isa.MV_N])
+        if n <= 0:
+            raise self.fail(i, f"n={n}: a transfer moves at least one long word")
+        many = int(self.p.mem_instances[dm if mode in (Mode.broadcast, Mode.distribute) else sm])
+        if scope == Scope.group:
+            many //= self.p.n_groups
+        chunk = int(self.p.mode_chunk[p, mode])
+        src_n, dst_n = n, n
+        if mode in (Mode.distribute, Mode.collect):
+            if n % (chunk * many):
+                raise self.fail(i, f"n={n} must be a multiple of chunk {chunk} x {many} instances for {mode.name}")
+            if mode == Mode.distribute:
+                dst_n = n // many
+            else:
+                src_n = n // many
+        self.in_range(i, sm, int(row[isa.MV_SRC_ADDR]), src_n, "source long words")
+        self.in_range(i, dm, int(row[isa.MV_DST_ADDR]), dst_n, "destination long words")
+        self.tag(i, int(row[isa.MV_TAG]))
+        self.tags_seen.add(int(row[isa.MV_TAG]))
+
+    def _host_dma(self, i, row):
+        to_device = row[isa.DMA_DIR] == 0
+        link = self.p.host_path_in if to_device else self.p.host_path_out
+        if link < 0:
+            raise self.fail(i, f"{self.p.hw.name} has no host link in this direction")
+        buf, off, n = int(row[isa.DMA_HOST_BUF]), int(row[isa.DMA_HOST_OFF]), int(row[isa.DMA_N])
+        if not 0 <= buf < len(self.host_words):
+            raise self.fail(i, f"host buffer {buf} was not given to the run ({len(self.host_words)} given)")
+        if n <= 0 or off < 0 or 2 * (off + n) > self.host_words[buf]:
+            raise self.fail(i, f"host buffer {buf} holds {self.host_words[buf] // 2} long words; asked for {off}..{off + n - 1}")
+        window = int(self.p.hw.host_link.window_bytes) // self.p.hw.long_word_bytes
+        pdm = int(row[isa.DMA_PDM_ADDR])
+        if pdm < 0 or pdm + n > window:
+            raise self.fail(i, f"PDM long words {pdm}..{pdm + n - 1} are outside the host window (0..{window - 1})")
+        self.tag(i, int(row[isa.DMA_TAG]))
+        self.tags_seen.add(int(row[isa.DMA_TAG]))
+
+    def _xfer(self, i, row):
+        mode = self.enum(i, Mode, row[isa.X_MODE], "mode")
+        direction = self.enum(i, Dir, row[isa.X_DIR], "direction")
+        um = self.memory(i, int(row[isa.X_UP_MEM]), "upper")
+        lm = self.memory(i, int(row[isa.X_LO_MEM]), "lower")
+        p = self.path(i, um, lm, mode) if direction == Dir.down else self.path(i, lm, um, mode)
+        if self.p.path_engine[p] != 1:
+            raise self.fail(i, f"path {self.p.path_names[p]} is not driven by the PE stream; use MV")
+        self.enum(i, Red, row[isa.X_RED], "reduction")
+        self.enum(i, DType, row[isa.X_DTYPE], "dtype")
+        if mode == Mode.reduce and row[isa.X_RED] == Red.none:
+            raise self.fail(i, "a reduce XFER needs a reduction op (add, max, min)")
+        n = int(row[isa.X_N])
+        fan = int(self.p.mem_instances[lm] // self.p.mem_instances[um])
+        group = int(self.p.path_group[p])
+        chunk = int(self.p.mode_chunk[p, mode])
+        if n <= 0:
+            raise self.fail(i, f"n={n}: a transfer moves at least one long word")
+        if mode in (Mode.distribute, Mode.collect):
+            if n % (chunk * fan):
+                raise self.fail(i, f"n={n} must be a multiple of chunk {chunk} x {fan} children for {mode.name}")
+            lower_n = n // fan
+        elif mode == Mode.broadcast:
+            lower_n = n
+        else:
+            if n % group:
+                raise self.fail(i, f"n={n} must be a multiple of the {group} members of a group for {mode.name}")
+            lower_n = n // group
+            if mode == Mode.individual and not 0 <= row[isa.X_INDEX] < fan // group:
+                raise self.fail(i, f"index {row[isa.X_INDEX]} names no group; there are {fan // group}")
+        self.in_range(i, um, int(row[isa.X_UP_ADDR]), n, "upper long words")
+        lo_addr = int(row[isa.X_LO_ADDR])
+        if not self.p.mem_lw_addressed[lm]:
+            if lo_addr % 2:
+                raise self.fail(i, f"word address {lo_addr} of {self.p.memory_names[lm]} is not long-word aligned (even)")
+            self.in_range(i, lm, lo_addr, 2 * lower_n, "lower words")
+        else:
+            self.in_range(i, lm, lo_addr, lower_n, "lower long words")
+
+    def _vop(self, i, row):
+        op = self.enum(i, VOp, row[isa.V_OP], "op")
+        dtype = self.enum(i, DType, row[isa.V_DTYPE], "dtype")
+        src_dtype = self.enum(i, DType, row[isa.V_SRC_DTYPE], "source dtype") if op == VOp.cvt else dtype
+        if self.p.vop_issues[op] == 0:
+            raise self.fail(i, f"{self.p.hw.name} has no cost for PE op {op.name} (pe_ops.{isa.COST_NAME[op]} is missing)")
+        for dt in {dtype, src_dtype}:
+            if self.p.vop_lanes[op, dt] == 0:
+                raise self.fail(i, f"the unit of PE op {op.name} has no vector mode for {dt.name}")
+        if dtype == DType.int32 and op != VOp.copy:
+            raise self.fail(i, "int32 element-wise ops other than copy are not modelled")
+        no, ni = int(row[isa.V_N_OUTER]), int(row[isa.V_N_INNER])
+        if no <= 0 or ni <= 0:
+            raise self.fail(i, f"{no}x{ni}: a VOP covers at least one element")
+        for k, base in enumerate((isa.V_DST, isa.V_A, isa.V_B, isa.V_C)):
+            if k > arity(op):
+                continue
+            m = int(row[base])
+            if m == IMM:
+                if k == 0:
+                    raise self.fail(i, "the destination of a VOP cannot be an immediate")
+                continue
+            self.memory(i, m, "operand")
+            if m not in self.p.pe_memories:
+                raise self.fail(i, f"VOP operands live in PE memories; {self.p.memory_names[m]} is not one")
+            addr, so, si = int(row[base + 1]), int(row[base + 2]), int(row[base + 3])
+            if so < 0 or si < 0:
+                raise self.fail(i, "VOP strides must not be negative")
+            dt = src_dtype if k == 1 else dtype
+            per_word = 2 if dt == DType.float16 else 1
+            last = addr + (no - 1) * so + (ni - 1) * si
+            cap = int(self.p.mem_words[m]) * per_word
+            if addr < 0 or last >= cap:
+                raise self.fail(i, f"operand {'dst a b c'.split()[k]} elements {addr}..{last} are outside "
+                                   f"{self.p.memory_names[m]} (0..{cap - 1} {dt.name} elements)")
+
+    def _matmul(self, i, row):
+        dtype = self.enum(i, DType, row[isa.MM_DTYPE], "dtype")
+        if self.p.mm_rows[dtype] == 0:
+            raise self.fail(i, f"the MAU of {self.p.hw.name} has no matrix mode for {dtype.name}")
+        m, k, n = int(row[isa.MM_M]), int(row[isa.MM_K]), int(row[isa.MM_N])
+        pes = self.p.pes_per_mab
+        if m <= 0 or k <= 0 or n <= 0 or k % pes or n % pes:
+            raise self.fail(i, f"M, K, N must be positive and K, N multiples of the {pes} PEs of a MAB (K is split "
+                               f"over them in A and B, N in C)")
+        trans = bool(row[isa.MM_FLAGS] & isa.MM_TRANS_B)
+        kp, np_ = k // pes, n // pes
+        per_word = 2 if dtype == DType.float16 else 1
+        shapes = (("A", isa.MM_A_MEM, m, kp, per_word), ("B", isa.MM_B_MEM, n if trans else kp, kp if trans else n, per_word),
+                  ("C", isa.MM_C_MEM, m, np_, 1))
+        for name, base, rows, cols, pw in shapes:
+            mem = self.memory(i, int(row[base]), name)
+            if mem not in self.p.pe_memories:
+                raise self.fail(i, f"MATMUL operand {name} must be in a PE memory, not {self.p.memory_names[mem]}")
+            addr, pitch = int(row[base + 1]), int(row[base + 2])
+            if pitch < cols and rows > 1:
+                raise self.fail(i, f"operand {name}: row pitch {pitch} is smaller than a row ({cols} elements)")
+            last = addr + (rows - 1) * pitch + cols - 1
+            cap = int(self.p.mem_words[mem]) * pw
+            if addr < 0 or last >= cap:
+                raise self.fail(i, f"operand {name} elements {addr}..{last} are outside {self.p.memory_names[mem]} (0..{cap - 1})")
+
+
+def validate(params: MachineParams, code: np.ndarray, host_words: list[int] | None = None) -> None:
+    """Raise SimError at the first instruction that cannot run on this chip."""
+    checker = _Checker(params, code, host_words or [])
+    for i in range(len(code)):
+        checker.check(i)
+
+
+def max_addresses(params: MachineParams, code: np.ndarray) -> dict[int, int]:
+    """The highest word each LW-addressed memory is touched at (to grow DRAM before a run)."""
+    out: dict[int, int] = {}
+    mv = code[code[:, 0] == Op.MV]
+    for mem_f, addr_f in ((isa.MV_SRC_MEM, isa.MV_SRC_ADDR), (isa.MV_DST_MEM, isa.MV_DST_ADDR)):
+        for m in np.unique(mv[:, mem_f]) if len(mv) else []:
+            rows = mv[mv[:, mem_f] == m]
+            out[int(m)] = max(out.get(int(m), 0), int(2 * (rows[:, addr_f] + rows[:, isa.MV_N]).max()))
+    return out

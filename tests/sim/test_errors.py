@@ -1,0 +1,124 @@
+"""Bad instructions raise SimError naming the instruction; a failed run leaves the machine usable."""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+
+import hwdesc
+import sim
+from sim import DeviceMemoryError, SimError
+
+
+def builder(m: sim.Machine) -> sim.ProgramBuilder:
+    return sim.ProgramBuilder(m.params)
+
+
+def fails(m: sim.Machine, build, match: str, index: int) -> SimError:
+    b = builder(m)
+    build(b)
+    with pytest.raises(SimError, match=match) as info:
+        m.run(b.build())
+    assert info.value.index == index
+    return info.value
+
+
+def test_address_out_of_range_names_the_instruction(mini):
+    m = sim.Machine(mini)
+    lm_words = mini.memory_words("LM0")
+    e = fails(m, lambda b: (b.nop(1), b.vop("add", "float32", 1, 16, ("LM0", lm_words - 8, 0, 1), ("LM0", 0, 0, 1),
+                                               ("LM1", 0, 0, 1))),
+              rf"operand dst elements {lm_words - 8}..{lm_words + 7} are outside LM0 \(0..{lm_words - 1} float32", 1)
+    assert "instruction #1 (VOP add.float32 1x16 LM0[1016:0,1]" in str(e)
+    l2 = mini.memory_lw("L2BM")
+    fails(m, lambda b: b.mv("individual", "DRAM", 0, "L2BM", l2 - 8, 64, tag=1),
+          rf"destination long words {l2 - 8}..{l2 + 55} are outside L2BM", 0)
+
+
+def test_mode_the_path_does_not_offer(mini):
+    m = sim.Machine(mini)
+    fails(m, lambda b: b.mv("reduce", "DRAM", 0, "L2BM", 0, 64, tag=1, red="add"),
+          "path dram_to_l2bm does not offer mode reduce; it offers individual, broadcast, distribute", 0)
+    fails(m, lambda b: b.mv("individual", "L1BM", 0, "DRAM", 0, 64, tag=1), "mini has no transfer path from L1BM to DRAM", 0)
+
+
+def test_a_variant_without_a_mode(tmp_path, mini):
+    path = tmp_path / "nobcast.yaml"
+    path.write_text(textwrap.dedent("""
+        extends: mini
+        name: nobcast
+        transfers:
+          l1bm_to_pe:
+            modes:
+              broadcast: ~
+        """))
+    m = sim.Machine(hwdesc.load(path))
+    fails(m, lambda b: b.xfer("broadcast", "down", "L1BM", 0, "LM0", 0, 2),
+          "path l1bm_to_pe does not offer mode broadcast; it offers mab_broadcast, distribute", 0)
+
+
+def test_misaligned_operand(mini):
+    m = sim.Machine(mini)
+    fails(m, lambda b: b.xfer("distribute", "down", "L1BM", 0, "LM0", 3, 8),
+          "word address 3 of LM0 is not long-word aligned", 0)
+    fails(m, lambda b: b.xfer("distribute", "down", "L2BM", 0, "L1BM", 0, 24),
+          "n=24 must be a multiple of chunk 8 x 2 children for distribute", 0)
+
+
+def test_wait_on_a_tag_never_issued(mini):
+    m = sim.Machine(mini)
+    fails(m, lambda b: (b.mv("individual", "DRAM", 0, "L2BM", 0, 64, tag=1), b.wait(2)),
+          "WAIT on tag 2, which no earlier MV or HOST_DMA carries", 1)
+    fails(m, lambda b: b.mv("individual", "DRAM", 0, "L2BM", 0, 64, tag=64), r"tag 64 is outside 1..63", 0)
+
+
+def test_matmul_shape_rules(mini):
+    m = sim.Machine(mini)
+    fails(m, lambda b: b.matmul("float32", 8, 6, 8, ("LM0", 0, 2), ("LM1", 0, 8), ("GRF0", 0, 2)),
+          "K, N multiples of the 4 PEs of a MAB", 0)
+    fails(m, lambda b: b.matmul("float32", 8, 8, 8, ("DRAM", 0, 2), ("LM1", 0, 8), ("GRF0", 0, 2)),
+          "operand A must be in a PE memory, not DRAM", 0)
+
+
+def test_failed_run_leaves_the_machine_usable(mini):
+    m = sim.Machine(mini)
+    m.memory("LM0").view(np.float32)[:, :4] = 2.0
+    before = [mem.copy() for mem in m.memories]
+    b = builder(m)
+    b.vop("add", "float32", 1, 4, ("LM1", 0, 0, 1), ("LM0", 0, 0, 1), ("LM0", 0, 0, 1))
+    b.wait(9)
+    with pytest.raises(SimError):
+        m.run(b.build())
+    assert all(np.array_equal(x, y) for x, y in zip(before, m.memories))  # nothing ran
+    ok = builder(m)
+    ok.vop("add", "float32", 1, 4, ("LM1", 0, 0, 1), ("LM0", 0, 0, 1), ("LM0", 0, 0, 1))
+    m.run(ok.build())
+    assert (m.memory("LM1").view(np.float32)[:, :4] == 4.0).all()
+
+
+def test_allocator_runs_out_with_a_clear_message(mini):
+    m = sim.Machine(mini)
+    assert m.memory("DRAM").shape[1] == 0  # DRAM is not allocated whole
+    total = mini.memory_lw("DRAM")
+    a = m.alloc_dram(total // 2)
+    m.alloc_dram(total // 4)
+    with pytest.raises(DeviceMemoryError, match=rf"DRAM: cannot allocate {total // 2} long words; {total // 4} long "
+                                                rf"words free in all, largest free region {total // 4} long words"):
+        m.alloc_dram(total // 2)
+    m.free_dram(a)
+    assert m.alloc_dram(total // 2) == a  # freed space is reused
+    words = m.memory("DRAM").shape[1]
+    assert 2 * m.dram.high_water <= words <= 2 * 2 * m.dram.high_water  # grown (doubling) to the high-water mark
+
+
+def test_allocator_alignment_and_merging():
+    alloc = sim.Allocator("LM0", 100, "words", align=4)
+    a, b, c = alloc.alloc(10), alloc.alloc(10), alloc.alloc(10)
+    assert (a, b, c) == (0, 12, 24)
+    alloc.free(b)
+    alloc.free(a)
+    assert alloc.alloc(22) == 0  # the two freed regions merged
+    with pytest.raises(ValueError, match="not the start of an allocated region"):
+        alloc.free(5)

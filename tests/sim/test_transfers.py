@@ -1,0 +1,153 @@
+"""Data patterns of every transfer mode, reductions included, against numpy on mini and mncore2."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hwdesc
+import sim
+
+CHIPS = ["mini", "mncore2"]
+
+
+def machine(chip: str) -> sim.Machine:
+    return sim.Machine(hwdesc.load(chip))
+
+
+def rows(m: sim.Machine, name: str, dtype=np.float32) -> np.ndarray:
+    return m.memory(name).view(dtype)
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("red, fn", [("add", np.sum), ("max", np.max), ("min", np.min)])
+def test_pe_to_l1bm_reduce_over_mabs(chip, red, fn):
+    """l1bmr: L1BM LW q = op over the MABs of PE (q mod 4)'s LW (q div 4)."""
+    m = machine(chip)
+    hw = m.hw
+    n_pe, pes, mabs = hw.instances("PE"), hw.fanout("MAB", "PE"), hw.fanout("L1B", "MAB")
+    lm = rows(m, "LM0")
+    lm[:, :8] = np.random.default_rng(0).standard_normal((n_pe, 8), dtype=np.float32)
+    b = sim.ProgramBuilder(m.params)
+    n = 4 * pes  # 4 LW from each PE
+    b.xfer("reduce", "up", "L1BM", 16, "LM0", 0, n, red=red)
+    m.run(b.build())
+    per_l1b = lm[:, :8].reshape(hw.instances("L1B"), mabs, pes, 4, 2)  # [L1B, MAB, PE, LW, W]
+    expect = fn(per_l1b, axis=1).transpose(0, 2, 1, 3).reshape(hw.instances("L1B"), 2 * n)  # q = LW*4 + PE
+    np.testing.assert_allclose(rows(m, "L1BM")[:, 32:32 + 2 * n], expect, rtol=1e-6)
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_l1bm_to_l2bm_reduce_over_l1bs_in_half(chip):
+    m = machine(chip)
+    hw = m.hw
+    from sim.numerics import decode_half, encode_half
+    values = np.random.default_rng(1).standard_normal((hw.instances("L1B"), 64)).astype(np.float32)
+    rows(m, "L1BM", np.uint16)[:, :64] = encode_half(values)
+    b = sim.ProgramBuilder(m.params)
+    b.xfer("reduce", "up", "L2BM", 0, "L1BM", 0, 16, red="add", dtype="float16")
+    m.run(b.build())
+    got = decode_half(rows(m, "L2BM", np.uint16)[:, :64])
+    f = hw.fanout("L2B", "L1B")
+    expect = decode_half(encode_half(values)).reshape(-1, f, 64)
+    acc = expect[:, 0]
+    for k in range(1, f):  # the hardware adds L1B by L1B, rounding to half each time
+        acc = decode_half(encode_half(acc + expect[:, k]))
+    np.testing.assert_array_equal(got, acc)
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("scope", ["group", "chip"])
+def test_mv_reduce_l2bm_to_dram(chip, scope):
+    m = machine(chip)
+    hw = m.hw
+    l2 = rows(m, "L2BM")
+    l2[:, :128] = np.random.default_rng(2).standard_normal((hw.instances("L2B"), 128), dtype=np.float32)
+    m.grow("DRAM", 1024)
+    b = sim.ProgramBuilder(m.params)
+    if scope == "group":
+        b.mv("reduce", "L2BM", 0, "DRAM", 64, 64, tag=1, red="add")  # every Group: its L2Bs -> its DRAM
+    else:
+        b.mv("reduce", "L2BM", 0, "DRAM", 64, 64, tag=1, red="max", scope="chip", src_inst=0, dst_inst=0)
+    b.wait(1)
+    m.run(b.build())
+    out = rows(m, "DRAM")[:, 128:256]
+    if scope == "group":
+        expect = l2[:, :128].reshape(hw.instances("Group"), -1, 128).sum(axis=1)
+        np.testing.assert_allclose(out, expect, rtol=1e-5)
+    else:
+        np.testing.assert_array_equal(out[0], l2[:, :128].max(axis=0))
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_broadcasts_and_individuals(chip):
+    m = machine(chip)
+    hw = m.hw
+    rng = np.random.default_rng(3)
+    src = rng.standard_normal((hw.instances("L2B"), 64), dtype=np.float32)
+    rows(m, "L2BM")[:, :64] = src
+    b = sim.ProgramBuilder(m.params)
+    b.xfer("broadcast", "down", "L2BM", 0, "L1BM", 0, 32)  # l2bmb: every L1BM of an L2B gets the same 32 LW
+    b.nop(1)
+    b.xfer("mab_broadcast", "down", "L1BM", 0, "LM1", 0, 16)  # l1bmm: PE q mod 4 of every MAB, LW q div 4
+    b.xfer("broadcast", "down", "L1BM", 0, "GRF0", 0, 2)  # l1bmp: every PE gets 2 LW
+    b.nop(2)
+    b.xfer("individual", "up", "L1BM", 100, "LM1", 0, 16, index=1)  # l1bmm@1: MAB 1 back to L1BM
+    b.nop(3)
+    b.xfer("individual", "up", "L2BM", 100, "L1BM", 100, 16, index=hw.fanout("L2B", "L1B") - 1)  # l2bm@last
+    m.run(b.build())
+    l1b_src = np.repeat(src, hw.fanout("L2B", "L1B"), axis=0)[:, :64]
+    np.testing.assert_array_equal(rows(m, "L1BM")[:, :64], l1b_src)
+    pe_src = np.repeat(l1b_src, hw.fanout("L1B", "PE"), axis=0)  # each PE's L1B's data
+    lw = pe_src[:, :32].reshape(-1, 4, 4, 2)  # [PE, LW q div 4, PE q mod 4, W]
+    pe_in_mab = np.arange(hw.instances("PE")) % hw.fanout("MAB", "PE")
+    np.testing.assert_array_equal(rows(m, "LM1")[:, :8], lw[np.arange(len(lw)), :, pe_in_mab].reshape(-1, 8))
+    np.testing.assert_array_equal(rows(m, "GRF0")[:, :4], pe_src[:, :4])
+    np.testing.assert_array_equal(rows(m, "L1BM")[:, 200:232], l1b_src[:, :32])  # MAB 1 had the same 16 LW
+    np.testing.assert_array_equal(rows(m, "L2BM")[:, 200:232], src[:, :32])
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_mv_broadcast_distribute_collect(chip):
+    m = machine(chip)
+    hw = m.hw
+    groups, l2b = hw.instances("Group"), hw.instances("L2B")
+    per = l2b // groups
+    chunk = hw.transfers["dram_to_l2bm"].modes["distribute"].chunk_lw
+    n = chunk * per * 4
+    data = np.random.default_rng(4).standard_normal((groups, 2 * n), dtype=np.float32)
+    m.grow("DRAM", 4 * n)
+    rows(m, "DRAM")[:, : 2 * n] = data
+    b = sim.ProgramBuilder(m.params)
+    b.mv("broadcast", "DRAM", 0, "L2BM", 0, n, tag=1)  # each Group's DRAM -> both its L2Bs
+    b.mv("distribute", "DRAM", 0, "L2BM", 1024, n, tag=2)  # chunks round-robin over the Group's L2Bs
+    b.wait(2)
+    b.mv("collect", "L2BM", 1024, "DRAM", 2 * n, n, tag=3)  # and back
+    b.wait(3)
+    b.wait(1)
+    m.run(b.build())
+    l2 = rows(m, "L2BM")
+    np.testing.assert_array_equal(l2[:, : 2 * n], np.repeat(data, per, axis=0))
+    lw = data.reshape(groups, n // (chunk * per), per, chunk, 2)  # [G, row, L2B, chunk LW, W]
+    np.testing.assert_array_equal(l2[:, 2048: 2048 + 2 * n // per], lw.transpose(0, 2, 1, 3, 4).reshape(l2b, -1))
+    np.testing.assert_array_equal(rows(m, "DRAM")[:, 4 * n: 6 * n], data)
+
+
+def test_host_dma_round_trip(mini):
+    m = sim.Machine(mini)
+    host_in = np.arange(256, dtype=np.uint32)
+    host_out = np.zeros(256, dtype=np.uint32)
+    b = sim.ProgramBuilder(m.params)
+    b.host_dma(True, 0, 0, 0, 128, tag=1)
+    b.wait(1)
+    b.mv("individual", "PDM", 0, "DRAM", 0, 128, tag=2, src_inst=0, dst_inst=0)
+    b.wait(2)
+    b.mv("individual", "DRAM", 0, "PDM", 256, 128, tag=3, src_inst=0, dst_inst=0)
+    b.wait(3)
+    b.host_dma(False, 256, 1, 0, 128, tag=4)
+    b.wait(4)
+    stats = m.run(b.build(), host=[host_in, host_out])
+    np.testing.assert_array_equal(host_out, host_in)
+    link = mini.transfers["host_to_pdm"]
+    rate = link.modes["individual"].src_lw_per_cycle
+    assert stats.host_busy == 2 * (link.latency_cycles + int(128 / rate))
