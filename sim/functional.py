@@ -21,36 +21,45 @@ import numpy as np
 from numba import njit
 
 from . import isa
-from .isa import ALL_GROUPS, IMM, DType, Dir, Mode, Op, Red, Scope
+from .isa import ALL_GROUPS, IMM, DType, Dir, Mode, Op, Red, Scope, VOp
 from .numerics import apply, half_from_f32_bits, half_to_f32
 
+# `fmt`, passed to every kernel, holds the numbers from the YAML that data patterns depend on.
+FMT_WPL, FMT_HALF_E, FMT_HALF_M = 0, 1, 2  # words per long word, half exponent and mantissa bits
+WORD_BITS = 32  # the element of mnsim's memory arrays (MachineParams checks the YAML's word size)
+
 
 @njit(cache=True)
-def _word_addr(lw_addressed: np.ndarray, mem: int, addr: int) -> int:
-    return addr * 2 if lw_addressed[mem] else addr
+def _word_addr(lw_addressed: np.ndarray, mem: int, addr: int, wpl: int) -> int:
+    return addr * wpl if lw_addressed[mem] else addr
 
 
 @njit(cache=True)
-def _copy_lw(dst: np.ndarray, d_inst: int, d_word: int, src: np.ndarray, s_inst: int, s_word: int, n_lw: int) -> None:
-    for i in range(2 * n_lw):
+def _copy_lw(dst: np.ndarray, d_inst: int, d_word: int, src: np.ndarray, s_inst: int, s_word: int, n_lw: int,
+             wpl: int) -> None:
+    for i in range(wpl * n_lw):
         dst[d_inst, d_word + i] = src[s_inst, s_word + i]
 
 
 @njit(cache=True)
-def _combine(red: int, dtype: int, a: np.uint32, b: np.uint32) -> np.uint32:
-    """Reduce two words element-wise (one float32/int32, or two halves)."""
+def _combine(red: int, dtype: int, a: np.uint32, b: np.uint32, fmt: np.ndarray) -> np.uint32:
+    """Reduce two words element-wise (one float32/int32, or the halves packed in it)."""
     if dtype == DType.float16:
+        he, hm = fmt[FMT_HALF_E], fmt[FMT_HALF_M]
+        bits = 1 + he + hm
+        mask = (1 << bits) - 1
         out = np.uint32(0)
-        for shift in (0, 16):
-            x = half_to_f32(np.uint16((a >> shift) & 0xFFFF))
-            y = half_to_f32(np.uint16((b >> shift) & 0xFFFF))
+        for k in range(WORD_BITS // bits):
+            shift = k * bits
+            x = half_to_f32(np.uint16((a >> shift) & mask), he, hm)
+            y = half_to_f32(np.uint16((b >> shift) & mask), he, hm)
             r = x + y if red == Red.add else (max(x, y) if red == Red.max else min(x, y))
-            out |= np.uint32(half_from_f32_bits(np.array([np.float32(r)]).view(np.uint32)[0])) << shift
+            out |= np.uint32(half_from_f32_bits(np.array([np.float32(r)]).view(np.uint32)[0], he, hm)) << shift
         return out
     if dtype == DType.int32:
         x, y = np.int32(a), np.int32(b)
         r = x + y if red == Red.add else (max(x, y) if red == Red.max else min(x, y))
-        return np.uint32(np.int64(r) & 0xFFFFFFFF)
+        return np.array([r], dtype=np.int32).view(np.uint32)[0]
     fx = np.array([a], dtype=np.uint32).view(np.float32)[0]
     fy = np.array([b], dtype=np.uint32).view(np.float32)[0]
     fr = np.float32(fx + fy) if red == Red.add else (max(fx, fy) if red == Red.max else min(fx, fy))
@@ -68,12 +77,13 @@ def _scope_range(mem_instances: np.ndarray, n_groups: int, mem: int, scope: int,
 
 
 @njit(cache=True)
-def _mv(row, mems, mem_instances, lw_addressed, n_groups, chunk):
+def _mv(row, mems, mem_instances, lw_addressed, n_groups, chunk, fmt):
     mode, n = row[isa.MV_MODE], row[isa.MV_N]
     sm, dm = row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]
     src, dst = mems[sm], mems[dm]
-    sw = _word_addr(lw_addressed, sm, row[isa.MV_SRC_ADDR])
-    dw = _word_addr(lw_addressed, dm, row[isa.MV_DST_ADDR])
+    wpl = fmt[FMT_WPL]
+    sw = _word_addr(lw_addressed, sm, row[isa.MV_SRC_ADDR], wpl)
+    dw = _word_addr(lw_addressed, dm, row[isa.MV_DST_ADDR], wpl)
     per_group = row[isa.MV_SRC_INST] == ALL_GROUPS or row[isa.MV_DST_INST] == ALL_GROUPS
     groups = n_groups if per_group else 1
     s_per, d_per = mem_instances[sm] // n_groups, mem_instances[dm] // n_groups
@@ -81,42 +91,43 @@ def _mv(row, mems, mem_instances, lw_addressed, n_groups, chunk):
         s = row[isa.MV_SRC_INST] if row[isa.MV_SRC_INST] >= 0 else g * s_per + row[isa.MV_SRC_LOCAL]
         d = row[isa.MV_DST_INST] if row[isa.MV_DST_INST] >= 0 else g * d_per + row[isa.MV_DST_LOCAL]
         if mode == Mode.individual:
-            _copy_lw(dst, d, dw, src, s, sw, n)
+            _copy_lw(dst, d, dw, src, s, sw, n, wpl)
         elif mode == Mode.broadcast:
             first, count = _scope_range(mem_instances, n_groups, dm, row[isa.MV_SCOPE], s // s_per)
             for k in range(count):
-                _copy_lw(dst, first + k, dw, src, s, sw, n)
+                _copy_lw(dst, first + k, dw, src, s, sw, n, wpl)
         elif mode == Mode.distribute:
             first, count = _scope_range(mem_instances, n_groups, dm, row[isa.MV_SCOPE], s // s_per)
             for q in range(n):
                 k = (q // chunk) % count
                 off = chunk * (q // (chunk * count)) + q % chunk
-                _copy_lw(dst, first + k, dw + 2 * off, src, s, sw + 2 * q, 1)
+                _copy_lw(dst, first + k, dw + wpl * off, src, s, sw + wpl * q, 1, wpl)
         elif mode == Mode.collect:
             first, count = _scope_range(mem_instances, n_groups, sm, row[isa.MV_SCOPE], d // d_per)
             for q in range(n):
                 k = (q // chunk) % count
                 off = chunk * (q // (chunk * count)) + q % chunk
-                _copy_lw(dst, d, dw + 2 * q, src, first + k, sw + 2 * off, 1)
+                _copy_lw(dst, d, dw + wpl * q, src, first + k, sw + wpl * off, 1, wpl)
         else:  # reduce
             first, count = _scope_range(mem_instances, n_groups, sm, row[isa.MV_SCOPE], d // d_per)
             red, dtype = row[isa.MV_RED], row[isa.MV_DTYPE]
-            for i in range(2 * n):
+            for i in range(wpl * n):
                 acc = src[first, sw + i]
                 for k in range(1, count):
-                    acc = _combine(red, dtype, acc, src[first + k, sw + i])
+                    acc = _combine(red, dtype, acc, src[first + k, sw + i], fmt)
                 dst[d, dw + i] = acc
 
 
 # ---- XFER: L2BM <-> L1BM and L1BM <-> PE, in every upper instance at once --------------------
 
 @njit(cache=True)
-def _xfer(row, mems, mem_instances, lw_addressed, group, chunk):
+def _xfer(row, mems, mem_instances, lw_addressed, group, chunk, fmt):
     mode, direction, n = row[isa.X_MODE], row[isa.X_DIR], row[isa.X_N]
     um, lm = row[isa.X_UP_MEM], row[isa.X_LO_MEM]
     up, lo = mems[um], mems[lm]
-    uw = _word_addr(lw_addressed, um, row[isa.X_UP_ADDR])
-    lw = _word_addr(lw_addressed, lm, row[isa.X_LO_ADDR])
+    wpl = fmt[FMT_WPL]
+    uw = _word_addr(lw_addressed, um, row[isa.X_UP_ADDR], wpl)
+    lw = _word_addr(lw_addressed, lm, row[isa.X_LO_ADDR], wpl)
     n_up = mem_instances[um]
     fan = mem_instances[lm] // n_up
     for u in range(n_up):
@@ -124,35 +135,36 @@ def _xfer(row, mems, mem_instances, lw_addressed, group, chunk):
         if direction == Dir.down:
             if mode == Mode.broadcast:
                 for k in range(fan):
-                    _copy_lw(lo, base + k, lw, up, u, uw, n)
+                    _copy_lw(lo, base + k, lw, up, u, uw, n, wpl)
             elif mode == Mode.mab_broadcast:
                 for g in range(fan // group):
                     for q in range(n):
-                        _copy_lw(lo, base + g * group + q % group, lw + 2 * (q // group), up, u, uw + 2 * q, 1)
+                        _copy_lw(lo, base + g * group + q % group, lw + wpl * (q // group), up, u, uw + wpl * q, 1, wpl)
             else:  # distribute
                 for q in range(n):
                     k = (q // chunk) % fan
                     off = chunk * (q // (chunk * fan)) + q % chunk
-                    _copy_lw(lo, base + k, lw + 2 * off, up, u, uw + 2 * q, 1)
+                    _copy_lw(lo, base + k, lw + wpl * off, up, u, uw + wpl * q, 1, wpl)
         else:
             if mode == Mode.collect:
                 for q in range(n):
                     k = (q // chunk) % fan
                     off = chunk * (q // (chunk * fan)) + q % chunk
-                    _copy_lw(up, u, uw + 2 * q, lo, base + k, lw + 2 * off, 1)
+                    _copy_lw(up, u, uw + wpl * q, lo, base + k, lw + wpl * off, 1, wpl)
             elif mode == Mode.individual:
                 g = row[isa.X_INDEX]
                 for q in range(n):
-                    _copy_lw(up, u, uw + 2 * q, lo, base + g * group + q % group, lw + 2 * (q // group), 1)
+                    _copy_lw(up, u, uw + wpl * q, lo, base + g * group + q % group, lw + wpl * (q // group), 1, wpl)
             else:  # reduce over the groups
                 red, dtype = row[isa.X_RED], row[isa.X_DTYPE]
                 for q in range(n):
                     member = q % group
-                    for half in range(2):
-                        acc = lo[base + member, lw + 2 * (q // group) + half]
+                    for w in range(wpl):
+                        at = lw + wpl * (q // group) + w
+                        acc = lo[base + member, at]
                         for g in range(1, fan // group):
-                            acc = _combine(red, dtype, acc, lo[base + g * group + member, lw + 2 * (q // group) + half])
-                        up[u, uw + 2 * q + half] = acc
+                            acc = _combine(red, dtype, acc, lo[base + g * group + member, at], fmt)
+                        up[u, uw + wpl * q + w] = acc
 
 
 # ---- VOP: element-wise PE operations ----------------------------------------------------------
@@ -162,23 +174,93 @@ def _imm(bits: np.int64) -> np.float32:
     return np.array([bits & 0xFFFFFFFF], dtype=np.uint32).view(np.float32)[0]
 
 
+@njit(cache=True, inline="always")
+def _f_copy(a, b, c):
+    return a
+
+
+@njit(cache=True, inline="always")
+def _f_add(a, b, c):
+    return a + b
+
+
+@njit(cache=True, inline="always")
+def _f_sub(a, b, c):
+    return a - b
+
+
+@njit(cache=True, inline="always")
+def _f_mul(a, b, c):
+    return a * b
+
+
+@njit(cache=True, inline="always")
+def _f_fma(a, b, c):
+    return np.float32(a * b) + c
+
+
+@njit(cache=True, inline="always")
+def _f_max(a, b, c):
+    return a if a >= b else b
+
+
+@njit(cache=True, inline="always")
+def _f_relu(a, b, c):
+    return a if a > 0 else np.float32(0.0)
+
+
+def _make_loop(fn):
+    """The element loop of one op: numba compiles (and caches) one tight loop per op, inlining it."""
+
+    @njit(cache=True)
+    def loop(n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi):
+        for pe in range(n_pe):
+            for i in range(n_outer):
+                dd, aa, bb, cc = d0 + i * dso, a0 + i * aso, b0 + i * bso, c0 + i * cso
+                for j in range(n_inner):
+                    d[pe, dd + j * dsi] = fn(a[pe, aa + j * asi], b[pe, bb + j * bsi], c[pe, cc + j * csi])
+
+    return loop
+
+
+_loop_copy, _loop_add, _loop_sub, _loop_mul, _loop_fma, _loop_max, _loop_relu = (
+    _make_loop(f) for f in (_f_copy, _f_add, _f_sub, _f_mul, _f_fma, _f_max, _f_relu))
+
+
 @njit(cache=True)
-def _vop_f32(op, n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a_imm, a0, aso, asi, b, b_imm, b0, bso, bsi,
-             c, c_imm, c0, cso, csi):
-    """float32 element loop with operand arrays chosen up front (immediates read once)."""
-    ai, bi, ci = _imm(a0), _imm(b0), _imm(c0)
+def _loop_any(op, n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi):
     for pe in range(n_pe):
         for i in range(n_outer):
+            dd, aa, bb, cc = d0 + i * dso, a0 + i * aso, b0 + i * bso, c0 + i * cso
             for j in range(n_inner):
-                x = ai if a_imm else a[pe, a0 + i * aso + j * asi]
-                y = bi if b_imm else b[pe, b0 + i * bso + j * bsi]
-                z = ci if c_imm else c[pe, c0 + i * cso + j * csi]
-                d[pe, d0 + i * dso + j * dsi] = apply(op, x, y, z)
+                d[pe, dd + j * dsi] = apply(op, a[pe, aa + j * asi], b[pe, bb + j * bsi], c[pe, cc + j * csi])
+
+
+@njit(cache=True)
+def _vop_f32(op, n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi):
+    """float32 ops: immediates arrive as [PEs, 1] arrays read at stride 0, so loops do not branch."""
+    args = (n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi)
+    if op == VOp.copy:
+        _loop_copy(*args)
+    elif op == VOp.add:
+        _loop_add(*args)
+    elif op == VOp.sub:
+        _loop_sub(*args)
+    elif op == VOp.mul:
+        _loop_mul(*args)
+    elif op == VOp.fma:
+        _loop_fma(*args)
+    elif op == VOp.max:
+        _loop_max(*args)
+    elif op == VOp.relu:
+        _loop_relu(*args)
+    else:
+        _loop_any(op, *args)
 
 
 @njit(cache=True)
 def _vop_half(op, n_pe, n_outer, n_inner, dst_half, src_half, d16, d32, d0, dso, dsi, a16, a32, a_imm, a0, aso, asi,
-              b16, b_imm, b0, bso, bsi, c16, c_imm, c0, cso, csi):
+              b16, b_imm, b0, bso, bsi, c16, c_imm, c0, cso, csi, he, hm):
     """Loop for VOPs with a float16 side: half operands are decoded, results encoded (1-6-9)."""
     ai, bi, ci = _imm(a0), _imm(b0), _imm(c0)
     for pe in range(n_pe):
@@ -187,21 +269,21 @@ def _vop_half(op, n_pe, n_outer, n_inner, dst_half, src_half, d16, d32, d0, dso,
                 if a_imm:
                     x = ai
                 elif src_half:
-                    x = half_to_f32(a16[pe, a0 + i * aso + j * asi])
+                    x = half_to_f32(a16[pe, a0 + i * aso + j * asi], he, hm)
                 else:
                     x = a32[pe, a0 + i * aso + j * asi]
-                y = bi if b_imm else half_to_f32(b16[pe, b0 + i * bso + j * bsi])
-                z = ci if c_imm else half_to_f32(c16[pe, c0 + i * cso + j * csi])
+                y = bi if b_imm else half_to_f32(b16[pe, b0 + i * bso + j * bsi], he, hm)
+                z = ci if c_imm else half_to_f32(c16[pe, c0 + i * cso + j * csi], he, hm)
                 r = apply(op, x, y, z)
                 idx = d0 + i * dso + j * dsi
                 if dst_half:
-                    d16[pe, idx] = half_from_f32_bits(np.array([r], dtype=np.float32).view(np.uint32)[0])
+                    d16[pe, idx] = half_from_f32_bits(np.array([r], dtype=np.float32).view(np.uint32)[0], he, hm)
                 else:
                     d32[pe, idx] = r
 
 
 @njit(cache=True)
-def _vop(row, words, f32, u16, n_pe):
+def _vop(row, words, f32, u16, n_pe, fmt):
     op, dtype = row[isa.V_OP], row[isa.V_DTYPE]
     src_dtype = row[isa.V_SRC_DTYPE] if op == isa.VOp.cvt else dtype
     n_outer, n_inner = row[isa.V_N_OUTER], row[isa.V_N_INNER]
@@ -218,19 +300,27 @@ def _vop(row, words, f32, u16, n_pe):
                     dw[pe, d0 + i * dso + j * dsi] = aw[pe, a0 + i * aso + j * asi]
         return
     if dtype == DType.float32 and src_dtype == DType.float32:
-        _vop_f32(op, n_pe, n_outer, n_inner, f32[dm], d0, dso, dsi, f32[ka], am == IMM, a0, aso, asi,
-                 f32[kb], bm == IMM, b0, bso, bsi, f32[kc], cm == IMM, c0, cso, csi)
+        a = f32[ka] if am != IMM else np.full((n_pe, 1), _imm(a0), dtype=np.float32)
+        b = f32[kb] if bm != IMM else np.full((n_pe, 1), _imm(b0), dtype=np.float32)
+        c = f32[kc] if cm != IMM else np.full((n_pe, 1), _imm(c0), dtype=np.float32)
+        if am == IMM:
+            a0, aso, asi = 0, 0, 0
+        if bm == IMM:
+            b0, bso, bsi = 0, 0, 0
+        if cm == IMM:
+            c0, cso, csi = 0, 0, 0
+        _vop_f32(op, n_pe, n_outer, n_inner, f32[dm], d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi)
         return
     _vop_half(op, n_pe, n_outer, n_inner, dtype == DType.float16, src_dtype == DType.float16, u16[dm], f32[dm],
               d0, dso, dsi, u16[ka], f32[ka], am == IMM, a0, aso, asi, u16[kb], bm == IMM, b0, bso, bsi,
-              u16[kc], cm == IMM, c0, cso, csi)
+              u16[kc], cm == IMM, c0, cso, csi, fmt[FMT_HALF_E], fmt[FMT_HALF_M])
 
 
 # ---- the block executor -----------------------------------------------------------------------
 
 @njit(cache=True)
 def execute_block(code, start, end, mems, f32, u16, mem_instances, lw_addressed, n_groups, path_of, path_group,
-                  mode_chunk, n_pe):
+                  mode_chunk, n_pe, fmt):
     """Run instructions [start, end) that the numba engine handles (NOP, WAIT, MV, XFER, VOP).
 
     `mems` are the uint32 rows of every memory; `f32` and `u16` the same rows viewed as float32
@@ -240,12 +330,12 @@ def execute_block(code, start, end, mems, f32, u16, mem_instances, lw_addressed,
         op = row[0]
         if op == Op.MV:
             p = path_of[row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]]
-            _mv(row, mems, mem_instances, lw_addressed, n_groups, mode_chunk[p, row[isa.MV_MODE]])
+            _mv(row, mems, mem_instances, lw_addressed, n_groups, mode_chunk[p, row[isa.MV_MODE]], fmt)
         elif op == Op.XFER:
             if row[isa.X_DIR] == Dir.down:
                 p = path_of[row[isa.X_UP_MEM], row[isa.X_LO_MEM]]
             else:
                 p = path_of[row[isa.X_LO_MEM], row[isa.X_UP_MEM]]
-            _xfer(row, mems, mem_instances, lw_addressed, path_group[p], mode_chunk[p, row[isa.X_MODE]])
+            _xfer(row, mems, mem_instances, lw_addressed, path_group[p], mode_chunk[p, row[isa.X_MODE]], fmt)
         elif op == Op.VOP:
-            _vop(row, mems, f32, u16, n_pe)
+            _vop(row, mems, f32, u16, n_pe, fmt)

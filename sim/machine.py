@@ -9,6 +9,9 @@ both.
 
 from __future__ import annotations
 
+import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, Sequence
 
 import numpy as np
@@ -20,7 +23,6 @@ from . import isa
 from .alloc import Allocator
 from .functional import execute_block
 from .isa import DType, Op
-from .numerics import HALF_TO_F32
 from .params import MachineParams
 from .program import Program
 from .stats import RunStats
@@ -28,6 +30,12 @@ from .timing import simulate
 from .validate import max_addresses, validate
 
 RunMode = Literal["both", "timing", "functional"]
+_WORKERS = os.cpu_count() or 1
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(_WORKERS, thread_name_prefix="mnsim-mau")
 PYTHON_OPS = (Op.MATMUL, Op.HOST_DMA)  # run with numpy here; the rest in numba blocks
 DRAM = "DRAM"
 
@@ -62,10 +70,11 @@ class Machine:
         grown[:, : current.shape[1]] = current
         self.memories[m] = grown
 
-    def alloc_dram(self, n_lw: int, align: int = 64) -> int:
-        """A DRAM region of n long words, the same range in every Group's DRAM."""
-        addr = self.dram.alloc(n_lw, align)
-        self.grow(DRAM, 2 * self.dram.high_water)
+    def alloc_dram(self, n_lw: int, align: int | None = None) -> int:
+        """A DRAM region of n long words, the same range in every Group's DRAM, aligned to the MV
+        unit (so that transfers of whole units stay inside it)."""
+        addr = self.dram.alloc(n_lw, align or self.params.dram_align)
+        self.grow(DRAM, self.params.words_per_lw * self.dram.high_water)
         return addr
 
     def free_dram(self, addr: int) -> None:
@@ -94,7 +103,7 @@ class Machine:
          queue_stall) = simulate(code, p.n_groups, p.step_cycles, p.queue_depth, p.tags, p.mem_instances, p.path_of,
                                  p.path_engine, p.path_latency, p.path_group, p.mode_src_rate, p.mode_dst_rate,
                                  p.mode_cross_rate, p.mode_unit, p.vop_issues, p.vop_lanes, p.mm_rows, p.mm_cols,
-                                 p.mm_load_rows, p.host_path_in, p.host_path_out)
+                                 p.mm_load_rows, p.host_path_in, p.host_path_out, p.lw_bytes)
         per_path = np.bincount(path[path >= 0], weights=nbytes[path >= 0], minlength=len(p.path_names))
         ops = np.bincount(code[:, 0], minlength=len(Op))
         return RunStats(total_cycles=int(total), clock_hz=p.clock_hz, pe_busy=int(pe_busy),
@@ -119,7 +128,7 @@ class Machine:
         for i in [*special.tolist(), len(code)]:
             if i > start:
                 execute_block(code, start, i, mems, f32, u16, p.mem_instances, p.mem_lw_addressed, p.n_groups,
-                              p.path_of, p.path_group, p.mode_chunk, n_pe)
+                              p.path_of, p.path_group, p.mode_chunk, n_pe, p.fmt)
             if i < len(code):
                 (self._matmul if ops[i] == Op.MATMUL else self._host_dma)(code[i], host)
             start = i + 1
@@ -129,11 +138,12 @@ class Machine:
         pdm = self.memories[p.host_memory]
         buf = host[row[isa.DMA_HOST_BUF]]
         n, off, addr = int(row[isa.DMA_N]), int(row[isa.DMA_HOST_OFF]), int(row[isa.DMA_PDM_ADDR])
-        device = pdm[p.host_instance, 2 * addr: 2 * (addr + n)]
+        w = p.words_per_lw
+        device = pdm[p.host_instance, w * addr: w * (addr + n)]
         if row[isa.DMA_DIR] == 0:
-            device[:] = buf[2 * off: 2 * (off + n)]
+            device[:] = buf[w * off: w * (off + n)]
         else:
-            buf[2 * off: 2 * (off + n)] = device
+            buf[w * off: w * (off + n)] = device
 
     def _matmul(self, row: np.ndarray, host: list[np.ndarray]) -> None:
         """C (+)= A @ B on every MAB at once: K is split over a MAB's PEs in A and B, N in C, so
@@ -155,15 +165,23 @@ class Machine:
             n_mab = view.shape[0] // pes
             out = as_strided(flat, shape=(n_mab, pes, rows, cols),
                              strides=(pes * per_pe * item, per_pe * item, pitch * item, item))
-            return HALF_TO_F32[out] if half else out
+            return p.half.table[out] if half else out
 
         half = dtype == DType.float16
         a = operand(isa.MM_A_MEM, m, kp, half)
         b = operand(isa.MM_B_MEM, n, kp, half).swapaxes(-1, -2) if trans else operand(isa.MM_B_MEM, kp, n, half)
-        tile = np.matmul(a, b).sum(axis=1, dtype=np.float32)  # [MABs, M, N]: the K-slices of the PEs added
         c = operand(isa.MM_C_MEM, m, np_, False)
-        result = tile.reshape(tile.shape[0], m, pes, np_).transpose(0, 2, 1, 3)
-        if row[isa.MM_FLAGS] & isa.MM_ACCUMULATE:
-            c += result
-        else:
-            c[...] = result
+        accumulate = bool(row[isa.MM_FLAGS] & isa.MM_ACCUMULATE)
+
+        def mabs(first: int, last: int) -> None:
+            tile = np.matmul(a[first:last], b[first:last]).sum(axis=1, dtype=np.float32)  # PEs' K-slices added
+            result = tile.reshape(last - first, m, pes, np_).transpose(0, 2, 1, 3)
+            if accumulate:
+                c[first:last] += result
+            else:
+                c[first:last] = result
+
+        # Many small products: BLAS alone keeps one core busy, so split the MABs over the cores.
+        n_mab = a.shape[0]
+        bounds = np.linspace(0, n_mab, min(_WORKERS, n_mab) + 1).astype(int)
+        list(_pool().map(lambda k: mabs(bounds[k], bounds[k + 1]), range(len(bounds) - 1)))

@@ -1,9 +1,10 @@
 """Number formats: MN-Core 2's half (1-6-9) and the element-wise arithmetic of the PEs.
 
-Half is PFN's own format, not IEEE binary16: 1 sign, 6 exponent (bias 31, so 1.0 is 0x3e00),
-9 mantissa bits; an all-zero exponent is zero whatever the mantissa (no denormals), an all-one
-exponent is infinity whatever the mantissa (no NaN), and results are normalised: zero always
-gets the + sign. Encoding rounds to nearest, ties to even.
+Half is PFN's own format, not IEEE binary16: on MN-Core 2 1 sign, 6 exponent (bias 31, so 1.0
+is 0x3e00) and 9 mantissa bits, read from the YAML's `formats.float16`; an all-zero exponent is
+zero whatever the mantissa (no denormals), an all-one exponent is infinity whatever the mantissa
+(no NaN), and results are normalised: zero always gets the + sign. Encoding rounds to nearest,
+ties to even.
 
 How mnsim deviates from the hardware, exactly:
 * float32 arithmetic is IEEE single precision with round-to-nearest, as torch computes it;
@@ -18,6 +19,7 @@ How mnsim deviates from the hardware, exactly:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -25,89 +27,114 @@ from numba import njit
 
 from .isa import VOp
 
-HALF_BIAS = 31
-HALF_MANT = 9
-HALF_EXP_MAX = 63
-HALF_INF = np.uint16(HALF_EXP_MAX << HALF_MANT)
+# IEEE binary32: the layout of numpy's float32, the type every PE op computes in. MN-Core's
+# single (formats.float32 in the YAML) has the same field widths; `HalfCodec` checks that.
+F32_EXP_BITS, F32_MAN_BITS = 8, 23
+F32_BIAS = (1 << (F32_EXP_BITS - 1)) - 1
 
 
 @njit(cache=True)
-def half_from_f32_bits(bits: np.uint32) -> np.uint16:
-    """float32 bits -> MN-Core half bits (round to nearest even, flush to +0, saturate to inf)."""
-    sign = (bits >> 31) & 1
-    exp8 = (bits >> 23) & 0xFF
-    man = bits & 0x7FFFFF
-    if exp8 == 0xFF:
-        if man != 0:
-            return np.uint16(HALF_EXP_MAX << HALF_MANT)  # NaN -> +inf
-        return np.uint16((sign << 15) | (HALF_EXP_MAX << HALF_MANT))
+def half_from_f32_bits(bits: np.uint32, e_bits: int, m_bits: int) -> np.uint16:
+    """float32 bits -> half bits with e_bits exponent and m_bits mantissa bits (MN-Core: 6 and 9):
+    round to nearest even, flush to +0, saturate to infinity, NaN to +infinity."""
+    e_max = (1 << e_bits) - 1
+    bias = (1 << (e_bits - 1)) - 1
+    sign = np.int64((bits >> (F32_EXP_BITS + F32_MAN_BITS)) & 1)
+    exp8 = np.int64((bits >> F32_MAN_BITS) & ((1 << F32_EXP_BITS) - 1))
+    man = np.int64(bits & ((1 << F32_MAN_BITS) - 1))
+    sign_bit = sign << (e_bits + m_bits)
+    inf = e_max << m_bits
+    if exp8 == (1 << F32_EXP_BITS) - 1:
+        return np.uint16(inf if man != 0 else sign_bit | inf)
     if exp8 == 0:
         return np.uint16(0)
-    e = np.int64(exp8) - 127 + HALF_BIAS
-    m = np.int64(man >> 14)
-    rest = np.int64(man & 0x3FFF)
-    if rest > 0x2000 or (rest == 0x2000 and (m & 1) == 1):
+    e = exp8 - F32_BIAS + bias
+    drop = F32_MAN_BITS - m_bits
+    m = man >> drop
+    rest = man & ((1 << drop) - 1)
+    half_way = 1 << (drop - 1)
+    if rest > half_way or (rest == half_way and (m & 1) == 1):
         m += 1
-        if m == 512:
+        if m == 1 << m_bits:
             m = 0
             e += 1
-    if e >= HALF_EXP_MAX:
-        return np.uint16((sign << 15) | (HALF_EXP_MAX << HALF_MANT))
+    if e >= e_max:
+        return np.uint16(sign_bit | inf)
     if e <= 0:
         return np.uint16(0)
-    return np.uint16((sign << 15) | (e << HALF_MANT) | m)
+    return np.uint16(sign_bit | (e << m_bits) | m)
 
 
 @njit(cache=True)
-def half_to_f32(h: np.uint16) -> np.float32:
-    """MN-Core half bits -> float32 value."""
-    sign = -1.0 if (h >> 15) & 1 else 1.0
-    e = (np.int64(h) >> HALF_MANT) & HALF_EXP_MAX
-    m = np.int64(h) & 511
+def half_to_f32(h: np.uint16, e_bits: int, m_bits: int) -> np.float32:
+    """Half bits -> float32 value: exponent 0 is zero, all-ones is infinity, whatever the mantissa."""
+    e_max = (1 << e_bits) - 1
+    sign = -1.0 if (np.int64(h) >> (e_bits + m_bits)) & 1 else 1.0
+    e = (np.int64(h) >> m_bits) & e_max
+    m = np.int64(h) & ((1 << m_bits) - 1)
     if e == 0:
         return np.float32(0.0)
-    if e == HALF_EXP_MAX:
+    if e == e_max:
         return np.float32(sign * np.inf)
-    return np.float32(sign * (1.0 + m / 512.0) * 2.0 ** (e - HALF_BIAS))
+    return np.float32(sign * (1.0 + m / float(1 << m_bits)) * 2.0 ** (e - ((1 << (e_bits - 1)) - 1)))
 
 
 @njit(cache=True)
-def f32_to_half(x: np.float32) -> np.uint16:
-    return half_from_f32_bits(np.array([x], dtype=np.float32).view(np.uint32)[0])
+def f32_to_half(x: np.float32, e_bits: int, m_bits: int) -> np.uint16:
+    return half_from_f32_bits(np.array([x], dtype=np.float32).view(np.uint32)[0], e_bits, m_bits)
 
 
-def _half_table() -> np.ndarray:
-    h = np.arange(1 << 16, dtype=np.int64)
-    e, m, s = (h >> HALF_MANT) & HALF_EXP_MAX, h & 511, np.where(h >> 15, -1.0, 1.0)
-    v = s * (1.0 + m / 512.0) * np.exp2(e - HALF_BIAS)
-    v = np.where(e == 0, 0.0, np.where(e == HALF_EXP_MAX, s * np.inf, v))
-    return v.astype(np.float32)
+class HalfCodec:
+    """Vectorised conversions for one half format, built from the YAML's `formats.float16`."""
+
+    def __init__(self, exponent_bits: int, mantissa_bits: int) -> None:
+        self.e_bits, self.m_bits = exponent_bits, mantissa_bits
+        self.bias = (1 << (exponent_bits - 1)) - 1
+        self.e_max = (1 << exponent_bits) - 1
+        h = np.arange(1 << (1 + exponent_bits + mantissa_bits), dtype=np.int64)
+        e, m = (h >> mantissa_bits) & self.e_max, h & ((1 << mantissa_bits) - 1)
+        s = np.where((h >> (exponent_bits + mantissa_bits)) & 1, -1.0, 1.0)
+        v = s * (1.0 + m / float(1 << mantissa_bits)) * np.exp2(e - self.bias)
+        self.table = np.where(e == 0, 0.0, np.where(e == self.e_max, s * np.inf, v)).astype(np.float32)
+
+    @staticmethod
+    def of(hw) -> "HalfCodec":
+        single, half = hw.formats["float32"], hw.formats["float16"]
+        if (single.exponent_bits, single.mantissa_bits) != (F32_EXP_BITS, F32_MAN_BITS):
+            raise ValueError(f"{hw.name}: mnsim computes single precision as IEEE binary32 (1-8-23); the chip's "
+                             f"float32 is 1-{single.exponent_bits}-{single.mantissa_bits}")
+        return _codec(half.exponent_bits, half.mantissa_bits)
+
+    def encode(self, x: np.ndarray) -> np.ndarray:
+        """float32 values -> half bits (same rounding as `half_from_f32_bits`)."""
+        bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.int64)
+        sign = (bits >> (F32_EXP_BITS + F32_MAN_BITS)) & 1
+        exp8, man = (bits >> F32_MAN_BITS) & ((1 << F32_EXP_BITS) - 1), bits & ((1 << F32_MAN_BITS) - 1)
+        drop = F32_MAN_BITS - self.m_bits
+        e = exp8 - F32_BIAS + self.bias
+        m, rest = man >> drop, man & ((1 << drop) - 1)
+        half_way = 1 << (drop - 1)
+        m = m + ((rest > half_way) | ((rest == half_way) & ((m & 1) == 1)))
+        carry = m == (1 << self.m_bits)
+        e, m = np.where(carry, e + 1, e), np.where(carry, 0, m)
+        sign_bit = sign << (self.e_bits + self.m_bits)
+        inf = sign_bit | (self.e_max << self.m_bits)
+        out = np.where(e >= self.e_max, inf, sign_bit | (e << self.m_bits) | m)
+        out = np.where(e <= 0, 0, out)
+        out = np.where(exp8 == (1 << F32_EXP_BITS) - 1, np.where(man != 0, self.e_max << self.m_bits, inf), out)
+        out = np.where(exp8 == 0, 0, out)
+        return out.astype(np.uint16).reshape(np.shape(x))
+
+    def decode(self, h: np.ndarray) -> np.ndarray:
+        return self.table[np.asarray(h, dtype=np.uint16)]
 
 
-HALF_TO_F32 = _half_table()  # decode table: float32 value of every half bit pattern
+@functools.cache
+def _codec(e_bits: int, m_bits: int) -> HalfCodec:
+    return HalfCodec(e_bits, m_bits)
 
 
-def encode_half(x: np.ndarray) -> np.ndarray:
-    """Vectorised float32 -> half bits (same rounding as `half_from_f32_bits`)."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.int64)
-    sign, exp8, man = (bits >> 31) & 1, (bits >> 23) & 0xFF, bits & 0x7FFFFF
-    e = exp8 - 127 + HALF_BIAS
-    m, rest = man >> 14, man & 0x3FFF
-    up = (rest > 0x2000) | ((rest == 0x2000) & ((m & 1) == 1))
-    m = m + up
-    e = np.where(m == 512, e + 1, e)
-    m = np.where(m == 512, 0, m)
-    out = (sign << 15) | (e << HALF_MANT) | m
-    inf = (sign << 15) | (HALF_EXP_MAX << HALF_MANT)
-    out = np.where(e >= HALF_EXP_MAX, inf, out)
-    out = np.where(e <= 0, 0, out)
-    out = np.where(exp8 == 0xFF, np.where(man != 0, HALF_EXP_MAX << HALF_MANT, inf), out)
-    out = np.where(exp8 == 0, 0, out)
-    return out.astype(np.uint16).reshape(np.shape(x))
-
-
-def decode_half(h: np.ndarray) -> np.ndarray:
-    return HALF_TO_F32[np.asarray(h, dtype=np.uint16)]
+_EXP_OVERFLOW = math.log(float(np.finfo(np.float32).max))  # exp beyond this is inf in float32
 
 
 @njit(cache=True)
@@ -163,7 +190,7 @@ def apply(op: int, a: np.float32, b: np.float32, c: np.float32) -> np.float32:
     if op == VOp.sqrt:
         return np.float32(math.sqrt(a)) if a >= 0 else np.float32(np.nan)
     if op == VOp.exp:
-        return np.float32(math.exp(min(float(a), 88.8)) if a < 88.8 else np.inf)
+        return np.float32(math.exp(float(a))) if a < _EXP_OVERFLOW else np.float32(np.inf)
     if op == VOp.log:
         return np.float32(math.log(a)) if a > 0 else (np.float32(-np.inf) if a == 0 else np.float32(np.nan))
     if op == VOp.tanh:

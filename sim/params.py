@@ -14,7 +14,9 @@ import numpy as np
 
 from hwdesc import HwDesc
 
+from .functional import WORD_BITS
 from .isa import COST_NAME, DType, Mode, VOp
+from .numerics import HalfCodec
 
 HOST = -2  # memory id of the host end of the host link
 ENGINES = ("data_engine", "pe_stream", "host_link")
@@ -64,7 +66,15 @@ class MachineParams:
     host_instance: int  # the PDM instance the host link reaches
     host_memory: int
     clock_hz: int
+    words_per_lw: int  # 32-bit words in a long word (2 on MN-Core 2)
+    dram_align: int  # long words: the largest MV unit on a DRAM path, so whole units stay in a buffer
+    lw_bytes: int
+    half: HalfCodec  # the chip's half format (1-6-9 on MN-Core 2)
+    fmt: np.ndarray  # [words per LW, half exponent bits, half mantissa bits] for the kernels
     hazards: dict[str, int] = field(default_factory=dict)
+
+    def elements_per_word(self, dtype: DType) -> int:
+        return WORD_BITS // self.hw.formats[DTYPE_FORMAT[dtype]].bits
 
     @staticmethod
     def from_hw(hw: HwDesc) -> "MachineParams":
@@ -88,6 +98,9 @@ class MachineParams:
 
 @lru_cache(maxsize=32)
 def _from_hw(hw: HwDesc) -> MachineParams:
+    if hw.word_bytes * 8 != WORD_BITS:
+        raise ValueError(f"{hw.name}: mnsim's memories are arrays of {WORD_BITS}-bit words; word_bytes "
+                         f"{hw.word_bytes} is not supported")
     names = tuple(hw.memories)
     mem_id = {n: i for i, n in enumerate(names)}
     levels = hw.level_names
@@ -168,4 +181,10 @@ def _from_hw(hw: HwDesc) -> MachineParams:
         host_path_in=path_names.index(host_in[0]) if host_in else -1,
         host_path_out=path_names.index(host_out[0]) if host_out else -1,
         host_instance=hw.host_link.groups[0] * (hw.memory_instances(hw.host_link.memory) // hw.instances(hw.data_engine.level)),
-        host_memory=host_mem, clock_hz=hw.clock_hz, hazards=dict(hw.hazards))
+        host_memory=host_mem, clock_hz=hw.clock_hz, words_per_lw=hw.long_word_bytes // hw.word_bytes,
+        dram_align=max((m.unit_lw for t in hw.transfers.values() if "DRAM" in (*t.src, *t.dst) for m in t.modes.values()),
+                       default=1),
+        lw_bytes=hw.long_word_bytes, half=HalfCodec.of(hw),
+        fmt=np.array([hw.long_word_bytes // hw.word_bytes, hw.formats["float16"].exponent_bits,
+                      hw.formats["float16"].mantissa_bits], dtype=np.int64),
+        hazards=dict(hw.hazards))

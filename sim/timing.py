@@ -74,7 +74,7 @@ def _pe_cycles(row, step, vop_issues, vop_lanes, path_of, path_group, mode_src_r
 
 @njit(cache=True)
 def _mv_cost(row, n_groups, mem_instances, path_of, path_latency, mode_src_rate, mode_dst_rate, mode_cross_rate,
-             mode_unit):
+             mode_unit, lw_bytes):
     """(cycles, engine mask, bytes written) of one MV."""
     mode, n = row[isa.MV_MODE], row[isa.MV_N]
     sm, dm = row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]
@@ -113,13 +113,13 @@ def _mv_cost(row, n_groups, mem_instances, path_of, path_latency, mode_src_rate,
     cycles = path_latency[p] + _ceil_div(max(src_lw / src_rate, dst_lw / dst_rate), 1.0)
     groups = n_groups if every else 1
     copies = count if mode == Mode.broadcast else 1
-    return cycles, mask, n * 8 * groups * copies
+    return cycles, mask, n * lw_bytes * groups * copies
 
 
 @njit(cache=True)
 def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, path_engine, path_latency, path_group,
              mode_src_rate, mode_dst_rate, mode_cross_rate, mode_unit, vop_issues, vop_lanes, mm_rows, mm_cols,
-             mm_load, host_path_in, host_path_out):
+             mm_load, host_path_in, host_path_out, lw_bytes):
     """Start and end cycle, unit and bytes of every instruction, plus busy cycles per unit."""
     n = code.shape[0]
     start = np.zeros(n, dtype=np.int64)
@@ -151,7 +151,7 @@ def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, 
             end[i] = t
         elif op == Op.MV:
             cycles, mask, b = _mv_cost(row, n_groups, mem_instances, path_of, path_latency, mode_src_rate,
-                                       mode_dst_rate, mode_cross_rate, mode_unit)
+                                       mode_dst_rate, mode_cross_rate, mode_unit, lw_bytes)
             for g in range(n_groups):  # a full queue stalls the stream until its oldest transfer ends
                 if (mask >> g) & 1 and issued[g] >= queue_depth:
                     oldest = ring[g, issued[g] % queue_depth]
@@ -198,7 +198,7 @@ def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, 
             tag = row[isa.DMA_TAG]
             if finish > tag_done[tag]:
                 tag_done[tag] = finish
-            start[i], end[i], unit[i], path[i], nbytes[i] = begin, finish, UNIT_HOST, p, row[isa.DMA_N] * 8
+            start[i], end[i], unit[i], path[i], nbytes[i] = begin, finish, UNIT_HOST, p, row[isa.DMA_N] * lw_bytes
         else:
             cycles = _pe_cycles(row, step, vop_issues, vop_lanes, path_of, path_group, mode_src_rate, mode_dst_rate,
                                 mem_instances, mm_rows, mm_cols, mm_load)
@@ -210,7 +210,7 @@ def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, 
             if op == Op.XFER:
                 um, lm = row[isa.X_UP_MEM], row[isa.X_LO_MEM]
                 path[i] = path_of[um, lm] if row[isa.X_DIR] == Dir.down else path_of[lm, um]
-                nbytes[i] = row[isa.X_N] * 8 * mem_instances[um]
+                nbytes[i] = row[isa.X_N] * lw_bytes * mem_instances[um]
     total = t
     for g in range(n_groups):
         total = max(total, engine_free[g])

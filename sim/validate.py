@@ -85,7 +85,7 @@ class _Checker:
     def units(self, m: int) -> int:
         """Capacity of one instance in the memory's own address units."""
         words = int(self.p.mem_words[m])
-        return words // 2 if self.p.mem_lw_addressed[m] else words
+        return words // self.p.words_per_lw if self.p.mem_lw_addressed[m] else words
 
     def in_range(self, i: int, m: int, first: int, count: int, what: str, unit_words: int = 1) -> None:
         """[first, first + count) in address units of `m` (or elements when `unit_words` is a fraction)."""
@@ -181,8 +181,9 @@ class _Checker:
         buf, off, n = int(row[isa.DMA_HOST_BUF]), int(row[isa.DMA_HOST_OFF]), int(row[isa.DMA_N])
         if not 0 <= buf < len(self.host_words):
             raise self.fail(i, f"host buffer {buf} was not given to the run ({len(self.host_words)} given)")
-        if n <= 0 or off < 0 or 2 * (off + n) > self.host_words[buf]:
-            raise self.fail(i, f"host buffer {buf} holds {self.host_words[buf] // 2} long words; asked for {off}..{off + n - 1}")
+        w = self.p.words_per_lw
+        if n <= 0 or off < 0 or w * (off + n) > self.host_words[buf]:
+            raise self.fail(i, f"host buffer {buf} holds {self.host_words[buf] // w} long words; asked for {off}..{off + n - 1}")
         window = int(self.p.hw.host_link.window_bytes) // self.p.hw.long_word_bytes
         pdm = int(row[isa.DMA_PDM_ADDR])
         if pdm < 0 or pdm + n > window:
@@ -223,9 +224,10 @@ class _Checker:
         self.in_range(i, um, int(row[isa.X_UP_ADDR]), n, "upper long words")
         lo_addr = int(row[isa.X_LO_ADDR])
         if not self.p.mem_lw_addressed[lm]:
-            if lo_addr % 2:
-                raise self.fail(i, f"word address {lo_addr} of {self.p.memory_names[lm]} is not long-word aligned (even)")
-            self.in_range(i, lm, lo_addr, 2 * lower_n, "lower words")
+            if lo_addr % self.p.words_per_lw:
+                raise self.fail(i, f"word address {lo_addr} of {self.p.memory_names[lm]} is not long-word aligned "
+                                   f"(a multiple of {self.p.words_per_lw})")
+            self.in_range(i, lm, lo_addr, self.p.words_per_lw * lower_n, "lower words")
         else:
             self.in_range(i, lm, lo_addr, lower_n, "lower long words")
 
@@ -258,7 +260,7 @@ class _Checker:
             if so < 0 or si < 0:
                 raise self.fail(i, "VOP strides must not be negative")
             dt = src_dtype if k == 1 else dtype
-            per_word = 2 if dt == DType.float16 else 1
+            per_word = self.p.elements_per_word(dt)
             last = addr + (no - 1) * so + (ni - 1) * si
             cap = int(self.p.mem_words[m]) * per_word
             if addr < 0 or last >= cap:
@@ -276,7 +278,7 @@ class _Checker:
                                f"over them in A and B, N in C)")
         trans = bool(row[isa.MM_FLAGS] & isa.MM_TRANS_B)
         kp, np_ = k // pes, n // pes
-        per_word = 2 if dtype == DType.float16 else 1
+        per_word = self.p.elements_per_word(dtype)
         shapes = (("A", isa.MM_A_MEM, m, kp, per_word), ("B", isa.MM_B_MEM, n if trans else kp, kp if trans else n, per_word),
                   ("C", isa.MM_C_MEM, m, np_, 1))
         for name, base, rows, cols, pw in shapes:
@@ -306,5 +308,6 @@ def max_addresses(params: MachineParams, code: np.ndarray) -> dict[int, int]:
     for mem_f, addr_f in ((isa.MV_SRC_MEM, isa.MV_SRC_ADDR), (isa.MV_DST_MEM, isa.MV_DST_ADDR)):
         for m in np.unique(mv[:, mem_f]) if len(mv) else []:
             rows = mv[mv[:, mem_f] == m]
-            out[int(m)] = max(out.get(int(m), 0), int(2 * (rows[:, addr_f] + rows[:, isa.MV_N]).max()))
+            top = int(params.words_per_lw * (rows[:, addr_f] + rows[:, isa.MV_N]).max())
+            out[int(m)] = max(out.get(int(m), 0), top)
     return out

@@ -8,7 +8,20 @@ import torch
 
 import hwdesc
 import sim
-from sim.numerics import decode_half, encode_half, f32_to_half, half_to_f32
+from sim.numerics import HalfCodec
+from sim.numerics import f32_to_half as _f32_to_half
+from sim.numerics import half_to_f32 as _half_to_f32
+
+CODEC = HalfCodec.of(hwdesc.load("mncore2"))
+encode_half, decode_half = CODEC.encode, CODEC.decode
+
+
+def f32_to_half(x):
+    return _f32_to_half(x, CODEC.e_bits, CODEC.m_bits)
+
+
+def half_to_f32(h):
+    return _half_to_f32(h, CODEC.e_bits, CODEC.m_bits)
 
 UNARY = {"neg": torch.neg, "relu": torch.relu, "abs": torch.abs, "floor": torch.floor, "exp": torch.exp,
          "tanh": torch.tanh, "sigmoid": torch.sigmoid, "erf": torch.erf, "copy": lambda x: x}

@@ -41,7 +41,8 @@ def test_pe_to_l1bm_reduce_over_mabs(chip, red, fn):
 def test_l1bm_to_l2bm_reduce_over_l1bs_in_half(chip):
     m = machine(chip)
     hw = m.hw
-    from sim.numerics import decode_half, encode_half
+    codec = sim.MachineParams.from_hw(hw).half
+    encode_half, decode_half = codec.encode, codec.decode
     values = np.random.default_rng(1).standard_normal((hw.instances("L1B"), 64)).astype(np.float32)
     rows(m, "L1BM", np.uint16)[:, :64] = encode_half(values)
     b = sim.ProgramBuilder(m.params)

@@ -1,0 +1,60 @@
+"""Simulator, compiler and API code hold no hardware numbers: those live in hwdesc/*.yaml.
+
+Every integer literal of 4 or more in sim/, compiler/ and mlsdk/ must be on the allowlist below,
+with the reason it is not a fact about the chip. `sim/isa.py` (the instruction encoding: field
+positions and opcodes) is exempt.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("sim", "compiler", "mlsdk")
+EXEMPT = {"sim/isa.py"}
+ALLOWED = {
+    ("sim/functional.py", 32): "WORD_BITS: mnsim's memory arrays are uint32 (params.py rejects other word sizes)",
+    ("sim/functional.py", 0xFFFFFFFF): "masks an int64 instruction field to the 32 bits of a float32 immediate",
+    ("sim/numerics.py", 8): "IEEE binary32 exponent width: numpy's float32, the host type PEs compute in",
+    ("sim/numerics.py", 23): "IEEE binary32 mantissa width",
+    ("sim/params.py", 8): "bits per byte",
+    ("sim/params.py", 32): "lru_cache size",
+    ("sim/machine.py", 16): "DRAM rows grow by at least 1 << 16 words (growth policy)",
+    ("compiler/layout/candidates.py", 24): "how many candidates to return (planner budget)",
+    ("compiler/layout/candidates.py", 16): "PFN's educational-compiler convention: tensors of <= 16 elements stay in DRAM 0",
+    ("compiler/layout/candidates.py", 512): "lru_cache size",
+    ("compiler/layout/cli.py", 8): "copies shown by `layout show --where`",
+    ("compiler/layout/hostio.py", 16): "numpy unsigned type per element width",
+    ("compiler/layout/hostio.py", 32): "numpy unsigned type per element width",
+    ("compiler/layout/hostio.py", 64): "numpy unsigned type per element width",
+    ("compiler/layout/hostio.py", 8): "bits per byte",
+    ("compiler/layout/placement.py", 24): "elements beyond 1 << 24 are checked algebraically only",
+    ("compiler/layout/placement.py", 4): "the inverse map may be 4x the exact-check limit",
+    ("mlsdk/cli.py", 120): "console width when writing to a pipe",
+}
+
+
+def _literals(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and type(node.value) is int and abs(node.value) >= 4:
+            yield node.lineno, node.value
+
+
+def test_no_hardware_numbers_in_code():
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel in EXEMPT:
+                continue
+            for line, value in _literals(path):
+                if (rel, value) not in ALLOWED:
+                    found.append(f"{rel}:{line}: {value}")
+    assert not found, "numbers that belong in hwdesc/*.yaml (or on the allowlist, with a reason):\n" + "\n".join(found)
+
+
+def test_the_check_finds_a_planted_number(tmp_path):
+    planted = tmp_path / "x.py"
+    planted.write_text("RATE = 16  # LW per cycle\nclock = 750_000_000\nsmall = 2\n")
+    assert [v for _, v in _literals(planted)] == [16, 750_000_000]
