@@ -209,22 +209,34 @@ def _f_relu(a, b, c):
     return a if a > 0 else np.float32(0.0)
 
 
-def _make_loop(fn):
-    """The element loop of one op: numba compiles (and caches) one tight loop per op, inlining it."""
+def _make_loop(fn, arity):
+    """The element loop of one op: numba compiles (and caches) one tight loop per op, inlining it;
+    operands beyond the op's arity are not read, so unit-stride loops vectorise."""
 
     @njit(cache=True)
     def loop(n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi):
+        zero = np.float32(0.0)
+        unit = dsi == 1 and asi == 1 and (arity < 2 or bsi == 1) and (arity < 3 or csi == 1)
         for pe in range(n_pe):
             for i in range(n_outer):
                 dd, aa, bb, cc = d0 + i * dso, a0 + i * aso, b0 + i * bso, c0 + i * cso
-                for j in range(n_inner):
-                    d[pe, dd + j * dsi] = fn(a[pe, aa + j * asi], b[pe, bb + j * bsi], c[pe, cc + j * csi])
+                if unit:  # contiguous rows: a loop the compiler can vectorise
+                    for j in range(n_inner):
+                        y = b[pe, bb + j] if arity >= 2 else zero
+                        z = c[pe, cc + j] if arity >= 3 else zero
+                        d[pe, dd + j] = fn(a[pe, aa + j], y, z)
+                else:
+                    for j in range(n_inner):
+                        y = b[pe, bb + j * bsi] if arity >= 2 else zero
+                        z = c[pe, cc + j * csi] if arity >= 3 else zero
+                        d[pe, dd + j * dsi] = fn(a[pe, aa + j * asi], y, z)
 
     return loop
 
 
 _loop_copy, _loop_add, _loop_sub, _loop_mul, _loop_fma, _loop_max, _loop_relu = (
-    _make_loop(f) for f in (_f_copy, _f_add, _f_sub, _f_mul, _f_fma, _f_max, _f_relu))
+    _make_loop(f, n) for f, n in ((_f_copy, 1), (_f_add, 2), (_f_sub, 2), (_f_mul, 2), (_f_fma, 3), (_f_max, 2),
+                                  (_f_relu, 1)))
 
 
 @njit(cache=True)

@@ -27,7 +27,8 @@ from .params import MachineParams
 from .program import Program
 from .stats import RunStats
 from .timing import simulate
-from .validate import max_addresses, validate
+from .errors import SimError
+from .validate import max_addresses, symbol_extents, validate
 
 RunMode = Literal["both", "timing", "functional"]
 _WORKERS = os.cpu_count() or 1
@@ -86,15 +87,36 @@ class Machine:
             bases: dict[str, int] | None = None, validated: bool = False) -> RunStats | None:
         """Run a program. `host` are uint32 arrays the HOST_DMA instructions read or write;
         `bases` binds a Program's relocatable buffers. Returns RunStats unless mode is functional."""
-        code = program.bind(bases or {}) if isinstance(program, Program) else np.ascontiguousarray(program, np.int64)
         host = [np.ascontiguousarray(h).view(np.uint32).reshape(-1) for h in host]
-        if not validated:
-            validate(self.params, code, [len(h) for h in host])
+        if isinstance(program, Program):
+            if not validated:
+                self._check_program(program, bases or {}, [len(h) for h in host])
+            code = program.bind(bases or {})
+        else:
+            code = np.ascontiguousarray(program, np.int64)
+            if not validated:
+                validate(self.params, code, [len(h) for h in host])
         if mode in ("both", "functional"):
             self._execute(code, host)
         if mode == "functional":
             return None
         return self.time(code)
+
+    def _check_program(self, program: Program, bases: dict[str, int], host_words: list[int]) -> None:
+        """Validate a Program once per chip and host-buffer sizes; at every binding only check that
+        each relocatable buffer's base plus the extent its instructions reach fits its memory."""
+        key = (self.hw.fingerprint, tuple(host_words))
+        if key not in program.validated:
+            validate(self.params, program.code, host_words)
+            program.validated[key] = symbol_extents(self.params, program.code, program.relocs, program.symbols)
+        for name, (mem, extent) in program.validated[key].items():
+            base = bases.get(name)
+            if base is None:
+                raise SimError(f"no address bound for buffer {name!r}")
+            capacity = int(self.params.mem_words[mem]) // self.params.words_per_lw
+            if base < 0 or base + extent > capacity:
+                raise SimError(f"buffer {name!r} bound at long word {base} reaches {base + extent - 1}, outside "
+                               f"{self.params.memory_names[mem]} (0..{capacity - 1})")
 
     def time(self, code: np.ndarray) -> RunStats:
         """Cycles of a (validated) instruction array, from the YAML numbers only."""

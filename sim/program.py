@@ -20,6 +20,8 @@ class Program:
     labels: list[tuple[int, int, str]] = field(default_factory=list)  # [start, end) ranges named by op
     relocs: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), dtype=np.int64))  # (instr, field, symbol)
     symbols: tuple[str, ...] = ()
+    # Validation results per (chip, host buffer sizes): the long words each symbol must span.
+    validated: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.code = np.ascontiguousarray(self.code, dtype=np.int64).reshape(-1, FIELDS)

@@ -301,6 +301,28 @@ def validate(params: MachineParams, code: np.ndarray, host_words: list[int] | No
         checker.check(i)
 
 
+def symbol_extents(params: MachineParams, code: np.ndarray, relocs: np.ndarray,
+                   symbols: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """For each relocatable buffer: (memory id, long words past its base that instructions reach).
+
+    Relocated fields are MV source and destination addresses; a bound program is in range when
+    every buffer's base plus its extent fits the memory."""
+    out: dict[str, tuple[int, int]] = {}
+    for instr, field_, sym in relocs.tolist():
+        row = code[instr]
+        if row[0] != Op.MV or field_ not in (isa.MV_SRC_ADDR, isa.MV_DST_ADDR):
+            raise SimError("only MV addresses can be relocated", index=instr, instruction=disassemble(row, params))
+        mem = int(row[isa.MV_SRC_MEM] if field_ == isa.MV_SRC_ADDR else row[isa.MV_DST_MEM])
+        end = int(row[field_] + row[isa.MV_N])
+        name = symbols[sym]
+        prev = out.get(name, (mem, 0))
+        if prev[0] != mem:
+            raise SimError(f"buffer {name} is addressed in both {params.memory_names[prev[0]]} and "
+                           f"{params.memory_names[mem]}", index=instr, instruction=disassemble(row, params))
+        out[name] = (mem, max(prev[1], end))
+    return out
+
+
 def max_addresses(params: MachineParams, code: np.ndarray) -> dict[int, int]:
     """The highest word each LW-addressed memory is touched at (to grow DRAM before a run)."""
     out: dict[int, int] = {}

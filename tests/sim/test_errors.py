@@ -122,3 +122,20 @@ def test_allocator_alignment_and_merging():
     assert alloc.alloc(22) == 0  # the two freed regions merged
     with pytest.raises(ValueError, match="not the start of an allocated region"):
         alloc.free(5)
+
+
+def test_relocatable_buffers_are_checked_at_every_binding(mini):
+    m = sim.Machine(mini)
+    b = builder(m)
+    b.mv("individual", "DRAM", sim.Sym("x") + 64, "L2BM", 0, 64, tag=1)
+    b.wait(1)
+    program = b.build()
+    m.grow("DRAM", 4096)
+    m.run(program, bases={"x": 0})
+    m.run(program, bases={"x": 1024})  # validated once, bound twice
+    assert len(program.validated) == 1
+    top = mini.memory_lw("DRAM")
+    with pytest.raises(SimError, match=rf"buffer 'x' bound at long word {top - 100} reaches {top + 27}, outside DRAM"):
+        m.run(program, bases={"x": top - 100})
+    with pytest.raises(SimError, match="no address bound for buffer 'x'"):
+        m.run(program, bases={})
