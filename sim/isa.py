@@ -145,11 +145,13 @@ TABLE: tuple[InstrDoc, ...] = (
              "the stream (and every later issue) stalls until all MV/DMA with this tag have completed"),
     InstrDoc(Op.MV, "mode, src_mem, src_inst, src_addr, dst_mem, dst_inst, dst_addr, n_lw, tag, red, dtype, "
              "src_local, dst_local, scope", "Data Engine of every Group it touches",
-             "issue takes no stream time; starts when its engines are free (FIFO, queue of data_engine.queue_depth); "
-             "latency_cycles + ceil(max(src LW / src rate, LW per destination / dst rate)), sizes rounded up to "
-             "unit_lw, cross_group_lw_per_cycle when it crosses Groups"),
+             "issue takes no stream time (a full queue of data_engine.queue_depth stalls it); data flows for "
+             "ceil(max(src LW / src rate, LW per destination / dst rate)) cycles, sizes rounded up to unit_lw, "
+             "cross_group_lw_per_cycle when it crosses Groups, starting latency_cycles after issue and after the "
+             "data queued before it on each of its engines (pipelined requests)"),
     InstrDoc(Op.HOST_DMA, "dir, pdm_addr, host_buf, host_off_lw, n_lw, tag", "host link",
-             "latency_cycles + ceil(n_lw / rate) of host_to_pdm or pdm_to_host; FIFO on the one link"),
+             "data for ceil(n_lw / rate) cycles of host_to_pdm or pdm_to_host, latency_cycles after issue at the "
+             "earliest; FIFO on the one link"),
     InstrDoc(Op.XFER, "mode, dir, up_mem, up_addr, lo_mem, lo_addr, n_lw (upper side), red, dtype, index",
              "PE stream (l2bm or l1bm slot)",
              "ceil(ceil(max(LW on the src side / src rate, LW per dst instance / dst rate)) / step_cycles) steps"),

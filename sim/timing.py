@@ -5,8 +5,11 @@ Units and how they advance (DESIGN.md, "the machine model"):
 * the PE stream issues one macro-instruction after another; a PE instruction (NOP, VOP, XFER,
   MATMUL) occupies it for steps x step_cycles;
 * MV instructions are issued from the stream at no stream time and run on the Data Engines of
-  the Groups they touch, first come first served; when an engine already has `queue_depth`
-  transfers outstanding, the stream stalls until the oldest finishes;
+  the Groups they touch, first come first served. A transfer's data flows `latency_cycles`
+  after its issue at the earliest, and after the previous transfer's data on each of its
+  engines: requests are pipelined, so a full queue pays the latency once, and an engine is
+  busy while data flows. When an engine already has `queue_depth` transfers outstanding, the
+  stream stalls until the oldest finishes;
 * HOST_DMA runs on the single host link the same way;
 * WAIT stalls the stream until every transfer with its tag has finished.
 
@@ -75,7 +78,7 @@ def _pe_cycles(row, step, vop_issues, vop_lanes, path_of, path_group, mode_src_r
 @njit(cache=True)
 def _mv_cost(row, n_groups, mem_instances, path_of, path_latency, mode_src_rate, mode_dst_rate, mode_cross_rate,
              mode_unit, lw_bytes):
-    """(cycles, engine mask, bytes written) of one MV."""
+    """(latency, data cycles, engine mask, bytes written) of one MV."""
     mode, n = row[isa.MV_MODE], row[isa.MV_N]
     sm, dm = row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]
     p = path_of[sm, dm]
@@ -110,10 +113,10 @@ def _mv_cost(row, n_groups, mem_instances, path_of, path_latency, mode_src_rate,
     if crossing:
         cross = mode_cross_rate[p, mode]
         src_rate, dst_rate = min(src_rate, cross), min(dst_rate, cross)
-    cycles = path_latency[p] + _ceil_div(max(src_lw / src_rate, dst_lw / dst_rate), 1.0)
+    data = _ceil_div(max(src_lw / src_rate, dst_lw / dst_rate), 1.0)
     groups = n_groups if every else 1
     copies = count if mode == Mode.broadcast else 1
-    return cycles, mask, n * lw_bytes * groups * copies
+    return path_latency[p], data, mask, n * lw_bytes * groups * copies
 
 
 @njit(cache=True)
@@ -150,23 +153,23 @@ def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, 
                 t = done
             end[i] = t
         elif op == Op.MV:
-            cycles, mask, b = _mv_cost(row, n_groups, mem_instances, path_of, path_latency, mode_src_rate,
-                                       mode_dst_rate, mode_cross_rate, mode_unit, lw_bytes)
+            latency, data, mask, b = _mv_cost(row, n_groups, mem_instances, path_of, path_latency, mode_src_rate,
+                                              mode_dst_rate, mode_cross_rate, mode_unit, lw_bytes)
             for g in range(n_groups):  # a full queue stalls the stream until its oldest transfer ends
                 if (mask >> g) & 1 and issued[g] >= queue_depth:
                     oldest = ring[g, issued[g] % queue_depth]
                     if oldest > t:
                         queue_stall += oldest - t
                         t = oldest
-            begin = t
+            begin = t + latency  # data flows after the latency, and after the data queued before it
             for g in range(n_groups):
                 if (mask >> g) & 1 and engine_free[g] > begin:
                     begin = engine_free[g]
-            finish = begin + cycles
+            finish = begin + data
             for g in range(n_groups):
                 if (mask >> g) & 1:
                     engine_free[g] = finish
-                    engine_busy[g] += cycles
+                    engine_busy[g] += data
                     ring[g, issued[g] % queue_depth] = finish
                     issued[g] += 1
             tag = row[isa.MV_TAG]
@@ -181,18 +184,19 @@ def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, 
             nbytes[i] = b
         elif op == Op.HOST_DMA:
             p = host_path_in if row[isa.DMA_DIR] == 0 else host_path_out
-            cycles = path_latency[p] + _ceil_div(_ceil_div(row[isa.DMA_N], mode_unit[p, Mode.individual])
-                                                 * mode_unit[p, Mode.individual], mode_src_rate[p, Mode.individual])
+            unit_lw = mode_unit[p, Mode.individual]
+            rate = min(mode_src_rate[p, Mode.individual], mode_dst_rate[p, Mode.individual])
+            data = _ceil_div(_ceil_div(row[isa.DMA_N], unit_lw) * unit_lw, rate)
             h = n_groups
             if issued[h] >= queue_depth:
                 oldest = ring[h, issued[h] % queue_depth]
                 if oldest > t:
                     queue_stall += oldest - t
                     t = oldest
-            begin = max(t, host_free)
-            finish = begin + cycles
+            begin = max(t + path_latency[p], host_free)
+            finish = begin + data
             host_free = finish
-            host_busy += cycles
+            host_busy += data
             ring[h, issued[h] % queue_depth] = finish
             issued[h] += 1
             tag = row[isa.DMA_TAG]

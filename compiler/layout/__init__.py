@@ -2,5 +2,6 @@
 
 from .layout import ADDRESS, TIME_AXIS, W_AXIS, Broadcast, Factor, Layout
 from .parse import parse
+from .placement import Placement
 
-__all__ = ["ADDRESS", "TIME_AXIS", "W_AXIS", "Broadcast", "Factor", "Layout", "parse"]
+__all__ = ["ADDRESS", "TIME_AXIS", "W_AXIS", "Broadcast", "Factor", "Layout", "Placement", "parse"]

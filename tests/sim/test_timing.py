@@ -15,11 +15,15 @@ def vop_steps(hw, n: int, op: str = "add") -> int:
     return ceil(n / lanes) * hw.pe_ops[op].issues
 
 
-def mv_cycles(hw, n: int) -> int:
-    t = hw.transfers["dram_to_l2bm"]
-    mode = t.modes["individual"]
+def mv_data(hw, n: int) -> int:
+    mode = hw.transfers["dram_to_l2bm"].modes["individual"]
     n = ceil(n / mode.unit_lw) * mode.unit_lw
-    return t.latency_cycles + ceil(n / min(mode.src_lw_per_cycle, mode.dst_lw_per_cycle))
+    return ceil(n / min(mode.src_lw_per_cycle, mode.dst_lw_per_cycle))
+
+
+def mv_cycles(hw, n: int) -> int:
+    """Issue to completion of one transfer on an idle Data Engine: latency, then data."""
+    return hw.transfers["dram_to_l2bm"].latency_cycles + mv_data(hw, n)
 
 
 def program(m: sim.Machine, *, overlap: bool, n_mv: int = 4096, vops: int = 40) -> sim.Program:
@@ -62,11 +66,23 @@ def test_full_data_engine_queue_stalls_the_stream(mini):
         b.mv("individual", "DRAM", 0, "L2BM", 0, 64, tag=1)
     b.nop(1)
     stats = m.run(b.build(), mode="timing")
-    one = mv_cycles(mini, 64)
-    assert stats.queue_stall == one  # the (depth+1)-th issue waits for the first to finish
-    assert stats.end[-1] == one + mini.step_cycles
-    assert stats.total_cycles == (depth + 1) * one
-    assert stats.engine_busy == [(depth + 1) * one]
+    latency, data = mini.transfers["dram_to_l2bm"].latency_cycles, mv_data(mini, 64)
+    assert stats.queue_stall == latency + data  # the (depth+1)-th issue waits for the first to finish
+    assert stats.end[-1] == latency + data + mini.step_cycles
+    # the last transfer is issued only when the first completes, then pays its own latency
+    assert stats.total_cycles == max(latency + (depth + 1) * data, 2 * (latency + data))
+    assert stats.engine_busy == [(depth + 1) * data]
+
+
+def test_a_pipelined_queue_pays_the_latency_once(mncore2):
+    m = sim.Machine(mncore2)
+    m.grow("DRAM", 2 * 4096)
+    b = sim.ProgramBuilder(m.params)
+    for _ in range(8):
+        b.mv("individual", "DRAM", 0, "L2BM", 0, 512, tag=1)
+    b.wait(1)
+    stats = m.run(b.build(), mode="timing")
+    assert stats.total_cycles == mncore2.transfers["dram_to_l2bm"].latency_cycles + 8 * mv_data(mncore2, 512)
 
 
 def test_xfer_and_vop_cycles_from_the_yaml(mncore2):
@@ -90,8 +106,9 @@ def test_cross_group_mv_runs_at_the_cross_group_rate(mncore2):
     b.wait(1)
     stats = m.run(b.build(), mode="timing")
     mode = mncore2.transfers["dram_to_l2bm"].modes["individual"]
-    assert stats.total_cycles == mncore2.transfers["dram_to_l2bm"].latency_cycles + 1024 / mode.cross_group_lw_per_cycle
-    assert stats.engine_busy[0] == stats.engine_busy[3] == stats.total_cycles and stats.engine_busy[1] == 0
+    data = 1024 / mode.cross_group_lw_per_cycle
+    assert stats.total_cycles == mncore2.transfers["dram_to_l2bm"].latency_cycles + data
+    assert stats.engine_busy[0] == stats.engine_busy[3] == data and stats.engine_busy[1] == 0
 
 
 def test_timing_only_and_functional_only(mini):

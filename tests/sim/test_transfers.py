@@ -151,4 +151,5 @@ def test_host_dma_round_trip(mini):
     np.testing.assert_array_equal(host_out, host_in)
     link = mini.transfers["host_to_pdm"]
     rate = link.modes["individual"].src_lw_per_cycle
-    assert stats.host_busy == 2 * (link.latency_cycles + int(128 / rate))
+    assert stats.host_busy == 2 * int(128 / rate)  # data cycles; each DMA also waits the latency
+    assert stats.total_cycles > 2 * link.latency_cycles

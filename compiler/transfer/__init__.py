@@ -1,0 +1,1 @@
+"""Moving tensors: between DRAM and LM layouts (staging), and between layouts (gather)."""

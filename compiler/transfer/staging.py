@@ -1,0 +1,251 @@
+"""Staging: moving a tensor between DRAM and an LM layout with block copies only.
+
+An LM layout is fed from DRAM down the chain DRAM -MV-> L2BM -l2bm-> L1BM -l1bm-> PE memory.
+Each hop has modes with fixed data patterns (sim.functional), chosen from what the layout
+broadcasts:
+
+* PE hop: the MAB axis broadcast and the PE axis placed -> mab_broadcast (l1bmm); both broadcast
+  -> broadcast (l1bmp); otherwise distribute (l1bmd, one long word to each of the L1B's PEs);
+* L1B hop: the L1B axis broadcast -> broadcast (l2bmb); otherwise distribute (l2bmd);
+* Group hop: each L2B the layout places reads its own range of its Group's DRAM (MV individual);
+  a layout broadcast over L2Bs reads one range, kept in every Group's DRAM (MV broadcast).
+
+Inverting those patterns gives, for every element, the place in its Group's DRAM from which
+plain block copies land it where the layout wants it: the layout's *DRAM image*, fitted to PFN
+notation so that it can be an IOSpec. Upload (LM -> DRAM) runs the same chain upwards, reading
+replica 0 of anything broadcast. Tensors larger than the transit buffers move in pieces of
+long-word ranges, double-buffered so that the Data Engine fills one while the PE stream drains
+the other. Every size comes from the YAML (fan-outs, chunk sizes, capacities, hazards).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from math import gcd
+
+import numpy as np
+
+from hwdesc import HwDesc
+from sim import ProgramBuilder, Sym
+
+from ..errors import LayoutError
+from ..layout import Broadcast, Placement
+from ..layout.fit import fit_layout
+
+DRAM, L2BM, L1BM = "DRAM", "L2BM", "L1BM"
+Address = int | Sym
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The memories between DRAM and the PEs, their fan-outs and axes, from a chip's YAML."""
+
+    hw: HwDesc
+    groups: int  # DRAMs (one per Group)
+    l2_per_group: int  # L2Bs per Group (C)
+    l1_per_l2: int  # L1Bs per L2B (F)
+    pes_per_l1: int  # PEs per L1B (Q)
+    pes_per_unit: int  # PEs a 16x1 mode treats as one unit (the MAB's P)
+    l2_chunk: int  # round-robin chunk of l2bm distribute/collect
+    l2_axis: str
+    l1_axis: str
+    unit_axis: str
+    pe_axis: str
+
+    @staticmethod
+    def of(hw: HwDesc) -> "Chain":
+        l2_level, l1_level = hw.memories[L2BM].level, hw.memories[L1BM].level
+        unit_level = hw.transfers["l1bm_to_pe"].group_level or hw.leaf_level
+        top_level = hw.memories[DRAM].level
+        return Chain(hw, hw.instances(top_level), hw.fanout(top_level, l2_level), hw.fanout(l2_level, l1_level),
+                     hw.fanout(l1_level, hw.leaf_level), hw.fanout(unit_level, hw.leaf_level),
+                     hw.transfers["l2bm_to_l1bm"].modes["distribute"].chunk_lw or 1,
+                     hw.levels[l2_level].axis, hw.levels[l1_level].axis, hw.levels[unit_level].axis,
+                     hw.levels[hw.leaf_level].axis)
+
+
+@dataclass(frozen=True)
+class Staging:
+    """How one LM placement is fed from its DRAM image by block copies, per time slice."""
+
+    lm: Placement
+    chain: Chain
+    pe_mode: str  # distribute | mab_broadcast | broadcast
+    l1_mode: str  # distribute | broadcast
+    l2_locals: tuple[int, ...] | None  # local L2Bs of a Group that hold data; None: all alike
+    span: int  # LM long words per PE per slice
+    per_lm_lw: int  # L1BM long words per LM long word
+    n_l1: int  # L1BM long words per slice (padded to the l2bm chunk)
+    n_l2: int  # L2BM long words per slice
+    image_lw: int  # DRAM long words per Group per slice
+    slices: int
+    dram: Placement  # the DRAM image (all slices)
+
+    @property
+    def dram_lw(self) -> int:
+        """Long words the image occupies in each Group's DRAM."""
+        return self.image_lw * self.slices
+
+    @cached_property
+    def piece_quantum(self) -> int:
+        """LM long words whose L1BM range is a whole number of l2bm chunks."""
+        if self.l1_mode != "distribute":
+            return 1
+        return self.chain.l2_chunk // gcd(self.chain.l2_chunk, self.per_lm_lw)
+
+
+def stage(lm: Placement) -> Staging:
+    """The staging of an LM placement; raises LayoutError when block copies cannot produce it."""
+    chain = Chain.of(lm.hw)
+    placed = set(lm.layout.placed_axes)
+    if chain.unit_axis not in placed and chain.pe_axis in placed:
+        pe_mode, per_lm = "mab_broadcast", chain.pes_per_unit
+    elif chain.unit_axis not in placed:
+        pe_mode, per_lm = "broadcast", 1
+    elif chain.pe_axis in placed or chain.pes_per_unit == 1:
+        pe_mode, per_lm = "distribute", chain.pes_per_l1
+    else:
+        raise LayoutError(f"{lm.layout}: broadcast over {chain.pe_axis} but placed over {chain.unit_axis}; no "
+                          f"l1bm mode feeds that (use mab_broadcast layouts or place {chain.pe_axis})")
+    l1_mode = "distribute" if chain.l1_axis in placed else "broadcast"
+    span = lm.slice_span
+    n_l1 = span * per_lm
+    if l1_mode == "distribute":
+        n_l1 = -(-n_l1 // chain.l2_chunk) * chain.l2_chunk
+        n_l2 = n_l1 * chain.l1_per_l2
+    else:
+        n_l2 = n_l1
+    loc = lm.locate(first_copy_only=True)
+    coords = loc.coords
+    l2b = coords.get(chain.l2_axis, np.zeros_like(loc.lw))
+    local = l2b % chain.l2_per_group
+    if chain.l2_axis in placed:
+        locals_ = tuple(int(c) for c in np.unique(local))
+        slot = np.searchsorted(np.array(locals_), local)
+    else:
+        locals_, slot = None, np.zeros_like(local)
+    image_lw = n_l2 * (len(locals_) if locals_ else 1)
+    lw = loc.lw - loc.time * lm.slice_span
+    unit = coords.get(chain.unit_axis, 0)
+    pe = coords.get(chain.pe_axis, 0)
+    if pe_mode == "distribute":
+        q1 = lw * per_lm + unit * chain.pes_per_unit + pe
+    elif pe_mode == "mab_broadcast":
+        q1 = lw * per_lm + pe
+    else:
+        q1 = lw
+    if l1_mode == "distribute":
+        c = chain.l2_chunk
+        q2 = (q1 // c) * (c * chain.l1_per_l2) + coords[chain.l1_axis] * c + q1 % c
+    else:
+        q2 = q1
+    address = loc.time * image_lw + slot * n_l2 + q2
+    group = l2b // chain.l2_per_group
+    targets = {chain.l2_axis: group * chain.l2_per_group, None: address, "W": loc.w}
+    alone = chain.groups * chain.l2_per_group == 1  # one L2B on the chip: nothing to broadcast over
+    broadcast = () if locals_ is not None or alone else (Broadcast(chain.l2_axis),)
+    try:
+        layout = fit_layout(lm.layout.shape, targets, lm.hw, DRAM, lm.dtype, broadcast)
+    except LayoutError as e:
+        raise LayoutError(f"the DRAM image of {lm.layout} is not a PFN layout: {e}") from None
+    dram = Placement(layout, lm.hw, DRAM, lm.dtype)
+    return Staging(lm, chain, pe_mode, l1_mode, locals_, span, per_lm, n_l1, n_l2, image_lw, lm.time_slices, dram)
+
+
+@dataclass(frozen=True)
+class Transit:
+    """Scratch the pieces pass through: two L2BM and two L1BM buffers (long words) and two tags."""
+
+    l2: tuple[int, int]
+    l1: tuple[int, int]
+    l2_room: int
+    l1_room: int
+    tags: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Piece:
+    lm_first: int  # LM long words [lm_first, lm_last)
+    lm_last: int
+    q1_first: int  # L1BM long words of the slice
+    q1_count: int
+    q2_first: int  # L2BM long words of the slice
+    q2_count: int
+
+
+def pieces(st: Staging, transit: Transit) -> list[Piece]:
+    """Split a slice into LM long-word ranges whose L1BM and L2BM ranges fit the transit buffers."""
+    fan = st.chain.l1_per_l2 if st.l1_mode == "distribute" else 1
+    per_piece = min(transit.l1_room // st.per_lm_lw, transit.l2_room // (st.per_lm_lw * fan))
+    per_piece -= per_piece % st.piece_quantum
+    if per_piece <= 0:
+        raise LayoutError(f"transit buffers of {transit.l1_room} L1BM / {transit.l2_room} L2BM long words cannot hold "
+                          f"one piece of {st.lm.layout}")
+    out = []
+    for first in range(0, st.span, per_piece):
+        last = min(st.span, first + per_piece)
+        q1_first, q1_last = first * st.per_lm_lw, last * st.per_lm_lw
+        if st.l1_mode == "distribute":
+            c = st.chain.l2_chunk
+            q1_last = -(-q1_last // c) * c
+            q2_first, q2_last = q1_first // c * c * fan, q1_last // c * c * fan
+        else:
+            q2_first, q2_last = q1_first, q1_last
+        out.append(Piece(first, last, q1_first, q1_last - q1_first, q2_first, q2_last - q2_first))
+    return out
+
+
+def emit_download(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
+                  slice_index: int = 0) -> None:
+    """DRAM image (at `dram`) -> LM (`lm_mem` from word `lm_word`), one slice, double-buffered."""
+    hz, wpl = st.lm.hw.hazards, st.lm.hw.long_word_bytes // st.lm.hw.word_bytes
+    parts = pieces(st, transit)
+    base = dram + slice_index * st.image_lw
+
+    def fetch(k: int) -> None:
+        p, buf, tag = parts[k], transit.l2[k % 2], transit.tags[k % 2]
+        if st.l2_locals is None:
+            b.mv("broadcast", DRAM, base + p.q2_first, L2BM, buf, p.q2_count, tag=tag)
+        else:
+            for slot, local in enumerate(st.l2_locals):
+                b.mv("individual", DRAM, base + slot * st.n_l2 + p.q2_first, L2BM, buf, p.q2_count, tag=tag,
+                     dst_local=local)
+
+    fetch(0)
+    for k, p in enumerate(parts):
+        if k + 1 < len(parts):
+            fetch(k + 1)
+        b.wait(transit.tags[k % 2])
+        b.xfer(st.l1_mode, "down", L2BM, transit.l2[k % 2], L1BM, transit.l1[k % 2], p.q2_count)
+        b.nop(hz["l2bm_to_l1bm_read"])
+        b.xfer(st.pe_mode, "down", L1BM, transit.l1[k % 2], lm_mem, lm_word + wpl * p.lm_first, p.q1_count)
+    b.nop(hz["lm_write_to_read"])
+
+
+def emit_upload(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
+                slice_index: int = 0) -> None:
+    """LM -> DRAM image, one slice; broadcast copies are read from replica 0."""
+    if st.pe_mode == "broadcast":
+        raise LayoutError(f"{st.lm.layout} is broadcast over every PE of an L1B; uploading it would need an "
+                          f"l1bm mode that reads one PE alone")
+    hz, wpl = st.lm.hw.hazards, st.lm.hw.long_word_bytes // st.lm.hw.word_bytes
+    parts = pieces(st, transit)
+    base = dram + slice_index * st.image_lw
+    pe_mode = "collect" if st.pe_mode == "distribute" else "individual"
+    l1_mode = "collect" if st.l1_mode == "distribute" else "individual"
+    in_flight: list[int] = []
+    for k, p in enumerate(parts):
+        tag = transit.tags[k % 2]
+        if k >= 2:
+            b.wait(tag)  # the transfer that last used this buffer has drained it
+        b.xfer(pe_mode, "up", L1BM, transit.l1[k % 2], lm_mem, lm_word + wpl * p.lm_first, p.q1_count, index=0)
+        b.nop(hz["l1bm_write_to_l2bm_read"])
+        b.xfer(l1_mode, "up", L2BM, transit.l2[k % 2], L1BM, transit.l1[k % 2], p.q2_count, index=0)
+        b.nop(hz["l2bm_write_to_mv_read"])
+        for slot, local in enumerate(st.l2_locals if st.l2_locals is not None else (0,)):
+            b.mv("individual", L2BM, transit.l2[k % 2], DRAM, base + slot * st.n_l2 + p.q2_first, p.q2_count,
+                 tag=tag, src_local=local)
+        in_flight.append(tag)
+    for tag in dict.fromkeys(in_flight[-2:]):
+        b.wait(tag)

@@ -1,0 +1,88 @@
+"""Staging: block copies between DRAM and LM layouts, checked on the simulator and against PFN."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hwdesc
+import sim
+from compiler.errors import LayoutError
+from compiler.layout import Placement, parse
+from compiler.layout.candidates import candidates
+from compiler.layout.hostio import gather, scatter
+from compiler.transfer.staging import Transit, emit_download, emit_upload, pieces, stage
+
+
+@pytest.mark.parametrize("lm, dram", [
+    ("((8_L2B:1, 4:2, 8_L1B:1), (2:1, 4_PE:1, 2_W:1))", "((4_L2B:2, 64:8), (8:1, 2_W:1))"),  # L5 from D6
+    ("((8_L2B:1, 16:2, 8_L1B:1), (2:1, 4_PE:1, 2_W:1))", "((4_L2B:2, 256:8), (8:1, 2_W:1))"),  # L4 from D7
+    ("((4_L2B:2, 64:2), (2:1, 4_PE:1, 2_W:1))", "((4_L2B:2, 64:8), (8:1, 2_W:1))"),  # L7 ("PE") from D6
+    ("((8_L2B:1, 32:2), (2:1, 4_PE:1, 2_W:1))", "((4_L2B:2, 64:8), (8:1, 2_W:1))"),  # L8 ("L2B") from D6
+])
+def test_dram_images_are_pfns_dl_sources(mncore2, lm, dram):
+    """PFN's educational compiler downloads these LM layouts from these DRAM layouts with mvp,
+    l2bmd/l2bmb and l1bmm (layout_notation.md 7.5): our staging finds the same DRAM layouts."""
+    st = stage(Placement(parse(lm), mncore2, "LM0", "float32"))
+    assert st.dram.layout == parse(dram).with_shape(st.dram.layout.shape)
+    assert st.pe_mode == "mab_broadcast"
+
+
+def transit_for(hw: hwdesc.HwDesc) -> Transit:
+    l2, l1 = hw.memory_lw("L2BM") // 2, hw.memory_lw("L1BM") // 2
+    return Transit((0, l2), (0, l1), l2, l1, (1, 2))
+
+
+def staged_candidates(hw, shape, dtype="float32", limit=6):
+    for c in candidates(shape, dtype, hw, "LM0")[:limit]:
+        try:
+            yield stage(Placement(c.layout, hw, "LM0", dtype))
+        except LayoutError:
+            continue
+
+
+@pytest.mark.parametrize("chip", ["mini", "mncore2"])
+@pytest.mark.parametrize("shape", [(32, 64), (256, 16), (3, 4), (2, 3, 8, 8), (64, 96)])
+def test_download_then_upload_round_trips(chip, shape):
+    hw = hwdesc.load(chip)
+    rng = np.random.default_rng(0)
+    for st in staged_candidates(hw, shape):
+        machine = sim.Machine(hw)
+        src, dst = machine.alloc_dram(st.dram_lw), machine.alloc_dram(st.dram_lw)
+        x = rng.standard_normal(shape, dtype=np.float32)
+        scatter(st.dram, x, machine.memory("DRAM"), src)
+        b = sim.ProgramBuilder(machine.params)
+        emit_download(b, st, dram=src, lm_mem="LM1", lm_word=8, transit=transit_for(hw))
+        machine.run(b.build())
+        got = gather(st.lm, machine.memory("LM1"), 4, check_replicas=True)  # word 8 = long word 4
+        np.testing.assert_array_equal(got.view(np.float32), x, err_msg=str(st.lm.layout))
+        if st.pe_mode == "broadcast":
+            continue
+        b = sim.ProgramBuilder(machine.params)
+        emit_upload(b, st, dram=dst, lm_mem="LM1", lm_word=8, transit=transit_for(hw))
+        machine.run(b.build())
+        np.testing.assert_array_equal(gather(st.dram, machine.memory("DRAM"), dst).view(np.float32), x)
+
+
+def test_large_tensors_move_in_double_buffered_pieces(mncore2):
+    st = next(staged_candidates(mncore2, (1024, 1024), limit=1))
+    small = Transit((0, 2048), (0, 1024), 2048, 1024, (1, 2))
+    machine = sim.Machine(mncore2)
+    src = machine.alloc_dram(st.dram_lw)
+    x = np.random.default_rng(1).standard_normal((1024, 1024), dtype=np.float32)
+    scatter(st.dram, x, machine.memory("DRAM"), src)
+    b = sim.ProgramBuilder(machine.params)
+    emit_download(b, st, dram=src, lm_mem="LM0", lm_word=0, transit=small)
+    program = b.build()
+    stats = machine.run(program)
+    np.testing.assert_array_equal(gather(st.lm, machine.memory("LM0")).view(np.float32), x)
+    n_pieces = len(pieces(st, small))
+    assert n_pieces > 1 and stats.instructions["MV"] == n_pieces * len(st.l2_locals)
+    mv = mncore2.transfers["dram_to_l2bm"].modes["individual"]
+    data_cycles = st.dram_lw / mv.src_lw_per_cycle
+    assert data_cycles <= stats.total_cycles < 1.5 * data_cycles  # the Data Engines are the bottleneck, kept busy
+
+
+def test_layouts_no_mode_can_feed(mncore2):
+    with pytest.raises(LayoutError, match="broadcast over PE but placed over MAB"):
+        stage(Placement(parse("((3_MAB:1), (2_L1B:1, 2_W:1))"), mncore2, "LM0", "float32"))
