@@ -1,0 +1,160 @@
+"""Gathers at long-word granularity: DRAM layout -> DRAM layout by MV runs through L2BM.
+
+A conversion between two layouts, a slice, a concatenation or a shifted window is a gather:
+every destination element comes from some source element (or is zero). When each destination
+long word holds exactly the elements of one source long word in the same lanes, the gather is
+a permutation of long words, and the Data Engines do it alone: runs of consecutive source long
+words are copied into an L2BM staging buffer of the destination's Group, which is then written
+to the destination in one block. Zeros come from a zero-filled DRAM buffer.
+
+Gathers that move elements between lanes (a transpose of the packed dimension) cannot be done
+by MV; `LaneMismatch` says which element and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim import ProgramBuilder, Sym
+
+from ..errors import LayoutError
+from ..layout import Placement
+
+DRAM, L2BM = "DRAM", "L2BM"
+HOLE, ZERO = -1, -2  # source group of a destination long word nobody reads / one that must be zero
+Address = int | Sym
+
+
+class LaneMismatch(LayoutError):
+    """The gather needs elements to change lanes; MV moves whole long words only."""
+
+
+@dataclass(frozen=True)
+class LwSources:
+    """Where each destination long word comes from: [Groups, span] arrays of (group, address)."""
+
+    group: np.ndarray  # source Group, or HOLE / ZERO
+    address: np.ndarray
+    groups: int
+    span: int
+
+    @property
+    def is_identity(self) -> bool:
+        used = self.group >= 0
+        g = np.broadcast_to(np.arange(self.groups)[:, None], self.group.shape)
+        a = np.broadcast_to(np.arange(self.span)[None, :], self.group.shape)
+        return bool(np.all(~used | ((self.group == g) & (self.address == a))))
+
+
+def lw_sources(dst: Placement, src: Placement, index: np.ndarray | None = None) -> LwSources:
+    """Match every destination long word to one source long word; raise LaneMismatch if impossible.
+
+    `index[e]` is the source element of destination element e (flat); -1 means zero. Without it,
+    element e comes from element e (a conversion between layouts of one tensor)."""
+    if dst.memory != DRAM or src.memory != DRAM or dst.hw.fingerprint != src.hw.fingerprint:
+        raise LayoutError("long-word gathers run between DRAM placements of one chip")
+    if dst.epl != src.epl:
+        raise LaneMismatch(f"{dst.dtype} and {src.dtype} pack {dst.epl} and {src.epl} elements per long word")
+    groups, span, epl = dst.instance_count, dst.span_lw, dst.epl
+    want = dst.locate()
+    source = want.element if index is None else np.asarray(index, dtype=np.int64).ravel()[want.element]
+    zero = source < 0
+    # A replicated source offers several copies: read one in the destination's lane (a W-broadcast
+    # source has every element in every lane), in the destination's own Group if it can.
+    every = src.locate(np.where(zero, 0, source))  # one row per (element, copy)
+    copies = src.copies
+    same_lane = every.w.reshape(-1, copies) == want.w[:, None]
+    same_group = every.instance.reshape(-1, copies) == want.instance[:, None]
+    pick = np.argmax(same_lane * 2 + (same_lane & same_group), axis=1)
+    rows = np.arange(len(source)) * copies + pick
+    s_group, s_addr, s_w = every.instance[rows], every.lw[rows], every.w[rows]
+    bad = ~zero & (s_w != want.w)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise LaneMismatch(f"element {int(want.element[i])} sits in lane {int(want.w[i])} of {dst.layout} but comes "
+                           f"from lane {int(s_w[i])} of {src.layout}")
+    group = np.full((groups, span), HOLE, dtype=np.int64)
+    address = np.zeros((groups, span), dtype=np.int64)
+    s_group = np.where(zero, ZERO, s_group)
+    s_addr = np.where(zero, 0, s_addr)
+    key = want.instance * span + want.lw
+    flat_g, flat_a = group.reshape(-1), address.reshape(-1)
+    flat_g[key] = s_group
+    flat_a[key] = s_addr
+    # every lane of a destination long word must name the same source long word
+    conflict = (flat_g[key] != s_group) | (flat_a[key] != s_addr)
+    if conflict.any():
+        i = int(np.flatnonzero(conflict)[0])
+        raise LaneMismatch(f"long word {int(want.lw[i])} of Group {int(want.instance[i])} in {dst.layout} mixes "
+                           f"elements of different source long words")
+    return LwSources(group, address, groups, span)
+
+
+@dataclass(frozen=True)
+class Run:
+    dst: int  # destination long word (in its Group)
+    group: int  # source Group, or ZERO
+    src: int  # source long word
+    n: int
+
+
+def runs(sources: LwSources, group: int, first: int, last: int) -> list[Run]:
+    """Maximal runs of [first, last) of a destination Group whose sources are consecutive; holes
+    extend any run (their content does not matter)."""
+    g, a = sources.group[group, first:last], sources.address[group, first:last]
+    out: list[Run] = []
+    for k in range(last - first):
+        if g[k] == HOLE:
+            continue
+        if out:
+            r = out[-1]
+            gap = first + k - (r.dst + r.n)
+            if r.group == g[k] and (r.group == ZERO or a[k] == r.src + r.n + gap):
+                out[-1] = Run(r.dst, r.group, r.src, r.n + gap + 1)
+                continue
+        out.append(Run(first + k, int(g[k]), int(a[k]), 1))
+    return out
+
+
+def emit_runs(b: ProgramBuilder, sources: LwSources, *, dst_group: int, first: int, last: int, src: Address,
+              zeros: Address | None, l2_instance: int, l2_addr: int, tag: int) -> int:
+    """MV the sources of destination long words [first, last) of one Group into an L2BM buffer
+    (destination long word first + k lands at l2_addr + k). Returns the MVs emitted."""
+    n = 0
+    for r in runs(sources, dst_group, first, last):
+        if r.group == ZERO:
+            if zeros is None:
+                raise LayoutError("this gather needs zeros but no zero buffer was given")
+            b.mv("individual", DRAM, zeros, L2BM, l2_addr + r.dst - first, r.n, tag=tag, src_inst=dst_group,
+                 dst_inst=l2_instance)
+        else:
+            b.mv("individual", DRAM, src + r.src, L2BM, l2_addr + r.dst - first, r.n, tag=tag, src_inst=r.group,
+                 dst_inst=l2_instance)
+        n += 1
+    return n
+
+
+def emit_convert(b: ProgramBuilder, sources: LwSources, *, dst: Address, src: Address, zeros: Address | None,
+                 l2_addr: int, l2_room: int, tags: tuple[int, int]) -> None:
+    """DRAM -> DRAM gather: per Group, pieces of the destination pass through the Group's first L2BM.
+
+    A piece's runs fill the L2BM (tag 0), then one MV writes it back (tag 1). Reusing the buffer
+    for the next piece needs no wait: every MV into a Group's L2BM runs on that Group's Data
+    Engine, which serves transfers in order, after the write-back."""
+    params = b.params
+    l2_per_group = params.instances_per_group(params.memory_id(L2BM))
+    fill, drain = tags
+    for first in range(0, sources.span, l2_room):
+        last = min(sources.span, first + l2_room)
+        busy = [g for g in range(sources.groups) if not (sources.group[g, first:last] == HOLE).all()]
+        for g in busy:
+            emit_runs(b, sources, dst_group=g, first=first, last=last, src=src, zeros=zeros,
+                      l2_instance=g * l2_per_group, l2_addr=l2_addr, tag=fill)
+        if busy:
+            b.wait(fill)
+        for g in busy:
+            b.mv("individual", L2BM, l2_addr, DRAM, dst + first, last - first, tag=drain, src_inst=g * l2_per_group,
+                 dst_inst=g)
+    b.wait(drain)
