@@ -20,3 +20,20 @@ class LayoutError(MnsimError):
         if text is not None and position is not None:
             message = f"{message}\n  {text}\n  {' ' * position}^"
         super().__init__(message)
+
+
+class CompileError(MnsimError):
+    """A function cannot be compiled for the chip; says what and where (op, shapes, user source line)."""
+
+
+class UnsupportedOpError(CompileError):
+    """The traced function uses an op mnsim cannot lower; names the op, its shapes and the user's line."""
+
+    def __init__(self, op: str, shapes: list, source: str, reason: str = "") -> None:
+        self.op, self.shapes, self.source = op, shapes, source
+        why = f": {reason}" if reason else ""
+        super().__init__(f"unsupported op {op} with shapes {shapes}{why}\n  at {source or 'an unknown line'}")
+
+
+class SpecMismatchError(CompileError):
+    """An io_spec_constraints entry does not fit the value it constrains (shape, dtype, name)."""

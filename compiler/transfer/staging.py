@@ -32,6 +32,7 @@ from sim import ProgramBuilder, Sym
 from ..errors import LayoutError
 from ..layout import Broadcast, Placement
 from ..layout.fit import fit_layout
+from .gather import LwSources, emit_runs
 
 DRAM, L2BM, L1BM = "DRAM", "L2BM", "L1BM"
 Address = int | Sym
@@ -197,15 +198,32 @@ def pieces(st: Staging, transit: Transit) -> list[Piece]:
 
 
 def emit_download(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
-                  slice_index: int = 0) -> None:
-    """DRAM image (at `dram`) -> LM (`lm_mem` from word `lm_word`), one slice, double-buffered."""
+                  slice_index: int = 0, source: "tuple[LwSources, Address, Address | None] | None" = None) -> None:
+    """DRAM image (at `dram`) -> LM (`lm_mem` from word `lm_word`), one slice, double-buffered.
+
+    With `source` = (sources, address, zeros), the tensor is not stored as the image but in
+    another layout whose long words `sources` maps image positions to: the Data Engines gather
+    the runs into L2BM instead of copying one block, and the rest of the chain is unchanged."""
     hz, wpl = st.lm.hw.hazards, st.lm.hw.long_word_bytes // st.lm.hw.word_bytes
     parts = pieces(st, transit)
     base = dram + slice_index * st.image_lw
+    l2_per_group = st.chain.l2_per_group
 
     def fetch(k: int) -> None:
         p, buf, tag = parts[k], transit.l2[k % 2], transit.tags[k % 2]
-        if st.l2_locals is None:
+        if source is not None:
+            sources, address, zeros = source
+            for slot, local in enumerate(st.l2_locals if st.l2_locals is not None else (0,)):
+                first = slice_index * st.image_lw + slot * st.n_l2 + p.q2_first
+                for g in range(st.chain.groups):
+                    if st.l2_locals is None:  # every L2B of the Group gets the same data
+                        for loc in range(l2_per_group):
+                            emit_runs(b, sources, dst_group=g, first=first, last=first + p.q2_count, src=address,
+                                      zeros=zeros, l2_instance=g * l2_per_group + loc, l2_addr=buf, tag=tag)
+                    else:
+                        emit_runs(b, sources, dst_group=g, first=first, last=first + p.q2_count, src=address,
+                                  zeros=zeros, l2_instance=g * l2_per_group + local, l2_addr=buf, tag=tag)
+        elif st.l2_locals is None:
             b.mv("broadcast", DRAM, base + p.q2_first, L2BM, buf, p.q2_count, tag=tag)
         else:
             for slot, local in enumerate(st.l2_locals):

@@ -1,0 +1,31 @@
+"""Lowering graph nodes to simulator instructions, one registered function per ATen op."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..codegen import CodeGen
+from ..errors import UnsupportedOpError
+from ..frontend.graph import Node
+
+Lowering = Callable[[CodeGen, Node], None]
+LOWERINGS: dict[str, Lowering] = {}
+
+
+def lowering(*ops: str) -> Callable[[Lowering], Lowering]:
+    def register(fn: Lowering) -> Lowering:
+        for op in ops:
+            LOWERINGS[op] = fn
+        return fn
+    return register
+
+
+def lower(cg: CodeGen, node: Node) -> None:
+    fn = LOWERINGS.get(node.op)
+    if fn is None:
+        raise UnsupportedOpError(node.op, [list(v.shape) for v in node.inputs], node.source)
+    with cg.label(f"{node.op.split('.')[0]} {node.out.name}"):
+        fn(cg, node)
+
+
+from . import elementwise, matmul, reduce, views  # noqa: E402,F401  (register their lowerings)

@@ -1,0 +1,1 @@
+"""Matrix products on the MAU: placeholder until the matmul kernel lands."""

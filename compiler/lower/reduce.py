@@ -1,0 +1,1 @@
+"""Reductions (sum, amax, amin over dimensions): placeholder until the reduction kernel lands."""

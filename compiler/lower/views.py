@@ -1,0 +1,1 @@
+"""Views: placeholder until the view lowering lands."""
