@@ -40,10 +40,12 @@ class Buffer:
     value: str | None = None  # graph value name
     data: np.ndarray | None = None  # constants: element values (host order), placed at load
     lm: Layout | None = None
+    reach: int = 0  # long words the program's transfers touch (whole staging pieces may pass the span)
 
     @property
     def lw(self) -> int:
-        return self.placement.span_lw
+        """Long words to allocate in every Group: what the layout spans and the program touches."""
+        return max(self.placement.span_lw, self.reach, 1)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import torch
 
 from hwdesc import HwDesc
 from sim import Program
+from sim.validate import symbol_extents
 
 from .codegen import Buffer, CodeGen, Ref
 from .errors import CompileError, SpecMismatchError
@@ -68,6 +69,8 @@ def compile_graph(graph: Graph, hw: HwDesc, *, options: dict, constraints: dict[
         out_symbols[name] = ref.symbol
         taken.add(ref.symbol)
     program = cg.b.build()
+    for symbol, (_, extent) in symbol_extents(cg.params, program.code, program.relocs, program.symbols).items():
+        cg.buffers[symbol].reach = extent
     used = set(program.symbols)
     for symbol in list(cg.buffers):  # drop buffers no instruction touches (a view's base, say)
         if symbol not in used and symbol not in taken:

@@ -102,7 +102,8 @@ class Run:
 
 def runs(sources: LwSources, group: int, first: int, last: int) -> list[Run]:
     """Maximal runs of [first, last) of a destination Group whose sources are consecutive; holes
-    extend any run (their content does not matter)."""
+    (and positions past the destination's span) extend any run: their content does not matter."""
+    last = min(last, sources.span)
     g, a = sources.group[group, first:last], sources.address[group, first:last]
     out: list[Run] = []
     for k in range(last - first):
