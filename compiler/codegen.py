@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field, replace
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -90,6 +90,8 @@ class CodeGen:
         self.buffers: dict[str, Buffer] = {}
         self.refs: dict[Value, Ref] = {}
         self.wishes: dict[Value, Layout] = {}  # output layouts a constraint asks for
+        self.pending: dict[Value, Callable[[Layout], Ref]] = {}  # views of not-yet-placed values
+        self.lane_cache: dict[tuple, bool] = {}
         l2, l1 = self.hw.memory_lw("L2BM") // 2, self.hw.memory_lw("L1BM") // 2
         self.transit = Transit((0, l2), (0, l1), l2, l1, TAGS["transit"])
         self.labels: list[tuple[int, int, str]] = []

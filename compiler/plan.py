@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
+from typing import Callable
 
 from hwdesc import HwDesc
 
@@ -109,11 +110,13 @@ def _divisors(n: int) -> list[int]:
 
 
 def choose(shape: tuple[int, ...], dtype: str, hw: HwDesc, *, budget_lw: int, for_upload: bool = True,
-           prefer: list[Layout] | None = None) -> Layout:
+           prefer: list[Layout] | None = None, accept: Callable[[Layout], bool] | None = None) -> Layout:
     """An LM layout for a tensor: one of `prefer` if it fits and stages, else the best candidate,
-    time-sliced along dimension 0 if the whole tensor is larger than `budget_lw` per PE."""
+    time-sliced along dimension 0 if the whole tensor is larger than `budget_lw` per PE. `accept`
+    may veto layouts (an op whose operands could not be staged in the layouts they imply)."""
+    ok = accept or (lambda layout: True)
     for layout in prefer or []:
-        if layout.shape == tuple(shape) and _usable(layout, hw, dtype, budget_lw, for_upload):
+        if layout.shape == tuple(shape) and _usable(layout, hw, dtype, budget_lw, for_upload) and ok(layout):
             return layout
     shape = tuple(shape) or (1,)
     for slices in _divisors(shape[0]):
@@ -124,7 +127,7 @@ def choose(shape: tuple[int, ...], dtype: str, hw: HwDesc, *, budget_lw: int, fo
             continue
         for c in found:
             layout = time_sliced(c.layout, slices)
-            if _usable(layout, hw, dtype, budget_lw, for_upload):
+            if _usable(layout, hw, dtype, budget_lw, for_upload) and ok(layout):
                 return layout
     raise CompileError(f"no LM layout of a {dtype} tensor of shape {shape} fits {budget_lw} long words per PE "
                        f"on {hw.name}")
@@ -139,3 +142,11 @@ def _usable(layout: Layout, hw: HwDesc, dtype: str, budget_lw: int, for_upload: 
     except LayoutError:
         return False
     return not (for_upload and st.pe_mode == "broadcast")
+
+
+def stageable(layout: Layout, hw: HwDesc, dtype: str) -> bool:
+    try:
+        stage(Placement(layout, hw, LM, dtype, check_capacity=False))
+        return True
+    except LayoutError:
+        return False

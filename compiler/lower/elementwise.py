@@ -13,9 +13,9 @@ from typing import Any
 from ..codegen import CodeGen
 from ..errors import UnsupportedOpError
 from ..frontend.graph import Node, Value
-from ..plan import choose, per_pe, slice_count
+from ..plan import choose, per_pe, restrict, slice_count
 from . import lowering
-from .kernel import Tensor, allocate, download_slice, lm_placement, lshape, new_output, operand, ref_of
+from .kernel import Tensor, allocate, download_slice, lm_placement, lshape, new_output, operand, ref_of, usable_for
 from .loops import Operand as LoopOperand
 from .loops import emit_vops, nest
 
@@ -24,7 +24,7 @@ Step = tuple[str, Any, Any, Any]
 
 UNARY = {"neg": "neg", "relu": "relu", "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt",
          "reciprocal": "reciprocal", "abs": "abs", "sigmoid": "sigmoid", "tanh": "tanh", "erf": "erf",
-         "floor": "floor", "clone": "copy", "alias": "copy", "lift_fresh_copy": "copy"}
+         "floor": "floor", "expand": "copy"}
 BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "max", "minimum": "min",
           "gt": "cmp_gt", "ge": "cmp_ge", "lt": "cmp_lt", "le": "cmp_le", "eq": "cmp_eq", "ne": "cmp_ne"}
 
@@ -47,7 +47,7 @@ def recipe(node: Node) -> tuple[list[Step], list[Value]]:
     args, kw = node.args, node.kwargs
     tensors: list[Value] = []
     a = lambda x: _arg(x, tensors)  # noqa: E731
-    if base in UNARY:
+    if base in UNARY:  # expand is a copy that broadcasts its input to the output's shape
         return [(UNARY[base], a(args[0]), None, None)], tensors
     if base in ("add", "sub") and len(args) >= 2:
         alpha = kw.get("alpha", args[2] if len(args) > 2 else 1)
@@ -111,10 +111,12 @@ def lower_elementwise(cg: CodeGen, node: Node) -> None:
         raise UnsupportedOpError(node.op, [list(v.shape) for v in node.inputs], node.source,
                                  f"operands of dtypes {sorted(mixed | {dtype})} in one element-wise op")
     budget = (cg.hw.memory_lw("LM0") + cg.hw.memory_lw("LM1")) // (len(inputs) + 1)
-    prefer = [cg.refs[v].lm for v in inputs if v in cg.refs and cg.refs[v].lm is not None and lshape(v) == lshape(out)]
+    prefer = [_known_lm(cg, v) for v in inputs if lshape(v) == lshape(out) and _known_lm(cg, v) is not None]
     if out in cg.wishes:
         prefer.insert(0, cg.wishes[out])
-    layout = choose(lshape(out), dtype, cg.hw, budget_lw=budget, prefer=prefer)
+    def operands_stage(layout) -> bool:
+        return all(usable_for(cg, v, restrict(layout, lshape(v)).layout) for v in inputs)
+    layout = choose(lshape(out), dtype, cg.hw, budget_lw=budget, prefer=prefer, accept=operands_stage)
     result = Tensor(out, operand(cg, out, layout).restricted, dtype)
     operands = [operand(cg, v, layout) for v in inputs]
     allocate(cg, [result, *operands])
@@ -127,6 +129,11 @@ def lower_elementwise(cg: CodeGen, node: Node) -> None:
                 download_slice(cg, tensor, ref, t)
         emit_recipe(cg, steps, result, operands, sizes)
         cg.upload(lm_placement(cg, layout, dtype), out_ref, memory=result.memory, word=result.word, slice_index=t)
+
+
+def _known_lm(cg: CodeGen, v: Value):
+    ref = cg.refs.get(v)
+    return ref.lm if ref is not None else None
 
 
 def emit_recipe(cg: CodeGen, steps: list[Step], result: Tensor, operands: list[Tensor], sizes: list[int]) -> None:

@@ -16,7 +16,9 @@ from sim import DType
 from ..codegen import Arena, CodeGen, Ref
 from ..frontend.graph import Value
 from ..layout import Layout, Placement
-from ..plan import LM, Restricted, per_pe, restrict, slice_count
+from ..errors import LayoutError
+from ..plan import LM, Restricted, per_pe, restrict, slice_count, stageable
+from ..transfer.gather import LaneMismatch, lw_sources
 from ..transfer.staging import stage
 from .loops import Operand as LoopOperand
 
@@ -33,10 +35,13 @@ def lm_placement(cg: CodeGen, layout: Layout, dtype: str) -> Placement:
 
 
 def ref_of(cg: CodeGen, v: Value, wanted: Layout) -> Ref:
-    """Where `v` is in DRAM; a graph input or constant seen first is placed as wanted's image."""
+    """Where `v` is in DRAM; a graph input or constant seen first is placed as wanted's image
+    (through any views between it and `v`, see lower.views)."""
     ref = cg.refs.get(v)
     if ref is not None:
         return ref
+    if v in cg.pending:
+        return cg.pending[v](wanted)
     dtype = cg.device_dtype(v)
     st = stage(lm_placement(cg, wanted, dtype))
     data = None
@@ -45,6 +50,29 @@ def ref_of(cg: CodeGen, v: Value, wanted: Layout) -> Ref:
     ref = cg.buffer(ROLE[v.kind], st.dram, v.name, lm=wanted, data=data)
     cg.refs[v] = ref
     return ref
+
+
+def compatible(cg: CodeGen, v: Value, layout: Layout) -> bool:
+    """Can `v` be downloaded into LM `layout` from where it is (lane for lane)? Values not yet
+    placed can be placed anywhere."""
+    ref = cg.refs.get(v)
+    if ref is None:
+        return True
+    key = (ref.symbol, str(ref.placement.layout), str(layout))
+    if key not in cg.lane_cache:
+        try:
+            image = stage(lm_placement(cg, layout, cg.device_dtype(v))).dram
+            if not ref.placement.same_placement(image):
+                lw_sources(image, ref.placement)  # raises when some long word would mix lanes
+            cg.lane_cache[key] = True
+        except (LaneMismatch, LayoutError):
+            cg.lane_cache[key] = False
+    return cg.lane_cache[key]
+
+
+def usable_for(cg: CodeGen, v: Value, layout: Layout) -> bool:
+    """`layout` stages, and `v` can get there."""
+    return stageable(layout, cg.hw, cg.device_dtype(v)) and compatible(cg, v, layout)
 
 
 def new_output(cg: CodeGen, v: Value, layout: Layout) -> Ref:

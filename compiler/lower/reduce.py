@@ -16,7 +16,9 @@ from ..frontend.graph import Node
 from ..layout import W_AXIS, Factor, Layout
 from ..plan import choose, flat_factors, per_pe, restrict, slice_count
 from . import lowering
-from .kernel import Tensor, allocate, download_slice, lm_placement, lshape, new_output, ref_of
+from ..errors import CompileError
+from ..frontend.graph import Value
+from .kernel import Tensor, allocate, download_slice, lm_placement, lshape, new_output, ref_of, usable_for
 from .loops import Operand as LoopOperand
 from .loops import emit_vops, nest
 
@@ -39,18 +41,40 @@ def in_pe(layout: Layout, dims: list[int]) -> bool:
     return all(f.axis in (None, W_AXIS) or f.size == 1 for d, f in flat_factors(layout) if d in dims)
 
 
-def reduction_layout(cg: CodeGen, shape: tuple[int, ...], dims: list[int], dtype: str, budget: int,
-                     prefer: Layout | None) -> Layout:
-    """A layout of the input with the reduced dimensions inside each PE."""
+def reduction_layout(cg: CodeGen, x: Value, shape: tuple[int, ...], dims: list[int], dtype: str, budget: int) -> Layout:
+    """A layout of the input with the reduced dimensions inside each PE that `x` can get to."""
+    ref = cg.refs.get(x)
+    prefer = ref.lm if ref is not None else None
     if prefer is not None and prefer.shape == shape and in_pe(prefer, dims):
         return prefer
     kept = [d for d in range(len(shape)) if d not in dims]
     block = prod(shape[d] for d in dims)
-    epl = cg.hw.elements_per_lw(dtype)
     kept_shape = tuple(shape[d] for d in kept) or (1,)
-    outer = choose(kept_shape, dtype, cg.hw, budget_lw=max(1, budget // block))
+    tried = []
+    for pack in (True, False):  # lanes along the last reduced dimension, or along a kept one
+        def build(outer: Layout, pack: bool = pack) -> Layout | None:
+            return _with_reduced(outer, shape, dims, kept, dtype, cg.hw.elements_per_lw(dtype), pack)
+
+        def accept(outer: Layout, build=build) -> bool:
+            layout = build(outer)
+            return layout is not None and usable_for(cg, x, layout)
+        try:
+            outer = choose(kept_shape, dtype, cg.hw, budget_lw=max(1, budget // block), accept=accept)
+            return build(outer)
+        except CompileError as e:
+            tried.append(str(e))
+    raise CompileError(f"no layout keeps dims {dims} of a {list(shape)} tensor inside each PE on {cg.hw.name}: "
+                       f"{tried[-1]}")
+
+
+def _with_reduced(outer: Layout, shape, dims, kept, dtype, epl: int, pack: bool) -> Layout | None:
+    """`outer` (a layout of the kept dims) with the reduced dims added as address (and W) digits."""
     outer_w = any(f.axis == W_AXIS for _, f in flat_factors(outer))
-    pack = not outer_w and shape[dims[-1]] % epl == 0 and epl > 1
+    if pack and (outer_w or shape[dims[-1]] % epl or epl == 1):
+        return None
+    if not pack and not outer_w and epl > 1 and shape[dims[-1]] % epl == 0:
+        return None  # that is the packed variant
+    block = prod(shape[d] for d in dims)
     # reduced digits first (innermost, dense), then the kept dims' address digits scaled past them
     reduced_lw = block // (epl if pack else 1)
     dims_out: list[list[Factor]] = [[] for _ in shape]
@@ -77,8 +101,7 @@ def lower_reduce(cg: CodeGen, node: Node) -> None:
     dims, keepdim = _dims(node, len(x.shape))
     dtype = cg.device_dtype(out)
     budget = (cg.hw.memory_lw("LM0") + cg.hw.memory_lw("LM1")) // 2
-    prefer = cg.refs[x].lm if x in cg.refs else None
-    layout = reduction_layout(cg, shape, dims, dtype, budget, prefer)
+    layout = reduction_layout(cg, x, shape, dims, dtype, budget)
     kept_shape = tuple(1 if d in dims else s for d, s in enumerate(shape))
     source = Tensor(x, restrict(layout, shape), dtype)
     result_keep = restrict(layout, kept_shape)

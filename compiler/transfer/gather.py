@@ -21,9 +21,11 @@ from sim import ProgramBuilder, Sym
 
 from ..errors import LayoutError
 from ..layout import Placement
+from ..layout.placement import Location
 
 DRAM, L2BM = "DRAM", "L2BM"
 HOLE, ZERO = -1, -2  # source group of a destination long word nobody reads / one that must be zero
+SKIP = -2  # in an index map: this destination element comes from another source (a hole here)
 Address = int | Sym
 
 
@@ -33,12 +35,32 @@ class LaneMismatch(LayoutError):
 
 @dataclass(frozen=True)
 class LwSources:
-    """Where each destination long word comes from: [Groups, span] arrays of (group, address)."""
+    """Where each destination long word comes from: [Groups, span] arrays of (buffer, group, address)."""
 
     group: np.ndarray  # source Group, or HOLE / ZERO
     address: np.ndarray
     groups: int
     span: int
+    buffer: np.ndarray | None = None  # which source buffer (cat reads several); None: all from one
+
+    def source_buffer(self) -> np.ndarray:
+        return self.buffer if self.buffer is not None else np.zeros_like(self.group)
+
+    def zero_holes(self) -> "LwSources":
+        """Holes become zeros: for operands whose padding is summed (a matrix product's K)."""
+        return LwSources(np.where(self.group == HOLE, ZERO, self.group), self.address, self.groups, self.span,
+                         self.buffer)
+
+    @staticmethod
+    def merge(parts: list["LwSources"]) -> "LwSources":
+        """Combine gathers of disjoint destination elements from several source buffers."""
+        group = np.full_like(parts[0].group, HOLE)
+        address = np.zeros_like(parts[0].address)
+        buffer = np.zeros_like(parts[0].group)
+        for k, part in enumerate(parts):
+            mine = part.group != HOLE
+            group[mine], address[mine], buffer[mine] = part.group[mine], part.address[mine], k
+        return LwSources(group, address, parts[0].groups, parts[0].span, buffer)
 
     @property
     def is_identity(self) -> bool:
@@ -60,6 +82,10 @@ def lw_sources(dst: Placement, src: Placement, index: np.ndarray | None = None) 
     groups, span, epl = dst.instance_count, dst.span_lw, dst.epl
     want = dst.locate()
     source = want.element if index is None else np.asarray(index, dtype=np.int64).ravel()[want.element]
+    keep = source != SKIP
+    want = Location(want.element[keep], want.instance[keep], want.lw[keep], want.w[keep],
+                    {k: v[keep] for k, v in want.coords.items()}, want.time[keep])
+    source = source[keep]
     zero = source < 0
     # A replicated source offers several copies: read one in the destination's lane (a W-broadcast
     # source has every element in every lane), in the destination's own Group if it can.
@@ -98,6 +124,7 @@ class Run:
     group: int  # source Group, or ZERO
     src: int  # source long word
     n: int
+    buffer: int = 0
 
 
 def runs(sources: LwSources, group: int, first: int, last: int) -> list[Run]:
@@ -105,6 +132,7 @@ def runs(sources: LwSources, group: int, first: int, last: int) -> list[Run]:
     (and positions past the destination's span) extend any run: their content does not matter."""
     last = min(last, sources.span)
     g, a = sources.group[group, first:last], sources.address[group, first:last]
+    buf = sources.source_buffer()[group, first:last]
     out: list[Run] = []
     for k in range(last - first):
         if g[k] == HOLE:
@@ -112,17 +140,19 @@ def runs(sources: LwSources, group: int, first: int, last: int) -> list[Run]:
         if out:
             r = out[-1]
             gap = first + k - (r.dst + r.n)
-            if r.group == g[k] and (r.group == ZERO or a[k] == r.src + r.n + gap):
-                out[-1] = Run(r.dst, r.group, r.src, r.n + gap + 1)
+            if r.group == g[k] and r.buffer == buf[k] and (r.group == ZERO or a[k] == r.src + r.n + gap):
+                out[-1] = Run(r.dst, r.group, r.src, r.n + gap + 1, r.buffer)
                 continue
-        out.append(Run(first + k, int(g[k]), int(a[k]), 1))
+        out.append(Run(first + k, int(g[k]), int(a[k]), 1, int(buf[k])))
     return out
 
 
-def emit_runs(b: ProgramBuilder, sources: LwSources, *, dst_group: int, first: int, last: int, src: Address,
-              zeros: Address | None, l2_instance: int, l2_addr: int, tag: int) -> int:
+def emit_runs(b: ProgramBuilder, sources: LwSources, *, dst_group: int, first: int, last: int,
+              src: Address | list[Address], zeros: Address | None, l2_instance: int, l2_addr: int, tag: int) -> int:
     """MV the sources of destination long words [first, last) of one Group into an L2BM buffer
-    (destination long word first + k lands at l2_addr + k). Returns the MVs emitted."""
+    (destination long word first + k lands at l2_addr + k). `src` lists the source buffers of a
+    merged gather. Returns the MVs emitted."""
+    srcs = src if isinstance(src, list) else [src]
     n = 0
     for r in runs(sources, dst_group, first, last):
         if r.group == ZERO:
@@ -131,13 +161,14 @@ def emit_runs(b: ProgramBuilder, sources: LwSources, *, dst_group: int, first: i
             b.mv("individual", DRAM, zeros, L2BM, l2_addr + r.dst - first, r.n, tag=tag, src_inst=dst_group,
                  dst_inst=l2_instance)
         else:
-            b.mv("individual", DRAM, src + r.src, L2BM, l2_addr + r.dst - first, r.n, tag=tag, src_inst=r.group,
-                 dst_inst=l2_instance)
+            b.mv("individual", DRAM, srcs[r.buffer] + r.src, L2BM, l2_addr + r.dst - first, r.n, tag=tag,
+                 src_inst=r.group, dst_inst=l2_instance)
         n += 1
     return n
 
 
-def emit_convert(b: ProgramBuilder, sources: LwSources, *, dst: Address, src: Address, zeros: Address | None,
+def emit_convert(b: ProgramBuilder, sources: LwSources, *, dst: Address, src: Address | list[Address],
+                 zeros: Address | None,
                  l2_addr: int, l2_room: int, tags: tuple[int, int]) -> None:
     """DRAM -> DRAM gather: per Group, pieces of the destination pass through the Group's first L2BM.
 
