@@ -22,7 +22,7 @@ from sim.alloc import Allocator
 from .errors import CompileError, LayoutError
 from .frontend.graph import DEVICE_DTYPE, Value
 from .layout import W_AXIS, Broadcast, Factor, Layout, Placement
-from .transfer.gather import LaneMismatch, LwSources, emit_convert, lw_sources
+from .transfer.gather import ZERO, LaneMismatch, LwSources, emit_convert, lw_sources
 from .transfer.staging import Staging, Transit, emit_download, emit_upload, stage
 
 DRAM = "DRAM"
@@ -92,6 +92,7 @@ class CodeGen:
         self.wishes: dict[Value, Layout] = {}  # output layouts a constraint asks for
         self.pending: dict[Value, Callable[[Layout], Ref]] = {}  # views of not-yet-placed values
         self.lane_cache: dict[tuple, bool] = {}
+        self.sources_cache: dict[tuple, LwSources] = {}
         l2, l1 = self.hw.memory_lw("L2BM") // 2, self.hw.memory_lw("L1BM") // 2
         self.transit = Transit((0, l2), (0, l1), l2, l1, TAGS["transit"])
         self.labels: list[tuple[int, int, str]] = []
@@ -121,6 +122,18 @@ class CodeGen:
                                            np.zeros(n, dtype=np.int32))
         return Sym("zeros")
 
+    def zeros_for(self, sources: LwSources) -> Sym | None:
+        """The zero buffer, long enough for the longest zero run of a gather (None if it has none)."""
+        zero = sources.group == ZERO
+        if not zero.any():
+            return None
+        longest = 0
+        for row in zero:
+            edges = np.flatnonzero(np.diff(np.concatenate(([0], row.astype(np.int8), [0]))))
+            if len(edges):
+                longest = max(longest, int((edges[1::2] - edges[::2]).max()))
+        return self.zeros(longest)
+
     @contextlib.contextmanager
     def label(self, name: str) -> Iterator[None]:
         with self.b.label(name):
@@ -128,20 +141,30 @@ class CodeGen:
 
     # ---- data movement ----------------------------------------------------------------------
 
-    def download(self, ref: Ref, lm: Placement, *, memory: str, word: int, slice_index: int = 0) -> Staging:
-        """Stage `ref` into LM layout `lm` (one slice) at `memory` word `word`."""
+    def download(self, ref: Ref, lm: Placement, *, memory: str, word: int, slice_index: int = 0,
+                 zero_fill: bool = False) -> Staging:
+        """Stage `ref` into LM layout `lm` (one slice) at `memory` word `word`. With `zero_fill`,
+        long words of the layout that hold no element arrive as zeros (padding that is summed)."""
         st = stage(lm)
         source = None
-        if not ref.placement.same_placement(st.dram):
-            try:
-                sources = lw_sources(st.dram, ref.placement)
-            except LaneMismatch as e:
-                raise CompileError(f"cannot bring a value stored as {ref.placement.layout} into {lm.layout}: {e}") from None
-            zeros = self.zeros(1) if (sources.group == -2).any() else None
+        if zero_fill or not ref.placement.same_placement(st.dram):
+            sources = self._sources(st.dram, ref, lm)
+            if zero_fill:
+                sources = sources.zero_holes(st.dram_lw)
+            zeros = self.zeros_for(sources)
             source = (sources, Sym(ref.symbol), zeros)
         emit_download(self.b, st, dram=Sym(ref.symbol), lm_mem=memory, lm_word=word, transit=self.transit,
                       slice_index=slice_index, source=source)
         return st
+
+    def _sources(self, image: Placement, ref: Ref, lm: Placement) -> LwSources:
+        key = (ref.symbol, str(ref.placement.layout), str(image.layout))
+        if key not in self.sources_cache:
+            try:
+                self.sources_cache[key] = lw_sources(image, ref.placement)
+            except LaneMismatch as e:
+                raise CompileError(f"cannot bring a value stored as {ref.placement.layout} into {lm.layout}: {e}") from None
+        return self.sources_cache[key]
 
     def upload(self, lm: Placement, ref: Ref, *, memory: str, word: int, slice_index: int = 0) -> None:
         st = stage(lm)
@@ -158,7 +181,7 @@ class CodeGen:
         except LaneMismatch as e:
             raise CompileError(f"cannot convert {src.placement.layout} to {dst_placement.layout}: {e}") from None
         out = self.buffer(role, dst_placement, value)
-        zeros = self.zeros(1) if (sources.group == -2).any() else None
+        zeros = self.zeros_for(sources)
         emit_convert(self.b, sources, dst=Sym(out.symbol), src=Sym(src.symbol), zeros=zeros, l2_addr=0,
                      l2_room=self.transit.l2_room, tags=TAGS["convert"])
         return out

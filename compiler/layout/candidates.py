@@ -12,8 +12,10 @@ legal ones, built from the chip's own axes so that a different chip gets differe
   Group's DRAM (the educational compiler's rule, from the chip's Group count), or all in DRAM 0
   for small tensors.
 
-The hint sorts by per-instance footprint (smaller spreads the work wider), then by replicas
-(copies cost transfers), then blocked before cyclic; it is a hint, not a timing.
+The hint sorts by per-instance footprint (smaller spreads the work wider), then packed lanes
+before W broadcast (packed layouts pair elements in long words the way most other layouts do,
+so values move between them without changing lanes), then by replicas (copies cost
+transfers), then blocked before cyclic; it is a hint, not a timing.
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ def _candidates(shape: tuple[int, ...], dtype: str, hw: HwDesc, memory: str, lim
         except LayoutError as e:
             last_error = e
             continue
-        out[layout] = Candidate(layout, p.footprint_lw, p.instance_replicas, (p.footprint_lw, p.instance_replicas, rank_key))
+        out[layout] = Candidate(layout, p.footprint_lw, p.instance_replicas,
+                                (p.footprint_lw, rank_key[1], p.instance_replicas, rank_key))
     if not out:
         raise LayoutError(f"no layout of a {dtype} tensor of shape {shape} fits {memory} on {hw.name}"
                           + (f": {last_error}" if last_error else ""))

@@ -58,9 +58,17 @@ def defer(cg: CodeGen, out: Value, base: Value, to_base, to_view) -> None:
     cg.pending[out] = resolve
 
 
+def alias(cg: CodeGen, out: Value, x: Value) -> None:
+    """`out` is `x` (values are immutable); a not-yet-placed `x` is placed by out's first consumer."""
+    if unplaced(cg, x):
+        defer(cg, out, x, lambda wanted: wanted, lambda ref: ref)
+    else:
+        cg.refs[out] = placed(cg, x)
+
+
 @lowering("alias.default", "clone.default", "lift_fresh_copy.default", "detach.default")
 def lower_alias(cg: CodeGen, node: Node) -> None:
-    cg.refs[node.out] = placed(cg, node.args[0])
+    alias(cg, node.out, node.args[0])
 
 
 @lowering("permute.default")
@@ -169,7 +177,7 @@ def gather(cg: CodeGen, node: Node, parts: list[tuple[Value, np.ndarray]]) -> No
             tried.append(str(e))
             continue
         new = cg.buffer("temp", image, out.name, lm=layout)
-        zeros = cg.zeros(1) if (sources.group == ZERO).any() else None
+        zeros = cg.zeros_for(sources)
         emit_convert(cg.b, sources, dst=Sym(new.symbol), src=[Sym(r.symbol) for r in refs], zeros=zeros, l2_addr=0,
                      l2_room=cg.transit.l2_room, tags=TAGS["convert"])
         cg.refs[out] = new

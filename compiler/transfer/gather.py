@@ -46,10 +46,15 @@ class LwSources:
     def source_buffer(self) -> np.ndarray:
         return self.buffer if self.buffer is not None else np.zeros_like(self.group)
 
-    def zero_holes(self) -> "LwSources":
-        """Holes become zeros: for operands whose padding is summed (a matrix product's K)."""
-        return LwSources(np.where(self.group == HOLE, ZERO, self.group), self.address, self.groups, self.span,
-                         self.buffer)
+    def zero_holes(self, span: int = 0) -> "LwSources":
+        """Holes become zeros, up to `span` long words (past the last element too): for operands
+        whose padding is summed (a matrix product's K)."""
+        span = max(span, self.span)
+        pad = span - self.span
+        widen = lambda a, fill: np.pad(a, ((0, 0), (0, pad)), constant_values=fill) if pad else a  # noqa: E731
+        group = np.where(self.group == HOLE, ZERO, self.group)
+        buffer = widen(self.buffer, 0) if self.buffer is not None else None
+        return LwSources(widen(group, ZERO), widen(self.address, 0), self.groups, span, buffer)
 
     @staticmethod
     def merge(parts: list["LwSources"]) -> "LwSources":
