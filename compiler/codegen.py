@@ -142,13 +142,16 @@ class CodeGen:
     # ---- data movement ----------------------------------------------------------------------
 
     def download(self, ref: Ref, lm: Placement, *, memory: str, word: int, slice_index: int = 0,
-                 zero_fill: bool = False) -> Staging:
+                 zero_fill: bool = False, index: np.ndarray | None = None) -> Staging:
         """Stage `ref` into LM layout `lm` (one slice) at `memory` word `word`. With `zero_fill`,
-        long words of the layout that hold no element arrive as zeros (padding that is summed)."""
+        long words of the layout that hold no element arrive as zeros (padding that is summed);
+        with `index`, element e of the layout is element index[e] of `ref` (-1: zero), gathered
+        on the way (im2col for convolutions)."""
         st = stage(lm)
         source = None
-        if zero_fill or not ref.placement.same_placement(st.dram):
-            sources = self._sources(st.dram, ref, lm)
+        plain = st.fitted is not None and ref.placement.same_placement(st.fitted)
+        if zero_fill or index is not None or not plain:
+            sources = self._sources(st, ref, lm, index)
             if zero_fill:
                 sources = sources.zero_holes(st.dram_lw)
             zeros = self.zeros_for(sources)
@@ -157,11 +160,11 @@ class CodeGen:
                       slice_index=slice_index, source=source)
         return st
 
-    def _sources(self, image: Placement, ref: Ref, lm: Placement) -> LwSources:
-        key = (ref.symbol, str(ref.placement.layout), str(image.layout))
+    def _sources(self, st: Staging, ref: Ref, lm: Placement, index: np.ndarray | None = None) -> LwSources:
+        key = (ref.symbol, str(ref.placement.layout), str(lm.layout), lm.dtype, id(index))
         if key not in self.sources_cache:
             try:
-                self.sources_cache[key] = lw_sources(image, ref.placement)
+                self.sources_cache[key] = lw_sources(st.destination, ref.placement, index)
             except LaneMismatch as e:
                 raise CompileError(f"cannot bring a value stored as {ref.placement.layout} into {lm.layout}: {e}") from None
         return self.sources_cache[key]

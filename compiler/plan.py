@@ -141,7 +141,7 @@ def _usable(layout: Layout, hw: HwDesc, dtype: str, budget_lw: int, for_upload: 
         st = stage(p)
     except LayoutError:
         return False
-    return not (for_upload and st.pe_mode == "broadcast")
+    return not (for_upload and (st.pe_mode == "broadcast" or st.fitted is None))
 
 
 def stageable(layout: Layout, hw: HwDesc, dtype: str) -> bool:

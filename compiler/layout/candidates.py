@@ -82,30 +82,35 @@ def _largest_divisor(n: int, cap: int) -> int:
 
 
 def _pe_layouts(shape: tuple[int, ...], dtype: str, hw: HwDesc):
-    """(hint rank, layout) pairs for per-PE memories."""
+    """(hint rank, layout) pairs for per-PE memories; lanes pack the last dimension, else another
+    one (channels of an NHWC-packed activation), else nothing (W broadcast)."""
     epl = hw.elements_per_lw(dtype)
     axes = list(hw.axes.items())  # root to leaf
     rank = len(shape)
     choices = [list(range(rank)) + [None]] * len(axes)
+    w_dims = [rank - 1] + [d for d in range(rank - 1) if shape[d] % epl == 0 and epl > 1]
     for assignment in product(*choices):
         for cyclic in (False, True):
-            for pack_w in (True, False):
-                layout = _pe_layout(shape, epl, axes, assignment, cyclic, pack_w)
+            for k, w_dim in enumerate(w_dims):
+                layout = _pe_layout(shape, epl, axes, assignment, cyclic, True, w_dim)
                 if layout is not None:
-                    yield (int(cyclic), int(not pack_w)), layout
+                    yield (int(cyclic), int(k > 0)), layout
+            layout = _pe_layout(shape, epl, axes, assignment, cyclic, False, rank - 1)
+            if layout is not None:
+                yield (int(cyclic), 2), layout
 
 
-def _pe_layout(shape, epl, axes, assignment, cyclic: bool, pack_w: bool) -> Layout | None:
+def _pe_layout(shape, epl, axes, assignment, cyclic: bool, pack_w: bool, w_dim: int) -> Layout | None:
     rank = len(shape)
     remaining = list(shape)
     inner: list[list[Factor]] = [[] for _ in range(rank)]  # minor factors: W then (cyclic) axes
     outer: list[list[Factor]] = [[] for _ in range(rank)]
     w_size = 1
     if pack_w and epl > 1:
-        w_size = _largest_divisor(shape[-1], epl)
+        w_size = _largest_divisor(shape[w_dim], epl)
         if w_size == 1:
             return None
-        remaining[-1] //= w_size
+        remaining[w_dim] //= w_size
     axis_factors: list[list[Factor]] = [[] for _ in range(rank)]
     # Leaf axes take the innermost part of their dimension, so go leaf to root.
     for (name, size), dim in reversed(list(zip(axes, assignment))):
@@ -130,7 +135,7 @@ def _pe_layout(shape, epl, axes, assignment, cyclic: bool, pack_w: bool) -> Layo
         if address_sizes[d] > 1:
             factors.append(Factor(address_sizes[d], None, strides[d]))
         factors += inner[d]
-        if d == rank - 1 and w_size > 1:
+        if d == w_dim and w_size > 1:
             factors.append(Factor(w_size, W_AXIS, 1))
         dims.append(factors or [Factor(1, None, 1)])
     broadcast = () if pack_w or epl == 1 else (Broadcast(W_AXIS),)

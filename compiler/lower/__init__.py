@@ -28,4 +28,4 @@ def lower(cg: CodeGen, node: Node) -> None:
         fn(cg, node)
 
 
-from . import elementwise, matmul, reduce, views  # noqa: E402,F401  (register their lowerings)
+from . import conv, elementwise, matmul, reduce, views  # noqa: E402,F401  (register their lowerings)

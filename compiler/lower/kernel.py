@@ -17,6 +17,7 @@ from ..codegen import Arena, CodeGen, Ref
 from ..frontend.graph import Value
 from ..layout import Layout, Placement
 from ..errors import LayoutError
+from ..layout.candidates import candidates
 from ..plan import LM, Restricted, per_pe, restrict, slice_count, stageable
 from ..transfer.gather import LaneMismatch, lw_sources
 from ..transfer.staging import stage
@@ -47,7 +48,11 @@ def ref_of(cg: CodeGen, v: Value, wanted: Layout) -> Ref:
     data = None
     if v.kind == "const":
         data = v.data.reshape(lshape(v))
-    ref = cg.buffer(ROLE[v.kind], st.dram, v.name, lm=wanted, data=data)
+    if st.fitted is not None:
+        ref = cg.buffer(ROLE[v.kind], st.fitted, v.name, lm=wanted, data=data)
+    else:  # the wanted layout's image has no notation: store row-major, gather on the way in
+        default = candidates(lshape(v), dtype, cg.hw, "DRAM")[0].layout
+        ref = cg.buffer(ROLE[v.kind], Placement(default, cg.hw, "DRAM", dtype), v.name, data=data)
     cg.refs[v] = ref
     return ref
 
@@ -61,9 +66,9 @@ def compatible(cg: CodeGen, v: Value, layout: Layout) -> bool:
     key = (ref.symbol, str(ref.placement.layout), str(layout))
     if key not in cg.lane_cache:
         try:
-            image = stage(lm_placement(cg, layout, cg.device_dtype(v))).dram
-            if not ref.placement.same_placement(image):
-                lw_sources(image, ref.placement)  # raises when some long word would mix lanes
+            st = stage(lm_placement(cg, layout, cg.device_dtype(v)))
+            if st.fitted is None or not ref.placement.same_placement(st.fitted):
+                lw_sources(st.destination, ref.placement)  # raises when some long word would mix lanes
             cg.lane_cache[key] = True
         except (LaneMismatch, LayoutError):
             cg.lane_cache[key] = False

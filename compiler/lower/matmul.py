@@ -18,13 +18,15 @@ from dataclasses import dataclass, replace
 from itertools import product
 from math import ceil, prod
 
+import numpy as np
+
 from ..codegen import Arena, CodeGen, Ref
 from ..errors import CompileError, UnsupportedOpError
 from ..frontend.graph import Node, Value
-from ..layout import TIME_AXIS, W_AXIS, Factor, Layout
-from ..transfer.staging import Chain
+from ..layout import TIME_AXIS, W_AXIS, Factor, Layout, Placement
+from ..transfer.staging import Chain, stage
 from . import lowering
-from .kernel import lm_placement, new_output, ref_of
+from .kernel import lm_placement, ref_of
 
 ROLES = ("batch", "m", "n")
 
@@ -124,7 +126,7 @@ def plan(cg: CodeGen, p: Problem, *, batched: bool, trans_b: bool, half: bool, s
     pes = cg.params.pes_per_mab
     epl_in = cg.hw.elements_per_lw("float16" if half else "float32")
     col_unit = pes * max(epl_in, cg.hw.elements_per_lw("float32"))
-    best: Tiling | None = None
+    feasible: list[Tiling] = []
     roles = ROLES if batched else ROLES[1:]
     for assignment in product(roles, repeat=len(axes)):
         remaining = {"batch": p.batch if batched else 1, "m": p.m, "n": ceil(p.n / col_unit)}
@@ -148,13 +150,13 @@ def plan(cg: CodeGen, p: Problem, *, batched: bool, trans_b: bool, half: bool, s
                 t = Tiling(tuple(takes), bl, rounds, mt, chunks, kp, nt, trans_b, half)
                 if not _fits(cg, t, staged_in_float32):
                     continue
-                t = replace(t, cost=_cost(cg, t, in_bytes))
-                if best is None or t.cost < best.cost:
-                    best = t
+                feasible.append(replace(t, cost=_cost(cg, t, in_bytes)))
                 break  # fewer rounds are always at least as good
-    if best is None:
-        raise CompileError(f"no tiling of a {p.batch}x{p.m}x{p.k}x{p.n} product fits the PE memories of {cg.hw.name}")
-    return best
+    for t in sorted(feasible, key=lambda t: t.cost):
+        _, _, lc = layouts(t, p, chain, epl_in, cg.hw.elements_per_lw("float32"), batched)
+        if stage(Placement(lc, cg.hw, "LM0", "float32", check_capacity=False)).fitted is not None:
+            return t  # the product is stored in the image of its layout: that image needs notation
+    raise CompileError(f"no tiling of a {p.batch}x{p.m}x{p.k}x{p.n} product fits the PE memories of {cg.hw.name}")
 
 
 def _take(count: int, size: int, *, exact: bool) -> int:
@@ -174,6 +176,15 @@ def _kp_options(k: int, pes: int, epl: int) -> list[int]:
     return options
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where a matrix operand's elements come from: a value's ref, and optionally a gather map
+    (flat element of the operand -> flat element of the ref's tensor, -1 for zero)."""
+
+    ref: Ref
+    index: np.ndarray | None = None
+
+
 @lowering("mm.default", "bmm.default")
 def lower_matmul(cg: CodeGen, node: Node) -> None:
     a, b = node.args[0], node.args[1]
@@ -181,14 +192,24 @@ def lower_matmul(cg: CodeGen, node: Node) -> None:
     batched = node.op.startswith("bmm")
     if {cg.device_dtype(a), cg.device_dtype(b)} - {"float32", "float16"}:
         raise UnsupportedOpError(node.op, [list(a.shape), list(b.shape)], node.source, "integer matrix products")
-    half_in = cg.device_dtype(a) == "float16" and cg.device_dtype(b) == "float16"
-    half = half_in or cg.options.get("float_dtype") == "mixed"
     p = Problem(a.shape[0] if batched else 1, a.shape[-2], a.shape[-1], b.shape[-1])
-    trans_b = _lanes_along_k(cg, b)
-    in_bytes = 2 if half_in else 4
-    t = plan(cg, p, batched=batched, trans_b=trans_b, half=half, staged_in_float32=half and not half_in,
-             in_bytes=in_bytes)
-    emit(cg, node, t, p, batched, half_in)
+    t = plan_for(cg, p, batched, cg.device_dtype(a), cg.device_dtype(b), _lanes_along_k(cg, b))
+    la, lb, _ = layouts_for(cg, t, p, batched, cg.device_dtype(a) == "float16" and cg.device_dtype(b) == "float16")
+    ref, lc = emit_product(cg, t, p, batched, Source(ref_of(cg, a, la)), Source(ref_of(cg, b, lb)),
+                           cg.device_dtype(out), out.name)
+    cg.refs[out] = ref
+
+
+def plan_for(cg: CodeGen, p: Problem, batched: bool, a_dtype: str, b_dtype: str, trans_b: bool) -> Tiling:
+    half_in = a_dtype == "float16" and b_dtype == "float16"
+    half = half_in or cg.options.get("float_dtype") == "mixed"
+    return plan(cg, p, batched=batched, trans_b=trans_b, half=half, staged_in_float32=half and not half_in,
+                in_bytes=2 if half_in else 4)
+
+
+def layouts_for(cg: CodeGen, t: Tiling, p: Problem, batched: bool, half_in: bool, out_dtype: str = "float32"):
+    epl_in = cg.hw.elements_per_lw("float16" if half_in else "float32")
+    return layouts(t, p, Chain.of(cg.hw), epl_in, cg.hw.elements_per_lw(out_dtype), batched)
 
 
 def _lanes_along_k(cg: CodeGen, b: Value) -> bool:
@@ -201,18 +222,16 @@ def _lanes_along_k(cg: CodeGen, b: Value) -> bool:
     return any(f.axis == W_AXIS and f.size > 1 for f in ref.placement.layout.dims[k_dim])
 
 
-def emit(cg: CodeGen, node: Node, t: Tiling, p: Problem, batched: bool, half_in: bool) -> None:
-    a, b, out = node.args[0], node.args[1], node.out
-    chain = Chain.of(cg.hw)
+def emit_product(cg: CodeGen, t: Tiling, p: Problem, batched: bool, a: Source, b: Source, out_dtype: str,
+                 name: str) -> tuple[Ref, Layout]:
+    """C = A @ B for a tiling; returns C's ref (a new buffer in the image of its LM layout)."""
     pes = cg.params.pes_per_mab
+    half_in = a.ref.placement.dtype == "float16" and b.ref.placement.dtype == "float16"
     mm_dtype = "float16" if t.half else "float32"
-    stored = "float16" if half_in else "float32"
-    epl_in = cg.hw.elements_per_lw(stored)
-    la, lb, lc = layouts(t, p, chain, epl_in, cg.hw.elements_per_lw("float32"), batched)
-    ref_a, ref_b = ref_of(cg, a, la), ref_of(cg, b, lb)
-    out_dtype = cg.device_dtype(out)
-    lc_out = lc if out_dtype == "float32" else layouts(t, p, chain, epl_in, cg.hw.elements_per_lw("float16"), batched)[2]
-    out_ref = new_output(cg, out, lc_out)
+    la, lb, lc = layouts_for(cg, t, p, batched, half_in)
+    lc_out = lc if out_dtype == "float32" else layouts_for(cg, t, p, batched, half_in, out_dtype)[2]
+    st_out = stage(lm_placement(cg, lc_out, out_dtype))
+    out_ref = cg.buffer("temp", st_out.dram, name, lm=lc_out)
     arena = Arena(cg.hw)
     per_word = 2 if t.half else 1
     a_words, b_words = t.mt * t.kp // per_word, t.kp * t.nt // per_word
@@ -220,7 +239,8 @@ def emit(cg: CodeGen, node: Node, t: Tiling, p: Problem, batched: bool, half_in:
     mem_a, word_a = arena.alloc(a_words)
     mem_b, word_b = arena.alloc(b_words)
     mem_c, word_c = arena.alloc(c_words, prefer=("GRF0", "GRF1", "LM0", "LM1"))
-    if t.half and not half_in:  # float32 in DRAM, half in the MAU: stage float32, convert in LM
+    convert_in = t.half and not half_in  # float32 in DRAM, half in the MAU: stage float32, convert in LM
+    if convert_in:
         mem_a32, word_a32 = arena.alloc(t.mt * t.kp)
         mem_b32, word_b32 = arena.alloc(t.kp * t.nt)
     if out_dtype == "float16":
@@ -230,20 +250,19 @@ def emit(cg: CodeGen, node: Node, t: Tiling, p: Problem, batched: bool, half_in:
         for r in range(t.rounds):
             for k in range(t.chunks):
                 sa, sb = (bl * t.rounds + r) * t.chunks + k, bl * t.chunks + k
-                if t.half and not half_in:
-                    _download(cg, ref_a, la, mem_a32, word_a32, sa)
-                    _download(cg, ref_b, lb, mem_b32, word_b32, sb)
+                if convert_in:
+                    _download(cg, a, la, mem_a32, word_a32, sa)
+                    _download(cg, b, lb, mem_b32, word_b32, sb)
                     cg.b.vop("cvt", "float16", 1, t.mt * t.kp, (mem_a, 2 * word_a, 0, 1), (mem_a32, word_a32, 0, 1),
                              src_dtype="float32")
                     cg.b.vop("cvt", "float16", 1, t.kp * t.nt, (mem_b, 2 * word_b, 0, 1), (mem_b32, word_b32, 0, 1),
                              src_dtype="float32")
                     cg.b.nop(hazard)
                 else:
-                    _download(cg, ref_a, la, mem_a, word_a, sa)
-                    _download(cg, ref_b, lb, mem_b, word_b, sb)
-                ea, eb = word_a * per_word, word_b * per_word
-                cg.b.matmul(mm_dtype, t.mt, t.kp * pes, t.nt, (mem_a, ea, t.kp),
-                            (mem_b, eb, t.kp if t.trans_b else t.nt), (mem_c, word_c, t.nt // pes),
+                    _download(cg, a, la, mem_a, word_a, sa)
+                    _download(cg, b, lb, mem_b, word_b, sb)
+                cg.b.matmul(mm_dtype, t.mt, t.kp * pes, t.nt, (mem_a, word_a * per_word, t.kp),
+                            (mem_b, word_b * per_word, t.kp if t.trans_b else t.nt), (mem_c, word_c, t.nt // pes),
                             trans_b=t.trans_b, accumulate=k > 0)
             cg.b.nop(hazard)
             if out_dtype == "float16":
@@ -255,10 +274,10 @@ def emit(cg: CodeGen, node: Node, t: Tiling, p: Problem, batched: bool, half_in:
             else:
                 cg.upload(lm_placement(cg, lc, "float32"), out_ref, memory=mem_c, word=word_c,
                           slice_index=bl * t.rounds + r)
+    return out_ref, lc_out
 
 
-def _download(cg: CodeGen, ref: Ref, layout: Layout, memory: str, word: int, slice_index: int) -> None:
+def _download(cg: CodeGen, src: Source, layout: Layout, memory: str, word: int, slice_index: int) -> None:
     """Operands are padded along K with zeros: the padding is multiplied and summed."""
-    cg.download(ref, lm_placement(cg, layout, ref.placement.dtype), memory=memory, word=word,
-                slice_index=slice_index, zero_fill=True)
-
+    cg.download(src.ref, lm_placement(cg, layout, src.ref.placement.dtype), memory=memory, word=word,
+                slice_index=slice_index, zero_fill=True, index=src.index)

@@ -201,8 +201,7 @@ def _out_layouts(cg: CodeGen, out: Value, dtype: str) -> Iterator[Layout]:
             layout = time_sliced(c.layout, slices)
             try:
                 p = Placement(layout, cg.hw, LM, dtype, check_capacity=False)
-                if p.slice_span <= budget:
-                    stage(p)
+                if p.slice_span <= budget and stage(p).fitted is not None:
                     usable = True
                     yield layout
             except LayoutError:

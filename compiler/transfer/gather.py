@@ -75,17 +75,37 @@ class LwSources:
         return bool(np.all(~used | ((self.group == g) & (self.address == a))))
 
 
-def lw_sources(dst: Placement, src: Placement, index: np.ndarray | None = None) -> LwSources:
+@dataclass(frozen=True)
+class Destination:
+    """Where a gather writes: every (element, copy) location, the Groups and the span, as numbers.
+    A DRAM Placement gives one (`of`); so does a staging image that has no PFN notation."""
+
+    want: Location
+    groups: int
+    span: int
+    epl: int
+    name: str  # for messages
+
+    @staticmethod
+    def of(p: Placement) -> "Destination":
+        if p.memory != DRAM:
+            raise LayoutError("long-word gathers write DRAM placements")
+        return Destination(p.locate(), p.instance_count, p.span_lw, p.epl, str(p.layout))
+
+
+def lw_sources(dst: "Placement | Destination", src: Placement, index: np.ndarray | None = None) -> LwSources:
     """Match every destination long word to one source long word; raise LaneMismatch if impossible.
 
-    `index[e]` is the source element of destination element e (flat); -1 means zero. Without it,
-    element e comes from element e (a conversion between layouts of one tensor)."""
-    if dst.memory != DRAM or src.memory != DRAM or dst.hw.fingerprint != src.hw.fingerprint:
-        raise LayoutError("long-word gathers run between DRAM placements of one chip")
+    `index[e]` is the source element of destination element e (flat); -1 means zero, SKIP that
+    the element comes from another source. Without it, element e comes from element e (a
+    conversion between layouts of one tensor)."""
+    dst = dst if isinstance(dst, Destination) else Destination.of(dst)
+    if src.memory != DRAM:
+        raise LayoutError("long-word gathers read DRAM placements")
     if dst.epl != src.epl:
-        raise LaneMismatch(f"{dst.dtype} and {src.dtype} pack {dst.epl} and {src.epl} elements per long word")
-    groups, span, epl = dst.instance_count, dst.span_lw, dst.epl
-    want = dst.locate()
+        raise LaneMismatch(f"destination and {src.dtype} source pack {dst.epl} and {src.epl} elements per long word")
+    groups, span, epl = dst.groups, dst.span, dst.epl
+    want = dst.want
     source = want.element if index is None else np.asarray(index, dtype=np.int64).ravel()[want.element]
     keep = source != SKIP
     want = Location(want.element[keep], want.instance[keep], want.lw[keep], want.w[keep],
@@ -104,7 +124,7 @@ def lw_sources(dst: Placement, src: Placement, index: np.ndarray | None = None) 
     bad = ~zero & (s_w != want.w)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise LaneMismatch(f"element {int(want.element[i])} sits in lane {int(want.w[i])} of {dst.layout} but comes "
+        raise LaneMismatch(f"element {int(want.element[i])} sits in lane {int(want.w[i])} of {dst.name} but comes "
                            f"from lane {int(s_w[i])} of {src.layout}")
     group = np.full((groups, span), HOLE, dtype=np.int64)
     address = np.zeros((groups, span), dtype=np.int64)
@@ -118,7 +138,7 @@ def lw_sources(dst: Placement, src: Placement, index: np.ndarray | None = None) 
     conflict = (flat_g[key] != s_group) | (flat_a[key] != s_addr)
     if conflict.any():
         i = int(np.flatnonzero(conflict)[0])
-        raise LaneMismatch(f"long word {int(want.lw[i])} of Group {int(want.instance[i])} in {dst.layout} mixes "
+        raise LaneMismatch(f"long word {int(want.lw[i])} of Group {int(want.instance[i])} in {dst.name} mixes "
                            f"elements of different source long words")
     return LwSources(group, address, groups, span)
 

@@ -32,7 +32,8 @@ from sim import ProgramBuilder, Sym
 from ..errors import LayoutError
 from ..layout import Broadcast, Placement
 from ..layout.fit import fit_layout
-from .gather import LwSources, emit_runs
+from ..layout.placement import Location
+from .gather import Destination, LwSources, emit_runs
 
 DRAM, L2BM, L1BM = "DRAM", "L2BM", "L1BM"
 Address = int | Sym
@@ -81,7 +82,17 @@ class Staging:
     n_l2: int  # L2BM long words per slice
     image_lw: int  # DRAM long words per Group per slice
     slices: int
-    dram: Placement  # the DRAM image (all slices)
+    destination: Destination  # every element's place in the image, as numbers
+    fitted: Placement | None  # the image as a PFN layout, when there is one
+    why_not: str = ""
+
+    @property
+    def dram(self) -> Placement:
+        """The image as a DRAM placement; only layouts whose image has PFN notation can be stored."""
+        if self.fitted is None:
+            raise LayoutError(f"the DRAM image of {self.lm.layout} is not a PFN layout ({self.why_not}); it can be "
+                              f"gathered into but not stored")
+        return self.fitted
 
     @property
     def dram_lw(self) -> int:
@@ -117,6 +128,8 @@ def stage(lm: Placement) -> Staging:
         n_l2 = n_l1 * chain.l1_per_l2
     else:
         n_l2 = n_l1
+    # Broadcast copies over MAB, PE and L1B come from one image place (the modes broadcast them on
+    # the way down); copies over L2B come from every Group's DRAM, copies over W from every lane.
     loc = lm.locate(first_copy_only=True)
     coords = loc.coords
     l2b = coords.get(chain.l2_axis, np.zeros_like(loc.lw))
@@ -143,15 +156,29 @@ def stage(lm: Placement) -> Staging:
         q2 = q1
     address = loc.time * image_lw + slot * n_l2 + q2
     group = l2b // chain.l2_per_group
+    groups = np.unique(lm.copy_coords[chain.l2_axis] // chain.l2_per_group) if locals_ is None and \
+        chain.l2_axis in lm.copy_coords else np.zeros(1, dtype=np.int64)
+    lanes = np.arange(lm.epl) if "W" in lm.broadcast_axes else np.zeros(1, dtype=np.int64)
+    n, g_copies, w_copies = len(loc.element), len(groups), len(lanes)
+    rep = lambda a: np.repeat(a, g_copies * w_copies)  # noqa: E731
+    want = Location(rep(loc.element), rep(group) + np.tile(np.repeat(groups, w_copies), n),
+                    rep(address), rep(loc.w) + np.tile(lanes, n * g_copies), {}, np.zeros(n * g_copies * w_copies,
+                                                                                          dtype=np.int64))
+    destination = Destination(want, chain.groups, image_lw * lm.time_slices, lm.epl, f"the DRAM image of {lm.layout}")
     targets = {chain.l2_axis: group * chain.l2_per_group, None: address, "W": loc.w}
-    alone = chain.groups * chain.l2_per_group == 1  # one L2B on the chip: nothing to broadcast over
-    broadcast = () if locals_ is not None or alone else (Broadcast(chain.l2_axis),)
-    try:
-        layout = fit_layout(lm.layout.shape, targets, lm.hw, DRAM, lm.dtype, broadcast)
-    except LayoutError as e:
-        raise LayoutError(f"the DRAM image of {lm.layout} is not a PFN layout: {e}") from None
-    dram = Placement(layout, lm.hw, DRAM, lm.dtype)
-    return Staging(lm, chain, pe_mode, l1_mode, locals_, span, per_lm, n_l1, n_l2, image_lw, lm.time_slices, dram)
+    everywhere = g_copies == chain.groups and chain.groups * chain.l2_per_group > 1
+    broadcast = (Broadcast(chain.l2_axis),) if locals_ is None and everywhere else ()
+    fitted, why = None, ""
+    if locals_ is None and g_copies not in (1, chain.groups):
+        why = "it is broadcast over some Groups only"
+    else:
+        try:
+            fitted = Placement(fit_layout(lm.layout.shape, targets, lm.hw, DRAM, lm.dtype, broadcast), lm.hw, DRAM,
+                               lm.dtype)
+        except LayoutError as e:
+            why = str(e)
+    return Staging(lm, chain, pe_mode, l1_mode, locals_, span, per_lm, n_l1, n_l2, image_lw, lm.time_slices,
+                   destination, fitted, why)
 
 
 @dataclass(frozen=True)
