@@ -1,0 +1,131 @@
+"""Compiled functions match torch on mini and mncore2; layouts follow the chip; constraints hold."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hwdesc
+from compiler.compile import compile_function
+from compiler.device import Device
+from compiler.errors import SpecMismatchError, UnsupportedOpError
+
+CHIPS = ("mini", "mncore2")
+MIXED_TOLERANCE = 4e-3  # "mixed": |y - torch| <= 4e-3 * max|torch| (half has 9 mantissa bits)
+
+
+@pytest.fixture(scope="module", params=CHIPS)
+def device(request) -> Device:
+    return Device(hwdesc.load(request.param))
+
+
+def check(device: Device, fn, inputs, *, rtol=1e-5, options=None, scale_tol: float | None = None):
+    compiled = compile_function(fn, inputs, device.hw, options=options)
+    got = device.execute(compiled, inputs)
+    with torch.no_grad():
+        want = fn(inputs)
+    for name, expected in want.items():
+        if scale_tol is not None:
+            assert (got[name] - expected).abs().max() <= scale_tol * expected.abs().max(), name
+        else:
+            torch.testing.assert_close(got[name], expected, rtol=rtol, atol=rtol * expected.abs().max().item())
+    return compiled
+
+
+def producer(d):
+    return {"shared": d["x"] * 2}
+
+
+def consumer(d):
+    return {"result": d["shared"] + 1}
+
+
+def test_seed_producer_and_consumer(device):
+    sample = torch.randn(32, 64)
+    check(device, producer, {"x": sample})
+    check(device, consumer, {"shared": sample})
+
+
+def test_mlp(device):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16))
+    check(device, lambda d: {"y": model(d["x"])}, {"x": torch.randn(8, 32)})
+
+
+def test_mlp_mixed_precision(device):
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
+    check(device, lambda d: {"y": model(d["x"])}, {"x": torch.randn(16, 64)}, options={"float_dtype": "mixed"},
+          scale_tol=MIXED_TOLERANCE)
+
+
+def test_attention_block(device):
+    torch.manual_seed(2)
+    norm = torch.nn.LayerNorm(16)
+
+    def attention(d):
+        q, k, v = d["q"], d["k"], d["v"]
+        weights = torch.softmax(q @ k.transpose(-1, -2) / 4.0, dim=-1)
+        return {"out": norm(weights @ v + q)}
+    check(device, attention, {name: torch.randn(2, 8, 16) for name in "qkv"})
+
+
+def test_conv2d_layer(device):
+    torch.manual_seed(3)
+    conv = torch.nn.Conv2d(8, 16, 3, padding=1)
+    check(device, lambda d: {"y": torch.relu(conv(d["x"]))}, {"x": torch.randn(1, 8, 12, 12)})
+
+
+def test_views_reductions_and_broadcasting(device):
+    def fn(d):
+        x = d["x"]
+        return {"a": x.permute(1, 0, 2).reshape(6, 32) * 2, "b": x.sum(dim=-1), "c": x.amax(dim=(1, 2)),
+                "d": torch.cat([x[1:], x[:1]], dim=0) - d["bias"], "e": torch.where(x > 0, x, -x).mean(dim=1)}
+    check(device, fn, {"x": torch.randn(4, 6, 8), "bias": torch.randn(8)})
+
+
+def test_layouts_follow_the_chip():
+    sample = {"x": torch.randn(32, 64)}
+    big = compile_function(producer, sample, hwdesc.load("mncore2"))
+    small = compile_function(producer, sample, hwdesc.load("mini"))
+    assert big.inputs["x"].layout != small.inputs["x"].layout
+    assert "L2B" in str(big.inputs["x"].layout) and "L2B" not in str(small.inputs["x"].layout)
+    assert big.inputs["x"].chip == "mncore2" and small.inputs["x"].chip == "mini"
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_constrained_producer_output_equals_the_consumer_spec(chip):
+    hw = hwdesc.load(chip)
+    sample = torch.randn(32, 64)
+    first = compile_function(consumer, {"shared": sample}, hw)
+    second = compile_function(producer, {"x": sample}, hw, constraints={"shared": first.inputs["shared"]})
+    spec, wanted = second.outputs["shared"], first.inputs["shared"]
+    assert spec.layout == wanted.layout and spec.shape == wanted.shape and spec.dtype == wanted.dtype
+    assert spec.is_memcopyable_to(wanted)
+    other = compile_function(lambda d: {"shared": d["x"] @ d["w"]}, {"x": torch.randn(32, 16), "w": torch.randn(16, 64)},
+                             hw, constraints={"shared": wanted})
+    assert other.outputs["shared"].is_memcopyable_to(wanted)  # a matmul's output, converted to the spec
+    free = compile_function(lambda d: {"shared": d["x"] @ d["w"]}, {"x": torch.randn(32, 16), "w": torch.randn(16, 64)}, hw)
+    assert not free.outputs["shared"].is_memcopyable_to(wanted)
+
+
+def test_constraint_mismatches_are_refused():
+    hw = hwdesc.load("mini")
+    spec = compile_function(consumer, {"shared": torch.randn(32, 64)}, hw).inputs["shared"]
+    with pytest.raises(SpecMismatchError, match=r"io_spec_constraints\['shared'\] is float32\[32, 64\] .* but 'shared' "
+                                                r"is float32\[16, 64\]"):
+        compile_function(producer, {"x": torch.randn(16, 64)}, hw, constraints={"shared": spec})
+    with pytest.raises(SpecMismatchError, match="names 'nope', which is neither an input nor an output"):
+        compile_function(producer, {"x": torch.randn(32, 64)}, hw, constraints={"nope": spec})
+    with pytest.raises(SpecMismatchError, match="compiled for chip 'mini'; this compile targets 'mncore2'"):
+        compile_function(producer, {"x": torch.randn(32, 64)}, hwdesc.load("mncore2"), constraints={"shared": spec})
+
+
+def test_unsupported_op_names_op_shapes_and_source_line():
+    def fn(d):
+        return {"y": torch.cumsum(d["x"], dim=0)}  # the line the error must point at
+    with pytest.raises(UnsupportedOpError) as info:
+        compile_function(fn, {"x": torch.randn(4, 8)}, hwdesc.load("mini"))
+    message = str(info.value)
+    assert "unsupported op cumsum.default with shapes [[4, 8]]" in message
+    assert "test_compile.py" in message and "torch.cumsum(d[\"x\"], dim=0)" in message
