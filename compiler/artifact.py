@@ -1,7 +1,8 @@
 """`codegen_dir`: a compiled function on disk, reloadable in a new process.
 
     manifest.json   format version, chip name and fingerprint, the chip's resolved YAML
-    program.npz     instructions, relocations, labels; every constant's values
+    program.npz     instructions, relocations, labels; every constant's values and the
+                    compile-time values of device-resident (registered) inputs
     specs.json      IOSpecs, buffer table, input/output symbols and shapes, output structure
     summary.json    ops, chosen locations and layouts, estimated cycles (also summary.txt)
 
@@ -50,6 +51,8 @@ def save(compiled: Compiled, directory: str | Path) -> Path:
         if buf.data is not None:
             data = buf.data
             arrays[f"const_{i}"] = data.detach().cpu().numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
+    for name, value in compiled.resident.items():
+        arrays[f"resident_{name}"] = value.detach().cpu().numpy()
     np.savez_compressed(d / "program.npz", **arrays)
     buffers = [{"symbol": b.symbol, "role": b.role, "layout": str(b.placement.layout), "dtype": b.placement.dtype,
                 "value": b.value, "lm": str(b.lm) if b.lm is not None else None, "reach": b.reach,
@@ -60,7 +63,7 @@ def save(compiled: Compiled, directory: str | Path) -> Path:
              "input_symbols": compiled.input_symbols, "output_symbols": compiled.output_symbols,
              "output_shapes": {k: list(v) for k, v in compiled.output_shapes.items()},
              "out_spec": pytree.treespec_dumps(compiled.out_spec) if compiled.out_spec is not None else None,
-             "symbols": list(p.symbols), "labels": [list(x) for x in p.labels], "buffers": buffers}
+             "resident": list(compiled.resident), "symbols": list(p.symbols), "labels": [list(x) for x in p.labels], "buffers": buffers}
     (d / "specs.json").write_text(json.dumps(specs, indent=1))
     summary = dict(compiled.summary)
     summary.setdefault("estimated_cycles", estimate_cycles(compiled))
@@ -113,6 +116,7 @@ def load(directory: str | Path, hw: HwDesc | None = None) -> Compiled:
                             specs["output_symbols"], {k: tuple(v) for k, v in specs["output_shapes"].items()},
                             pytree.treespec_loads(specs["out_spec"]) if specs["out_spec"] else None,
                             json.loads((d / "summary.json").read_text()))
+        compiled.resident = {name: torch.from_numpy(arrays[f"resident_{name}"]) for name in specs.get("resident", [])}
     except (KeyError, ValueError, TypeError) as e:
         raise ArtifactError(f"{d} is corrupt: {type(e).__name__}: {e}") from None
     return compiled

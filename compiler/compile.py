@@ -45,13 +45,29 @@ class Compiled:
     output_shapes: dict[str, tuple[int, ...]]  # logical shapes (0-d tensors are laid out as (1,))
     out_spec: Any = None
     summary: dict = field(default_factory=dict)
+    graph: Any = field(default=None, repr=False)  # the traced graph, when compiled in this process
+    resident: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    """Device-resident inputs (registered tensors) and their values at compile time: a codegen_dir
+    carries them so that a loader need not register the model again."""
 
 
 def compile_function(fn: Callable, inputs: Any, hw: HwDesc, *, options: dict | None = None,
-                     constraints: dict[str, IOSpec] | None = None) -> Compiled:
+                     constraints: dict[str, IOSpec] | None = None,
+                     resident: Callable[[torch.Tensor], str | None] | None = None) -> Compiled:
+    """`resident(t)` names captured tensors that live on the device between calls (registered
+    parameters): they become inputs of that name instead of constants."""
     start = time.perf_counter()
     graph = trace(fn, inputs)
+    promoted: dict[str, torch.Tensor] = {}
+    if resident is not None:
+        for value in list(graph.constants):
+            name = resident(value.origin)
+            if name is not None:
+                graph.promote(value, name)
+                promoted[name] = value.data
     compiled = compile_graph(graph, hw, options=options or {}, constraints=constraints or {})
+    compiled.graph = graph
+    compiled.resident = promoted
     compiled.summary["compile_seconds"] = round(time.perf_counter() - start, 4)
     return compiled
 

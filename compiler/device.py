@@ -86,6 +86,10 @@ class Device:
             self.machine.free_dram(buf.address)
             buf.freed = True
 
+    def allocated_lw(self) -> int:
+        """Long words of DRAM (per Group) held by live buffers, loaded programs and temporaries."""
+        return self.machine.dram.used
+
     # ---- host transfers ---------------------------------------------------------------------
 
     def _window(self) -> int:

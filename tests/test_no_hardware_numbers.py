@@ -32,6 +32,21 @@ ALLOWED = {
     ("compiler/layout/placement.py", 24): "elements beyond 1 << 24 are checked algebraically only",
     ("compiler/layout/placement.py", 4): "the inverse map may be 4x the exact-check limit",
     ("mlsdk/cli.py", 120): "console width when writing to a pipe",
+    ("compiler/codegen.py", 4): "completion-tag numbers: which program uses which tag is a software convention",
+    ("compiler/codegen.py", 5): "completion-tag number (software convention)",
+    ("compiler/codegen.py", 6): "completion-tag number (software convention)",
+    ("compiler/convert.py", 5): "completion-tag number (software convention)",
+    ("compiler/convert.py", 6): "completion-tag number (software convention)",
+    ("compiler/device.py", 7): "completion-tag number of host transfer programs (software convention)",
+    ("compiler/device.py", 8): "completion-tag number (software convention)",
+    ("compiler/device.py", 9): "completion-tag number (software convention)",
+    ("compiler/device.py", 10): "completion-tag number (software convention)",
+    ("compiler/compile.py", 4): "digits kept of the compile time in seconds",
+    ("compiler/lower/conv.py", 4): "NCHW tensors have 4 dimensions",
+    ("compiler/lower/loops.py", 4096): "planner budget: unrolling beyond this means a pathological layout pairing",
+    ("compiler/lower/views.py", 4): "position of `step` in aten.slice's arguments",
+    ("mlsdk/context.py", 24): "hex digits of a cache key",
+    ("mlsdk/device.py", 8): "MLSDK's device-name grammar: mncore2:0 .. mncore2:7",
 }
 
 

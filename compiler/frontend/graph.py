@@ -25,6 +25,7 @@ class Value:
     kind: str  # input | const | node
     producer: "Node | None" = None
     data: torch.Tensor | None = None  # the tensor of a constant (a captured parameter or literal)
+    origin: torch.Tensor | None = None  # the captured tensor object itself (to find registered ones)
 
     @property
     def numel(self) -> int:
@@ -71,6 +72,14 @@ class Graph:
     constants: list[Value] = field(default_factory=list)
     out_spec: Any = None  # pytree spec of the function's return value
     in_spec: Any = None
+    module: Any = None  # the traced torch.fx GraphModule (flat tensors in, flat list out)
+
+    def promote(self, value: Value, name: str) -> None:
+        """Make a captured constant an input named `name` (a registered parameter: device-resident,
+        bound at every call instead of embedded in the program)."""
+        self.constants.remove(value)
+        value.kind, value.name = "input", name
+        self.inputs[name] = value
 
     def users(self) -> dict[Value, list[Node]]:
         out: dict[Value, list[Node]] = {}

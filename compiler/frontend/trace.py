@@ -148,7 +148,9 @@ def trace(fn: Callable[[Any], Any], inputs: Any) -> Graph:
         raise
     except Exception as e:  # data-dependent control flow, unsupported Python, ...
         raise CompileError(f"tracing {getattr(fn, '__name__', fn)} failed: {type(e).__name__}: {e}") from e
-    return _to_graph(gm, names, out_info["names"], out_info["spec"], in_spec)
+    graph = _to_graph(gm, names, out_info["names"], out_info["spec"], in_spec)
+    graph.module = gm  # the traced function itself, runnable with real tensors (reference runs)
+    return graph
 
 
 def _to_graph(gm: torch.fx.GraphModule, in_names: list[str], out_names: list[str], out_spec: Any, in_spec: Any) -> Graph:
@@ -182,7 +184,7 @@ def _to_graph(gm: torch.fx.GraphModule, in_names: list[str], out_names: list[str
         elif fx_node.op == "get_attr":
             data = getattr(gm, fx_node.target)
             v = Value(fresh(fx_node.target.lstrip("_")), tuple(data.shape), DTYPES.get(data.dtype, str(data.dtype)),
-                      "const", data=data.detach())
+                      "const", data=data.detach(), origin=data)
             values[fx_node] = v
             constants.append(v)
         elif fx_node.op == "call_function":

@@ -170,14 +170,14 @@ def _dram_layouts(shape: tuple[int, ...], dtype: str, hw: HwDesc, memory: str):
     if len(shape) == 1:
         per = ceil(ceil(numel / epl) / instances)
         if split_ok and per >= 1:
-            yield (0,), Layout.of([[Factor(instances, axis, stride), Factor(per, None, 1), *([Factor(epl, W_AXIS, 1)] if epl > 1 else [])]],
+            yield (0, 0), Layout.of([[Factor(instances, axis, stride), Factor(per, None, 1), *([Factor(epl, W_AXIS, 1)] if epl > 1 else [])]],
                                   shape)
-        yield (1,), Layout.of([[*([Factor(ceil(numel / epl), None, 1)] if ceil(numel / epl) > 1 else []),
+        yield (1, 0), Layout.of([[*([Factor(ceil(numel / epl), None, 1)] if ceil(numel / epl) > 1 else []),
                                  *([Factor(epl, W_AXIS, 1)] if epl > 1 else [])] or [Factor(1, None, 1)]], shape)
         return
     if split_ok and rows >= instances:
-        yield (0,), layout([Factor(instances, axis, stride), Factor(ceil(rows / instances), None, pitch)])
-    yield (1,), layout([Factor(rows, None, pitch)] if rows > 1 else [])
+        yield (0, 0), layout([Factor(instances, axis, stride), Factor(ceil(rows / instances), None, pitch)])
+    yield (1, 0), layout([Factor(rows, None, pitch)] if rows > 1 else [])
 
 
 def _fold_rows(shape, row_factors, col_factors, pitch) -> Layout:

@@ -114,7 +114,7 @@ def _cost(cg: CodeGen, t: Tiling, in_bytes: int) -> float:
     b_copies = max(1, min(groups, t.tiles("m")))  # B is needed by every Group whose L2Bs split M
     mv = (a_lw + b_lw * b_copies) / rate
     steps = t.batch_local * t.rounds * t.chunks
-    c_lw = t.tiles("batch") * t.tiles("m") * t.tiles("n") * t.mt * t.nt * 4 / lw / groups
+    c_lw = t.tiles("batch") * t.tiles("m") * t.tiles("n") * t.mt * t.nt * hw.element_bytes("float32") / lw / groups
     return steps * (mm + mv) + t.batch_local * t.rounds * c_lw / rate
 
 
@@ -204,7 +204,7 @@ def plan_for(cg: CodeGen, p: Problem, batched: bool, a_dtype: str, b_dtype: str,
     half_in = a_dtype == "float16" and b_dtype == "float16"
     half = half_in or cg.options.get("float_dtype") == "mixed"
     return plan(cg, p, batched=batched, trans_b=trans_b, half=half, staged_in_float32=half and not half_in,
-                in_bytes=2 if half_in else 4)
+                in_bytes=cg.hw.element_bytes("float16" if half_in else "float32"))
 
 
 def layouts_for(cg: CodeGen, t: Tiling, p: Problem, batched: bool, half_in: bool, out_dtype: str = "float32"):
