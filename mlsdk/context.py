@@ -1,0 +1,446 @@
+"""`Context`: compiles functions for a device and runs them, keeping registered tensors there.
+
+A Context owns: the registered parameters and buffers (device-resident between calls, shared
+by every function compiled in it), the conversion programs it has built, and the session
+record that reports read. `Context.switch_context(ctx)` makes a context current, as in MLSDK.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from compiler import artifact
+from compiler.compile import Compiled, compile_function
+from compiler.convert import Conversion, build_conversion
+from compiler.device import DeviceBuffer, Loaded, spec_placement
+from compiler.errors import CompileError
+from compiler.frontend import trace as trace_graph
+from compiler.iospec import IOSpec
+from compiler.layout import Factor, Layout
+from sim import Machine
+
+from . import options as options_mod
+from . import trace
+from .device import MNDevice
+from .errors import InputError, InvalidatedError, MLSDKError
+from .function import CompiledFunction
+from .naming import get_tensor_name, set_tensor_name
+from .proxy import TORCH_DTYPES, TensorProxy
+from .session import Binding, Session, Transfer
+
+
+@dataclasses.dataclass
+class CacheOptions:
+    """Where compiles are cached. A compile is reused when the traced function, its inputs, the
+    options, the constraints and the hardware description are unchanged (the four MLSDK flags
+    are accepted; mnsim caches whole programs, like enable_app_cache)."""
+
+    cache_dir: str | os.PathLike
+    enable_app_cache: bool = True
+    enable_onnx_cache: bool = True
+    enable_codegen_cache: bool = True
+    enable_gpfn2obj_cache: bool = True
+
+
+class Registry:
+    """`ctx.registry.register(name, module)`: register a whole module's parameters and buffers."""
+
+    def __init__(self, context: "Context") -> None:
+        self._context = context
+
+    def register(self, name: str, obj: Any) -> None:
+        if isinstance(obj, torch.nn.Module):
+            for tensor_name, t in [*obj.named_parameters(), *obj.named_buffers()]:
+                if get_tensor_name(t) is None:
+                    set_tensor_name(t, f"{name}@{tensor_name.replace('.', '@')}")
+                self._context._register(t)
+        elif isinstance(obj, torch.optim.Optimizer):
+            for i, state in enumerate(obj.state.values()):
+                for key, t in state.items():
+                    if isinstance(t, torch.Tensor):
+                        set_tensor_name(t, f"{name}@{i}@{key}")
+                        self._context._register(t)
+        else:
+            raise TypeError(f"registry.register takes an nn.Module or an optimizer, got {type(obj).__name__}")
+
+
+class Context:
+    _current: "Context | None" = None
+
+    def __init__(self, device: MNDevice) -> None:
+        if not isinstance(device, MNDevice):
+            raise TypeError(f"Context takes an MNDevice, got {type(device).__name__}")
+        self.device = device
+        hw = device.hw
+        self.session = Session(device.chip, hw.clock_hz if hw else 0)
+        self.invalidated = False
+        self.registry = Registry(self)
+        self._registered: dict[str, torch.Tensor] = {}
+        self._name_by_id: dict[int, str] = {}
+        self._resident: dict[str, tuple[DeviceBuffer, IOSpec]] = {}
+        self._resident_proxies: dict[str, "weakref.WeakSet[TensorProxy]"] = {}
+        self._conversions: dict[tuple[str, str], Conversion] = {}
+        self._estimates: dict[tuple, int] = {}
+        self._functions: list[CompiledFunction] = []
+        self._loaded: list[Loaded] = []
+        self._buffers: "weakref.WeakSet[TensorProxy]" = weakref.WeakSet()
+
+    @classmethod
+    def switch_context(cls, context: "Context") -> None:
+        cls._current = context
+
+    @classmethod
+    def current(cls) -> "Context | None":
+        return cls._current
+
+    def __repr__(self) -> str:
+        return f"Context({self.device!r}{', invalidated' if self.invalidated else ''})"
+
+    def _check(self) -> None:
+        if self.invalidated:
+            raise InvalidatedError("this Context was invalidated; create a new one")
+
+    # ---- registration -------------------------------------------------------------------------
+
+    def _register(self, t: torch.Tensor) -> None:
+        self._check()
+        name = get_tensor_name(t)
+        if name is None:
+            raise MLSDKError("name a tensor before registering it: set_tensor_name(t, name) or "
+                             "set_tensor_name_in_module(model, prefix)")
+        if name in self._registered and self._registered[name] is not t:
+            raise MLSDKError(f"another tensor is already registered as {name!r}; give each model its own prefix")
+        self._registered[name] = t
+        self._name_by_id[id(t)] = name
+
+    def register_param(self, tensor: torch.Tensor) -> None:
+        self._register(tensor)
+
+    def register_buffer(self, tensor: torch.Tensor) -> None:
+        self._register(tensor)
+
+    def register_optimizer_buffers(self, optimizer: Any) -> None:
+        self.registry.register(getattr(optimizer, "_mnsim_name", "optimizer"), optimizer)
+
+    def _name_of(self, t: torch.Tensor | None) -> str | None:
+        if t is None:
+            return None
+        name = self._name_by_id.get(id(t))
+        return name if name is not None and self._registered.get(name) is t else None
+
+    def get_registered_value_proxy(self, tensor: torch.Tensor) -> TensorProxy:
+        """The device handle of a registered tensor; `load_from` on it updates the device value."""
+        self._check()
+        name = self._name_of(tensor)
+        if name is None:
+            raise MLSDKError("this tensor is not registered in the Context (register_param / register_buffer)")
+        if self.device.reference:
+            return TensorProxy(self, _host_spec(name, tensor), host=tensor.detach().clone(),
+                               on_write=lambda v: tensor.data.copy_(v))
+        buf, spec = self._resident_value(name, self._wanted_spec(name))
+        proxy = TensorProxy(self, spec, buffer=buf, producer=f"registered {name}")
+        self._resident_proxies.setdefault(name, weakref.WeakSet()).add(proxy)
+        return proxy
+
+    def _wanted_spec(self, name: str) -> tuple[IOSpec, int] | None:
+        """The layout (and buffer size) the first compiled function that reads `name` wants."""
+        for fn in self._functions:
+            if fn.compiled is not None and name in fn.compiled.resident:
+                return fn.compiled.inputs[name], fn._need(name)
+        return None
+
+    def _resident_value(self, name: str, wanted: tuple[IOSpec, int] | None) -> tuple[DeviceBuffer, IOSpec]:
+        """The device copy of a registered tensor, uploaded on first use in the wanted layout."""
+        if name not in self._resident:
+            tensor = self._registered[name]
+            spec, need = wanted or (_default_spec(name, tensor, self.device.hw), 0)
+            buf = self.device.board.alloc(spec_placement(spec, self.device.hw), need)
+            stats = self.device.board.upload(buf, tensor.detach())
+            self._record_transfer("upload", f"registered {name}", stats)
+            self._resident[name] = (buf, spec)
+        return self._resident[name]
+
+    def _bind_resident(self, fn: CompiledFunction, input_name: str, name: str, spec: IOSpec,
+                       need: int) -> tuple[DeviceBuffer, Binding]:
+        """Registered tensors have one device copy; a function that wants it laid out otherwise
+        converts that copy once (recorded as its binding) and every later reader uses the result."""
+        buf, stored = self._resident_value(name, (spec, need))
+        if stored.is_memcopyable_to(spec) and buf.lw >= need:
+            return buf, Binding(fn.name, input_name, "relocation", 0, 0, f"registered {name}")
+        proxy = TensorProxy(self, stored, buffer=buf, producer=f"registered {name}")
+        new_buf, binding = self._bind_proxy(fn, input_name, proxy, spec, need)
+        self.device.board.free(buf)
+        self._resident[name] = (new_buf, spec)
+        for handle in self._resident_proxies.get(name, ()):
+            handle._buffer, handle._spec, handle._cache = new_buf, spec, None
+        return new_buf, binding
+
+    def _adopt_resident(self, compiled: Compiled) -> dict[str, str]:
+        """Bind a program's device-resident inputs to this Context's registered tensors; a name not
+        registered here (a codegen_dir loaded without its model) is registered with the value the
+        artifact carries, so later loads that name it share the same device copy."""
+        for name, value in compiled.resident.items():
+            if name not in self._registered:
+                tensor = value.clone()
+                set_tensor_name(tensor, name)
+                self._register(tensor)
+        return {name: name for name in compiled.resident}
+
+    def synchronize(self) -> None:
+        """Write the device values of registered tensors back into the host tensors."""
+        self._check()
+        for name, (buf, spec) in self._resident.items():
+            value, stats = self.device.board.download(buf, spec.dtype, tuple(spec.shape))
+            self._record_transfer("download", f"registered {name}", stats)
+            with torch.no_grad():
+                self._registered[name].copy_(value)
+
+    def invalidate(self) -> None:
+        """Release every device buffer of this Context; its proxies and functions stop working."""
+        if self.invalidated or self.device.reference:
+            self.invalidated = True
+            return
+        board = self.device.board
+        for buf, _ in self._resident.values():
+            board.free(buf)
+        for loaded in self._loaded:
+            board.unload(loaded)
+        for proxy in list(self._buffers):
+            if proxy._buffer is not None:
+                board.free(proxy._buffer)
+        self._resident.clear()
+        self.invalidated = True
+        if Context._current is self:
+            Context._current = None
+
+    # ---- compiling ----------------------------------------------------------------------------
+
+    def compile(self, function: Callable, inputs: Any, codegen_dir: str | os.PathLike, options: dict | None = None,
+                cache_options: CacheOptions | None = None, training: bool = False,
+                io_spec_constraints: dict[str, IOSpec] | None = None, export_kwargs: dict | None = None,
+                num_compiler_threads: int = -1, quiet: bool = False, optimizers: Any = None) -> CompiledFunction:
+        """Compile `function(inputs) -> dict of tensors` for this Context's device.
+
+        `export_kwargs`, `num_compiler_threads`, `quiet` and `optimizers` are accepted as PFN's
+        examples pass them and do not change what mnsim builds."""
+        self._check()
+        if training:
+            raise CompileError("training=True graphs (backward and optimiser in one program) are not supported by "
+                               "mnsim yet; compile inference functions with training=False")
+        t0 = time.perf_counter()
+        opts = options_mod.check(options)
+        name = getattr(function, "__name__", "function")
+        if self.device.reference:
+            fn = self._reference_function(name, function, inputs)
+        else:
+            compiled = self._compile_cached(function, inputs, opts, io_spec_constraints or {}, cache_options)
+            if codegen_dir is not None:
+                artifact.save(compiled, os.fspath(codegen_dir))
+            fn = CompiledFunction(self, name, compiled, resident=self._adopt_resident(compiled))
+        self._functions.append(fn)
+        self.session.compiles.append((name, time.perf_counter() - t0))
+        trace.record_host(f"compile {name}", t0, "compile")
+        return fn
+
+    def _compile_cached(self, function: Callable, inputs: Any, opts: dict, constraints: dict,
+                        cache: CacheOptions | None) -> Compiled:
+        hw = self.device.hw
+        if cache is None or not cache.enable_app_cache:
+            return compile_function(function, inputs, hw, options=opts, constraints=constraints, resident=self._name_of)
+        graph = trace_graph(function, inputs)
+        key = _cache_key(graph, opts, constraints, hw.fingerprint, self._name_of)
+        where = Path(os.fspath(cache.cache_dir)) / key
+        if (where / "manifest.json").exists():
+            try:
+                return artifact.load(where, hw)
+            except CompileError:
+                shutil.rmtree(where, ignore_errors=True)  # a stale or broken entry is rebuilt
+        compiled = compile_function(function, inputs, hw, options=opts, constraints=constraints, resident=self._name_of)
+        artifact.save(compiled, where)
+        return compiled
+
+    def _reference_function(self, name: str, function: Callable, inputs: Any) -> CompiledFunction:
+        graph = trace_graph(function, inputs)
+        specs_in = {k: _host_spec(k, v) for k, v in graph.inputs.items()}
+        specs_out = {k: _host_spec(k, v) for k, v in graph.outputs.items()}
+        return CompiledFunction(self, name, None, reference=graph, specs=(specs_in, specs_out))
+
+    def compile_automap(self, function: Callable, args: tuple, kwargs: dict, codegen_dir: str | os.PathLike,
+                        options: dict | None = None, **compile_kwargs: Any) -> "AutomapFunction":
+        """Compile a function of positional and keyword pytrees; call it with the same signature."""
+        def packed(d: dict) -> Any:
+            result = function(*d["args"], **d["kwargs"])
+            return result if isinstance(result, dict) else {"result": result}
+        packed.__name__ = getattr(function, "__name__", "function")
+        fn = self.compile(packed, {"args": tuple(args), "kwargs": dict(kwargs)}, codegen_dir, options=options,
+                          **compile_kwargs)
+        single = not isinstance(function(*args, **kwargs), dict)
+        return AutomapFunction(fn, single)
+
+    def load_codegen_dir(self, codegen_dir: str | os.PathLike) -> CompiledFunction:
+        """A CompiledFunction from a codegen_dir written by compile (in this or another process)."""
+        self._check()
+        if self.device.reference:
+            raise MLSDKError("pfvm:cpu runs the traced Python function; a codegen_dir holds a device program")
+        compiled = artifact.load(os.fspath(codegen_dir), self.device.hw)
+        fn = CompiledFunction(self, Path(os.fspath(codegen_dir)).name, compiled, resident=self._adopt_resident(compiled))
+        self._functions.append(fn)
+        return fn
+
+    # ---- runtime helpers (used by CompiledFunction and TensorProxy) ---------------------------
+
+    def _alloc(self, spec: IOSpec, need: int = 0) -> DeviceBuffer:
+        return self.device.board.alloc(spec_placement(spec, self.device.hw), need)
+
+    def _own(self, proxy: TensorProxy) -> None:
+        """Free a proxy's buffer when the proxy is garbage (or when the Context is invalidated)."""
+        self._buffers.add(proxy)
+        weakref.finalize(proxy, self.device.board.free, proxy._buffer)
+
+    def _load(self, fn: CompiledFunction) -> Loaded:
+        loaded = self.device.board.load(fn.compiled)
+        for stats in loaded.load_stats:
+            self._record_transfer("load", f"constants of {fn.name}", stats)
+        self._loaded.append(loaded)
+        return loaded
+
+    def _record_transfer(self, kind: str, what: str, stats: Any, charge: bool = True) -> None:
+        if charge:
+            self.session.transfers.append(Transfer(kind, what, stats))
+        trace.record_run(f"{kind} {what}", stats, [])
+
+    def _download(self, proxy: TensorProxy) -> torch.Tensor:
+        value, stats = self.device.board.download(proxy._buffer, proxy.spec.dtype, tuple(proxy.shape))
+        self._record_transfer("download", proxy.producer or "proxy", stats)
+        return value
+
+    def _upload_into(self, proxy: TensorProxy, value: torch.Tensor) -> None:
+        stats = self.device.board.upload(proxy._buffer, value)
+        self._record_transfer("upload", proxy.producer or "proxy", stats)
+
+    def _conversion(self, src: IOSpec, dst: IOSpec) -> Conversion:
+        """The DRAM-to-DRAM program that re-lays `src` as `dst`, built once per spec pair."""
+        key = _pair_key(src, dst)
+        if key not in self._conversions:
+            self._conversions[key] = build_conversion(src, dst, self.device.hw)
+        return self._conversions[key]
+
+    def _estimate(self, kind: str, src: IOSpec, dst: IOSpec) -> int | None:
+        """Cycles a conversion, or a host round trip (download + upload), would take: what a
+        relocation saves. Only timed, never kept for running (a relocation builds no program)."""
+        key = (kind, *_pair_key(src, dst))
+        if key not in self._estimates:
+            machine: Machine = self.device.board.machine
+            board = self.device.board
+            try:
+                if kind == "conversion":
+                    conv = self._conversions.get(_pair_key(src, dst)) or build_conversion(src, dst, self.device.hw)
+                    cycles = machine.time(conv.program.code).total_cycles
+                else:
+                    down = board._transfer_program(spec_placement(src, self.device.hw), upload=False)
+                    up = board._transfer_program(spec_placement(dst, self.device.hw), upload=True)
+                    cycles = machine.time(down.code).total_cycles + machine.time(up.code).total_cycles
+            except CompileError:
+                cycles = None
+            self._estimates[key] = cycles
+        return self._estimates[key]
+
+    def _bind_proxy(self, fn: CompiledFunction, name: str, proxy: TensorProxy, spec: IOSpec,
+                    need: int) -> tuple[DeviceBuffer, Binding]:
+        proxy._check()
+        board = self.device.board
+        if proxy._buffer is None:  # a reference-run value: upload it
+            buf = self._alloc(spec, need)
+            stats = board.upload(buf, proxy.cpu())
+            return buf, Binding(fn.name, name, "upload", stats.total_cycles, spec.size_bytes)
+        if proxy._context.device is not self.device:
+            raise InputError(f"{fn.name}: input {name!r} is a proxy on {proxy._context.device.name}, not on "
+                             f"{self.device.name}")
+        conversion = self._estimate("conversion", proxy.spec, spec)
+        host = self._estimate("host", proxy.spec, spec)
+        if proxy.spec.is_memcopyable_to(spec) and proxy._buffer.lw >= need:
+            return proxy._buffer, Binding(fn.name, name, "relocation", 0, 0, proxy.producer, conversion, host)
+        if conversion is None:  # lanes would have to move: go through the host
+            buf = self._alloc(spec, need)
+            value, down = board.download(proxy._buffer, proxy.spec.dtype, tuple(proxy.shape))
+            up = board.upload(buf, value)
+            return buf, Binding(fn.name, name, "host", down.total_cycles + up.total_cycles, spec.size_bytes,
+                                proxy.producer, None, host)
+        conv = self._conversion(proxy.spec, spec)
+        buf = board.alloc(spec_placement(spec, self.device.hw), max(need, conv.dst_lw))
+        stats = board.machine.run(conv.program, bases={"src": proxy._buffer.address, "dst": buf.address})
+        trace.record_run(f"convert {proxy.producer} -> {fn.name}.{name}", stats, conv.program.labels)
+        advice = None
+        if proxy.producer and "." in proxy.producer and not proxy.producer.startswith("registered"):
+            producer_fn, output = proxy.producer.split(".", 1)
+            advice = (f"compile {producer_fn} with io_spec_constraints={{{output!r}: "
+                      f"{fn.name}.input_specs[{name!r}]}} to relocate instead and save {stats.total_cycles} cycles")
+        return buf, Binding(fn.name, name, "conversion", stats.total_cycles, spec.size_bytes, proxy.producer,
+                            stats.total_cycles, host, advice)
+
+
+class AutomapFunction:
+    """A compile_automap result: called with the original positional and keyword arguments."""
+
+    def __init__(self, fn: CompiledFunction, single: bool) -> None:
+        self._fn, self._single = fn, single
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._fn({"args": tuple(args), "kwargs": dict(kwargs)})
+        return out["result"] if self._single else out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fn, name)
+
+
+def _host_spec(name: str, v: Any) -> IOSpec:
+    """IOSpecs of a reference (pfvm:cpu) function: host tensors, row-major."""
+    shape = tuple(v.shape)
+    dtype = v.dtype if isinstance(v.dtype, str) else str(v.dtype).replace("torch.", "")
+    layout = Layout.of([[Factor(s, None, 1)] for s in shape] or [[Factor(1, None, 1)]], shape or (1,))
+    size = math.prod(shape) * TORCH_DTYPES[dtype].itemsize
+    return IOSpec(name, shape, dtype, "host", layout, size, "pfvm", "pfvm")
+
+
+def _default_spec(name: str, tensor: torch.Tensor, hw: Any) -> IOSpec:
+    from compiler.layout import Placement
+    from compiler.layout.candidates import candidates
+    dtype = str(tensor.dtype).replace("torch.", "")
+    device_dtype = {"bool": "float32"}.get(dtype, dtype)
+    layout = candidates(tuple(tensor.shape) or (1,), device_dtype, hw, "DRAM")[0].layout
+    p = Placement(layout, hw, "DRAM", device_dtype)
+    return IOSpec(name, tuple(tensor.shape), dtype, "DRAM", layout,
+                  p.footprint_lw * hw.long_word_bytes * len(p.instances_used), hw.name, hw.fingerprint)
+
+
+def _pair_key(src: IOSpec, dst: IOSpec) -> tuple[str, str]:
+    return json.dumps(src.to_json(), sort_keys=True), json.dumps(dst.to_json(), sort_keys=True)
+
+
+def _cache_key(graph: Any, opts: dict, constraints: dict, fingerprint: str, resident: Callable) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps([fingerprint, opts, sorted((k, v.to_json()) for k, v in constraints.items())],
+                        sort_keys=True, default=str).encode())
+    for name, v in graph.inputs.items():
+        h.update(f"in {name} {v.shape} {v.dtype}".encode())
+    for n in graph.nodes:
+        h.update(f"{n.op} {n.args} {n.kwargs}".encode())
+    for c in graph.constants:
+        h.update(f"const {c.shape} {c.dtype} {resident(c.origin)}".encode())
+        if resident(c.origin) is None:
+            h.update(c.data.detach().cpu().contiguous().numpy().tobytes())
+    for name, v in graph.outputs.items():
+        h.update(f"out {name} {v.name}".encode())
+    return h.hexdigest()[:24]
+

@@ -1,0 +1,73 @@
+"""`MNDevice(name)`: which (simulated) chip a Context runs on.
+
+    "mncore2:auto", "mncore2:0" .. "mncore2:7", "emu2"   the simulated MN-Core 2
+    "<chip>", "<chip>:auto", "<chip>:<n>"                 any hardware description (mini, mncore2_fastdram, ...)
+    "path/to/chip.yaml" (optionally ":auto" / ":<n>")     a description file
+    "pfvm:cpu"                                            the traced graph run by torch on the CPU (no cycles)
+"""
+
+from __future__ import annotations
+
+import os
+
+import hwdesc
+from compiler.device import Device
+from hwdesc import HwDesc, HwDescError
+
+BOARDS = 8  # mncore2:0 .. mncore2:7, as gpfn3-smi lists them on an 8-board server
+
+
+class MNDevice:
+    def __init__(self, device_name: str) -> None:
+        if not isinstance(device_name, str):
+            raise TypeError(f"MNDevice takes a device name string, got {type(device_name).__name__}")
+        self.name = device_name
+        self.reference, self.hw, self.index = _parse(device_name)
+        self._board: Device | None = None
+
+    @property
+    def board(self) -> Device:
+        """The simulated chip (created on first use)."""
+        if self.reference:
+            raise RuntimeError(f"{self.name} runs graphs with torch on the CPU; it has no simulated chip")
+        if self._board is None:
+            self._board = Device(self.hw)
+        return self._board
+
+    @property
+    def chip(self) -> str:
+        return "pfvm" if self.reference else self.hw.name
+
+    def __repr__(self) -> str:
+        return f"MNDevice({self.name!r})"
+
+
+def _forms() -> str:
+    return ("accepted device names: 'mncore2:auto', 'mncore2:0'..'mncore2:7', 'emu2', '<chip>', '<chip>:auto' or '<chip>:<n>' "
+            f"for a hardware description, a path to a .yaml file, 'pfvm:cpu'; known chips: {', '.join(hwdesc.names())}")
+
+
+def _parse(name: str) -> tuple[bool, HwDesc | None, int | None]:
+    if name == "pfvm:cpu":
+        return True, None, None
+    if name.startswith("pfvm:"):
+        raise ValueError(f"{name!r}: this machine has no GPU; use 'pfvm:cpu' for reference runs. {_forms()}")
+    if name == "emu2":
+        return False, hwdesc.load("mncore2"), 0
+    chip, _, index = name.rpartition(":") if ":" in name else (name, "", "")
+    if not chip:
+        chip, index = name, ""
+    if index not in ("", "auto") and not index.isdigit():
+        chip, index = name, ""
+    if chip.endswith((".yaml", ".yml")) or os.sep in chip:
+        if not os.path.isfile(chip):
+            raise ValueError(f"no hardware description file {chip!r}. {_forms()}")
+    elif chip not in hwdesc.names():
+        raise ValueError(f"unknown device {name!r}. {_forms()}")
+    n = None if index in ("", "auto") else int(index)
+    if chip == "mncore2" and n is not None and n >= BOARDS:
+        raise ValueError(f"{name!r}: boards are numbered 0..{BOARDS - 1}. {_forms()}")
+    try:
+        return False, hwdesc.load(chip), n
+    except HwDescError as e:
+        raise ValueError(f"device {name!r}: {e}") from None

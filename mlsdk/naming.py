@@ -1,0 +1,37 @@
+"""Tensor names: how a Context tells the parameters of different models apart.
+
+MLSDK names parameters with `set_tensor_name_in_module(model, "model")` (names like
+"model@linear@weight") before registering them; the name travels with the tensor object.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+_names = WeakIdKeyDictionary()  # by identity: tensors compare by value
+
+
+def set_tensor_name(tensor: torch.Tensor, name: str) -> None:
+    _names[tensor] = name
+
+
+def get_tensor_name(tensor: torch.Tensor) -> str | None:
+    return _names.get(tensor)
+
+
+def set_tensor_name_in_module(module: torch.nn.Module, prefix: str) -> None:
+    """Name every parameter and buffer `prefix@path@to@tensor`."""
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        set_tensor_name(t, f"{prefix}@{name.replace('.', '@')}")
+
+
+def set_buffer_name_in_optimizer(optimizer: torch.optim.Optimizer, prefix: str) -> None:
+    """Name every state tensor of an optimizer `prefix@<param index>@<state key>` (for
+    `Context.register_optimizer_buffers`)."""
+    index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+    for param, state in optimizer.state.items():
+        for key, t in state.items():
+            if isinstance(t, torch.Tensor):
+                set_tensor_name(t, f"{prefix}@{index[id(param)]}@{key}")
+    optimizer._mnsim_name = prefix  # type: ignore[attr-defined]

@@ -1,0 +1,38 @@
+"""Compile options: the MLSDK names, which mnsim uses and which it accepts and ignores."""
+
+from __future__ import annotations
+
+import warnings
+
+# option -> what mnsim does with it
+USED = {
+    "float_dtype": "float keeps float32; mixed runs matrix products in half (1-6-9) with float32 accumulation",
+}
+IGNORED = {
+    "option_json": "preset of PFN's codegen (O0..O4, debug); mnsim has one planner",
+    "envs": "CODEGEN_* environment variables of PFN's codegen",
+    "scheduler": "PFN's recompute/spill scheduler",
+    "layout_spec": "layout overrides per op type (mnsim plans layouts itself; constrain IO with io_spec_constraints)",
+    "gemm_layout_spec": "GEMM layout overrides",
+    "backprop": "legacy torch.onnx training path",
+    "layout_planner": "PFN's layout planner choice",
+    "simulation_mode": "PFN's node-simulation fidelity",
+    "sram_budget": "fraction of LM the planner may use",
+    "sa_expected_run_iters": "simulated-annealing budget of PFN's scheduler",
+    "out_onnx": "dump of the exported ONNX",
+    "num_threads": "compiler threads",
+}
+FLOAT_DTYPES = ("float", "mixed")
+
+
+def check(options: dict | None) -> dict:
+    """Validated options: unknown keys warn (listing the known ones), bad values raise."""
+    options = dict(options or {})
+    unknown = [k for k in options if k not in USED and k not in IGNORED]
+    if unknown:
+        warnings.warn(f"unknown compile option(s) {', '.join(map(repr, unknown))} ignored; known options: "
+                      f"{', '.join([*USED, *IGNORED])}", stacklevel=3)
+    dtype = options.get("float_dtype", "float")
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"options['float_dtype'] is {dtype!r}; expected one of {', '.join(FLOAT_DTYPES)}")
+    return {"float_dtype": dtype}

@@ -1,0 +1,199 @@
+"""CacheOptions, compile_automap, load_codegen_dir (also in a fresh process), trace files and
+the pfvm:cpu reference device."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from typing import NamedTuple
+
+import pytest
+import torch
+
+import compiler.compile as compile_module
+from compiler.artifact import ArtifactError
+from mlsdk import (CacheOptions, Context, MNDevice, TensorProxy, register_pytree_dataclass,
+                   register_pytree_namedtuple, storage, trace_event, trace_scope)
+
+Dict = dict[str, torch.Tensor]
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def scale(d: Dict) -> Dict:
+    return {"y": d["x"] * 3}
+
+
+@pytest.fixture
+def ctx() -> Context:
+    return Context(MNDevice("mini:auto"))
+
+
+@pytest.fixture
+def count_compiles(monkeypatch):
+    calls = []
+    real = compile_module.compile_graph
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(compile_module, "compile_graph", counting)
+    return calls
+
+
+def test_cache_options_reuse_an_unchanged_compile(ctx, tmp_path, count_compiles):
+    cache = CacheOptions(str(tmp_path / "cache"), enable_app_cache=True, enable_onnx_cache=True,
+                         enable_codegen_cache=True, enable_gpfn2obj_cache=True)
+    x = torch.randn(4, 8)
+    first = ctx.compile(scale, {"x": x}, tmp_path / "a", cache_options=cache)
+    second = ctx.compile(scale, {"x": x}, tmp_path / "b", cache_options=cache)
+    assert len(count_compiles) == 1
+    assert torch.equal(second({"x": x})["y"].cpu(), x * 3)
+    assert second.input_specs == first.input_specs
+    # any change of function, input shape, options or chip compiles again
+    ctx.compile(lambda d: {"y": d["x"] * 4}, {"x": x}, tmp_path / "c", cache_options=cache)
+    ctx.compile(scale, {"x": torch.randn(4, 16)}, tmp_path / "d", cache_options=cache)
+    ctx.compile(scale, {"x": x}, tmp_path / "e", cache_options=cache, options={"float_dtype": "mixed"})
+    Context(MNDevice("mncore2_2groups:auto")).compile(scale, {"x": x}, tmp_path / "f", cache_options=cache)
+    assert len(count_compiles) == 5
+    ctx.compile(scale, {"x": x}, tmp_path / "g", cache_options=CacheOptions(str(tmp_path / "cache"),
+                                                                             enable_app_cache=False))
+    assert len(count_compiles) == 6
+
+
+def test_a_broken_cache_entry_is_rebuilt(ctx, tmp_path, count_compiles):
+    cache = CacheOptions(str(tmp_path / "cache"))
+    ctx.compile(scale, {"x": torch.zeros(2, 2)}, tmp_path / "a", cache_options=cache)
+    (entry,) = (tmp_path / "cache").iterdir()
+    (entry / "program.npz").write_bytes(b"garbage")
+    fn = ctx.compile(scale, {"x": torch.zeros(2, 2)}, tmp_path / "b", cache_options=cache)
+    assert len(count_compiles) == 2
+    assert torch.equal(fn({"x": torch.ones(2, 2)})["y"].cpu(), torch.full((2, 2), 3.0))
+
+
+@register_pytree_namedtuple
+class Pair(NamedTuple):
+    left: torch.Tensor
+    right: torch.Tensor
+
+
+@register_pytree_dataclass
+@dataclasses.dataclass
+class Scaled:
+    value: torch.Tensor
+    factor: torch.Tensor
+
+
+def test_compile_automap_takes_the_original_signature(ctx, tmp_path):
+    def combine(pair: Pair, items: list, *, scaled: Scaled) -> torch.Tensor:
+        return pair.left - pair.right + items[0] + scaled.value * scaled.factor
+
+    a, b, c, v, f = (torch.randn(4, 8) for _ in range(5))
+    fn = ctx.compile_automap(combine, (Pair(a, b), [c]), {"scaled": Scaled(v, f)}, tmp_path / "auto")
+    out = fn(Pair(a, b), [c], scaled=Scaled(v, f))
+    assert isinstance(out, TensorProxy), "a single-tensor result comes back as one proxy"
+    assert torch.allclose(out.cpu(), a - b + c + v * f, atol=1e-6)
+
+    def two(x: torch.Tensor) -> Dict:
+        return {"double": x * 2, "half": x / 2}
+    fn2 = ctx.compile_automap(two, (a,), {}, tmp_path / "two")
+    out2 = fn2(a)
+    assert set(out2) == {"double", "half"} and torch.allclose(out2["half"].cpu(), a / 2)
+
+
+def test_pytree_registration_rejects_other_types():
+    with pytest.raises(TypeError, match="@dataclass"):
+        register_pytree_dataclass(int)
+    with pytest.raises(TypeError, match="NamedTuple"):
+        register_pytree_namedtuple(tuple)
+
+
+def test_load_codegen_dir_in_this_process(ctx, tmp_path):
+    x = torch.randn(4, 8)
+    compiled = ctx.compile(scale, {"x": x}, storage.path(str(tmp_path)) / "scale")
+    loaded = ctx.load_codegen_dir(storage.path(str(tmp_path)) / "scale")
+    assert loaded.input_specs == compiled.input_specs and loaded.output_specs == compiled.output_specs
+    assert torch.equal(loaded({"x": x})["y"].cpu(), x * 3)
+
+
+LOADER = """
+import sys, torch
+from mlsdk import Context, MNDevice, storage
+ctx = Context(MNDevice("mini:auto"))
+fn = ctx.load_codegen_dir(storage.path(sys.argv[1]))
+x = torch.arange(12.0).reshape(3, 4)
+print(sorted(fn.input_specs))
+print(fn({"x": x})["y"].cpu().tolist())
+"""
+
+
+def test_load_codegen_dir_in_a_fresh_process_without_the_model(ctx, tmp_path):
+    """The artifact carries the registered weights, so a loader need not register the model."""
+    torch.manual_seed(1)
+    model = torch.nn.Linear(4, 2)
+    ctx.registry.register("model", model)
+    ctx.compile(lambda d: {"y": model(d["x"])}, {"x": torch.zeros(3, 4)}, tmp_path / "linear")
+    run = subprocess.run([sys.executable, "-c", LOADER, str(tmp_path / "linear")], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stderr
+    names, values = run.stdout.strip().splitlines()[-2:]
+    assert names == "['x']"
+    expected = model(torch.arange(12.0).reshape(3, 4)).detach()
+    assert torch.allclose(torch.tensor(json.loads(values)), expected, atol=1e-5)
+
+
+def test_load_codegen_dir_errors(ctx, tmp_path):
+    with pytest.raises(ArtifactError, match=f"no codegen_dir at {tmp_path / 'missing'}"):
+        ctx.load_codegen_dir(storage.path(str(tmp_path / "missing")))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ArtifactError, match="not a complete mnsim codegen_dir"):
+        ctx.load_codegen_dir(tmp_path / "empty")
+    Context(MNDevice("mncore2_2groups:auto")).compile(scale, {"x": torch.zeros(2, 2)}, tmp_path / "other")
+    with pytest.raises(ArtifactError, match="compiled for chip 'mncore2_2groups'; the device is 'mini'"):
+        ctx.load_codegen_dir(tmp_path / "other")
+    # the context is still usable
+    fn = ctx.compile(scale, {"x": torch.zeros(2, 2)}, tmp_path / "ok")
+    assert torch.equal(fn({"x": torch.ones(2, 2)})["y"].cpu(), torch.full((2, 2), 3.0))
+
+
+def test_trace_scope_writes_host_and_device_tracks(ctx, tmp_path):
+    path = tmp_path / "trace.json"
+    with trace_scope(str(path)):
+        fn = ctx.compile(scale, {"x": torch.zeros(2, 2)}, tmp_path / "s")
+        with trace_event("my step"):
+            fn({"x": torch.ones(2, 2)})["y"].cpu()
+    events = json.loads(path.read_text())["traceEvents"]
+    host = {e["name"] for e in events if e.get("pid") == 1 and e["ph"] == "X"}
+    assert {"compile scale", "call scale", "my step"} <= host
+    tracks = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"host link", "Data Engine 0", "PE stream", "runs"} <= tracks
+    device_runs = [e for e in events if e.get("pid") == 2 and e.get("cat") == "run"]
+    assert [e["name"] for e in device_runs] == ["upload scale.x", "scale", "download scale.y"]
+    call = ctx.session.calls[-1]
+    assert device_runs[1]["dur"] == pytest.approx(call.stats.total_cycles / (call.stats.clock_hz / 1e6))
+    ends = [e["ts"] + e["dur"] for e in device_runs]
+    starts = [e["ts"] for e in device_runs]
+    assert all(s >= prev - 1e-9 for s, prev in zip(starts[1:], ends)), "device runs follow one another"
+
+
+def test_trace_scope_none_disables_tracing(ctx, tmp_path):
+    with trace_scope(None):
+        with trace_event("nothing"):
+            ctx.compile(scale, {"x": torch.zeros(2, 2)}, tmp_path / "s")
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_pfvm_cpu_runs_the_traced_graph_with_torch(tmp_path):
+    ctx = Context(MNDevice("pfvm:cpu"))
+    fn = ctx.compile(scale, {"x": torch.zeros(2, 3)}, tmp_path / "s")
+    x = torch.randn(2, 3)
+    out = fn({"x": x})["y"]
+    assert torch.equal(out.cpu(), x * 3)
+    assert fn.input_specs["x"].location == "host"
+    assert ctx.session.calls == [], "reference runs have no cycles"
+    again = fn({"x": out})["y"]  # reference proxies chain too
+    assert torch.allclose(again.cpu(), x * 9)
+    with pytest.raises(Exception, match="pfvm:cpu runs the traced Python function"):
+        ctx.load_codegen_dir(tmp_path / "s")

@@ -1,0 +1,108 @@
+"""MNDevice name forms, storage paths, tensor names and compile options."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+
+import hwdesc
+from mlsdk import (MNDevice, get_tensor_name, set_buffer_name_in_optimizer, set_tensor_name,
+                   set_tensor_name_in_module, storage)
+from mlsdk import options as options_mod
+
+
+@pytest.mark.parametrize("name, chip, index", [
+    ("mncore2:auto", "mncore2", None), ("mncore2:0", "mncore2", 0), ("mncore2:7", "mncore2", 7),
+    ("emu2", "mncore2", 0), ("mini:auto", "mini", None), ("mncore2_fastdram:1", "mncore2_fastdram", 1),
+    ("mini", "mini", None),
+])
+def test_device_names_select_a_chip(name, chip, index):
+    device = MNDevice(name)
+    assert (device.reference, device.chip, device.index) == (False, chip, index)
+    assert device.hw.name == chip
+
+
+def test_a_yaml_path_selects_that_description(tmp_path):
+    path = os.path.join(os.path.dirname(hwdesc.__file__), "mini.yaml")
+    assert MNDevice(path).chip == "mini"
+    assert MNDevice(f"{path}:auto").chip == "mini"
+
+
+def test_pfvm_cpu_is_the_reference_device():
+    device = MNDevice("pfvm:cpu")
+    assert device.reference and device.chip == "pfvm"
+    with pytest.raises(RuntimeError, match="no simulated chip"):
+        device.board
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("mncore3:auto", "unknown device 'mncore3:auto'"),
+    ("mncore2:8", "boards are numbered 0..7"),
+    ("pfvm:cuda", "no GPU"),
+    ("/nowhere/chip.yaml", "no hardware description file"),
+])
+def test_unknown_device_names_list_the_accepted_forms(name, fragment):
+    with pytest.raises(ValueError) as err:
+        MNDevice(name)
+    message = str(err.value)
+    assert fragment in message
+    assert "'mncore2:auto'" in message and "'pfvm:cpu'" in message
+    assert all(chip in message for chip in hwdesc.names())
+
+
+def test_device_name_must_be_a_string():
+    with pytest.raises(TypeError, match="device name string"):
+        MNDevice(0)
+
+
+def test_storage_path_joins_and_is_path_like(tmp_path):
+    base = storage.path(str(tmp_path))
+    joined = base / "step" / "x.pt"
+    assert os.fspath(joined) == str(tmp_path / "step" / "x.pt")
+    assert isinstance(joined, os.PathLike) and joined == str(tmp_path / "step" / "x.pt")
+    os.makedirs(base / "step")
+    torch.save(torch.ones(2), joined)
+    assert torch.equal(torch.load(joined), torch.ones(2))
+
+
+def test_tensor_names_follow_the_tensor_object():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+    set_tensor_name_in_module(model, "model")
+    assert get_tensor_name(model[0].weight) == "model@0@weight"
+    assert get_tensor_name(model[1].running_mean) == "model@1@running_mean"
+    # names are kept by identity: an equal tensor is not named
+    assert get_tensor_name(model[0].weight.detach().clone()) is None
+    t = torch.zeros(3)
+    set_tensor_name(t, "counter")
+    assert get_tensor_name(t) == "counter"
+
+
+def test_optimizer_buffers_are_named_by_parameter_index():
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    set_buffer_name_in_optimizer(opt, "optim0")
+    names = sorted(get_tensor_name(s["momentum_buffer"]) for s in opt.state.values())
+    assert names == ["optim0@0@momentum_buffer", "optim0@1@momentum_buffer"]
+
+
+def test_options_unknown_keys_warn_and_list_the_known_ones():
+    with pytest.warns(UserWarning, match=r"unknown compile option\(s\) 'fast_math'.*known options: float_dtype"):
+        assert options_mod.check({"fast_math": True}) == {"float_dtype": "float"}
+
+
+def test_options_documented_keys_are_accepted_silently():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        checked = options_mod.check({"float_dtype": "mixed", "option_json": "O1.json", "envs": {}, "scheduler": "x",
+                                     "layout_spec": "a.json", "gemm_layout_spec": "b.json"})
+    assert checked == {"float_dtype": "mixed"}
+
+
+def test_options_bad_float_dtype_raises():
+    with pytest.raises(ValueError, match="float_dtype.*'double'.*float, mixed"):
+        options_mod.check({"float_dtype": "double"})

@@ -1,0 +1,238 @@
+"""Context, CompiledFunction and TensorProxy on the simulated `mini` chip: values against torch,
+how each input is bound (upload, relocation, conversion) and what it costs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compiler.errors import CompileError
+from mlsdk import CompiledFunction, Context, IOSpec, MNDevice, TensorProxy, storage
+from mlsdk.errors import InputError
+
+Dict = dict[str, torch.Tensor]
+
+
+def producer(d: Dict) -> Dict:
+    return {"shared": d["x"] * 2}
+
+
+def consumer(d: Dict) -> Dict:
+    return {"result": d["shared"] + 1}
+
+
+def scores(d: Dict) -> Dict:
+    return {"scores": d["q"] @ d["k"].T}
+
+
+def softmax_rows(d: Dict) -> Dict:
+    return {"probs": torch.softmax(d["scores"], dim=-1)}
+
+
+@pytest.fixture
+def ctx() -> Context:
+    return Context(MNDevice("mini:auto"))
+
+
+def test_compile_and_call_match_torch(ctx, tmp_path):
+    x = torch.randn(32, 64)
+    fn = ctx.compile(producer, {"x": x}, storage.path(str(tmp_path)) / "p", options={"float_dtype": "float"},
+                     training=False, export_kwargs={"use_fx2onnx": True}, num_compiler_threads=-1, quiet=True)
+    assert isinstance(fn, CompiledFunction)
+    assert set(fn.input_specs) == {"x"} and set(fn.output_specs) == {"shared"}
+    spec = fn.input_specs["x"]
+    assert isinstance(spec, IOSpec) and spec.shape == (32, 64) and spec.dtype == "float32" and spec.location == "DRAM"
+    out = fn({"x": x})
+    assert isinstance(out["shared"], TensorProxy)
+    assert torch.equal(out["shared"].cpu(), x * 2)
+    assert (tmp_path / "p" / "manifest.json").exists()
+    call = ctx.session.calls[-1]
+    assert call.function == "producer" and call.stats.total_cycles > 0
+    assert [(b.input, b.path) for b in call.bindings] == [("x", "upload")]
+    assert call.bindings[0].cycles > 0 and call.bindings[0].bytes == spec.size_bytes
+
+
+def test_switch_context_makes_a_context_current(ctx):
+    other = Context(MNDevice("mini:0"))
+    Context.switch_context(ctx)
+    assert Context.current() is ctx
+    Context.switch_context(other)
+    assert Context.current() is other
+
+
+def test_constrained_chain_relocates(ctx, tmp_path):
+    sample = torch.randn(32, 64)
+    c = ctx.compile(consumer, {"shared": sample}, tmp_path / "c")
+    p = ctx.compile(producer, {"x": sample}, tmp_path / "p", io_spec_constraints={"shared": c.input_specs["shared"]})
+    assert p.output_specs["shared"].is_memcopyable_to(c.input_specs["shared"])
+    mid = p({"x": sample})
+    result = c(mid)["result"].cpu()
+    assert torch.allclose(result, sample * 2 + 1)
+    binding = ctx.session.calls[-1].bindings[0]
+    assert (binding.path, binding.cycles, binding.bytes, binding.producer) == ("relocation", 0, 0, "producer.shared")
+    assert not ctx._conversions, "a relocation must not build a conversion program"
+
+
+def test_unconstrained_chain_converts_with_the_same_values(ctx, tmp_path):
+    q, k = torch.randn(16, 8), torch.randn(32, 8)
+    p = ctx.compile(scores, {"q": q, "k": k}, tmp_path / "p")
+    c = ctx.compile(softmax_rows, {"scores": q @ k.T}, tmp_path / "c")
+    assert not p.output_specs["scores"].is_memcopyable_to(c.input_specs["scores"])
+    expected = torch.softmax(q @ k.T, dim=-1)
+    for _ in range(2):
+        probs = c(p({"q": q, "k": k}))["probs"].cpu()
+        assert torch.allclose(probs, expected, atol=1e-5)
+    conversions = [b for b in ctx.session.bindings if b.path == "conversion"]
+    assert len(conversions) == 2 and all(b.cycles > 0 for b in conversions)
+    assert conversions[0].cycles == conversions[1].cycles == conversions[0].conversion_cycles
+    assert conversions[0].host_cycles > 0
+    assert "io_spec_constraints={'scores': softmax_rows.input_specs['scores']}" in conversions[0].advice
+    assert len(ctx._conversions) == 1, "the conversion program is built once per spec pair"
+
+
+def test_mixed_tensors_and_proxies(ctx, tmp_path):
+    def add(d: Dict) -> Dict:
+        return {"out": d["a"] + d["b"]}
+    a, b = torch.randn(8, 16), torch.randn(8, 16)
+    fn = ctx.compile(add, {"a": a, "b": b}, tmp_path / "add")
+    first = fn({"a": a, "b": b})["out"]
+    second = fn({"a": first, "b": b})["out"]  # a proxy (relocated) and a tensor (uploaded)
+    assert torch.allclose(second.cpu(), a + 2 * b, atol=1e-6)
+    assert [b.path for b in ctx.session.calls[-1].bindings] == ["relocation", "upload"]
+
+
+def test_allocate_input_proxy_and_load_from(ctx, tmp_path):
+    fn = ctx.compile(consumer, {"shared": torch.zeros(4, 8)}, tmp_path / "c")
+    proxies = fn.allocate_input_proxy()
+    assert set(proxies) == {"shared"} and proxies["shared"].shape == torch.Size([4, 8])
+    proxies["shared"].load_from(torch.full((4, 8), 5.0), clone=False)
+    assert torch.equal(fn(proxies)["result"].cpu(), torch.full((4, 8), 6.0))
+    assert ctx.session.calls[-1].bindings[0].path == "relocation"
+    proxies["shared"].load_from(fn(proxies)["result"])  # from another proxy
+    assert torch.equal(proxies["shared"].cpu(), torch.full((4, 8), 6.0))
+    with pytest.raises(InputError, match=r"source has shape \[2\], this proxy \[4, 8\]"):
+        proxies["shared"].load_from(torch.zeros(2))
+
+
+def test_tensor_proxy_behaves_like_its_host_value(ctx, tmp_path):
+    fn = ctx.compile(producer, {"x": torch.zeros(2, 3)}, tmp_path / "p")
+    x = torch.arange(6.0).reshape(2, 3)
+    proxy = fn({"x": x})["shared"]
+    host = x * 2
+    assert proxy.shape == (2, 3) and proxy.dtype == torch.float32 and proxy.ndim == 2 and proxy.numel() == 6
+    assert torch.equal(torch.cat([proxy, proxy]), torch.cat([host, host]))
+    assert torch.equal(proxy + 1, host + 1) and torch.equal(1 - proxy, 1 - host)
+    assert [torch.equal(a, b) for a, b in zip(proxy.split(1, dim=0), host.split(1, dim=0))] == [True, True]
+    assert torch.equal(proxy[1], host[1]) and torch.equal(proxy.sum(), host.sum())
+    assert proxy[1, 2].item() == 10.0
+    with pytest.raises(AttributeError, match="no 'device' attribute"):
+        proxy.device
+    downloads = [t for t in ctx.session.transfers if t.kind == "download"]
+    assert len(downloads) == 1 and downloads[0].stats.total_cycles > 0, "cpu() downloads once and counts it"
+
+
+def test_registered_module_stays_on_the_device(ctx, tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    ctx.registry.register("model", model)
+    fn = ctx.compile(lambda d: {"y": model(d["x"])}, {"x": torch.zeros(2, 8)}, tmp_path / "m")
+    assert set(fn.input_specs) == {"x"}, "registered parameters are not call inputs"
+    x = torch.randn(2, 8)
+    for _ in range(2):
+        assert torch.allclose(fn({"x": x})["y"].cpu(), model(x).detach(), atol=1e-5)
+    uploads = [t.what for t in ctx.session.transfers if t.kind == "upload"]
+    assert sorted(uploads) == ["registered model@bias", "registered model@weight"], "weights upload once"
+    paths = {b.input: b.path for b in ctx.session.calls[-1].bindings}
+    assert paths == {"x": "upload", "model@weight": "relocation", "model@bias": "relocation"}
+
+
+def test_registered_value_proxy_load_from_and_synchronize(ctx, tmp_path):
+    model = torch.nn.Linear(4, 4, bias=False)
+    torch.nn.init.constant_(model.weight, 1.0)
+    from mlsdk import set_tensor_name_in_module
+    set_tensor_name_in_module(model, "lin")
+    ctx.register_param(model.weight)
+    fn = ctx.compile(lambda d: {"y": model(d["x"])}, {"x": torch.ones(2, 4)}, tmp_path / "m")
+    proxy = ctx.get_registered_value_proxy(model.weight)
+    assert torch.equal(proxy.cpu(), torch.ones(4, 4))
+    proxy.load_from(torch.full((4, 4), 3.0))
+    assert torch.equal(fn({"x": torch.ones(2, 4)})["y"].cpu(), torch.full((2, 4), 12.0))
+    assert torch.equal(model.weight.detach(), torch.ones(4, 4)), "the host copy changes only at synchronize"
+    ctx.synchronize()
+    assert torch.equal(model.weight.detach(), torch.full((4, 4), 3.0))
+
+
+def test_registration_errors(ctx):
+    with pytest.raises(Exception, match="name a tensor before registering"):
+        ctx.register_param(torch.nn.Parameter(torch.zeros(2)))
+    from mlsdk import set_tensor_name
+    a, b = torch.zeros(2), torch.zeros(2)
+    set_tensor_name(a, "w")
+    set_tensor_name(b, "w")
+    ctx.register_buffer(a)
+    with pytest.raises(Exception, match="already registered as 'w'"):
+        ctx.register_buffer(b)
+    with pytest.raises(Exception, match="not registered"):
+        ctx.get_registered_value_proxy(torch.zeros(1))
+    with pytest.raises(TypeError, match="nn.Module or an optimizer"):
+        ctx.registry.register("x", 3)
+
+
+def test_two_models_in_one_context_keep_their_weights_apart(ctx, tmp_path):
+    models = {}
+    for prefix, value in (("m0", 1.0), ("m1", 2.0)):
+        m = torch.nn.Linear(4, 4, bias=False)
+        torch.nn.init.constant_(m.weight, value)
+        ctx.registry.register(prefix, m)
+        models[prefix] = m
+    f0 = ctx.compile(lambda d: {"y": models["m0"](d["x"])}, {"x": torch.ones(1, 4)}, tmp_path / "0")
+    f1 = ctx.compile(lambda d: {"y": models["m1"](d["x"])}, {"x": torch.ones(1, 4)}, tmp_path / "1")
+    assert torch.equal(f0({"x": torch.ones(1, 4)})["y"].cpu(), torch.full((1, 4), 4.0))
+    assert torch.equal(f1({"x": torch.ones(1, 4)})["y"].cpu(), torch.full((1, 4), 8.0))
+
+
+def test_input_errors_name_the_key_and_leave_the_context_usable(ctx, tmp_path):
+    fn = ctx.compile(producer, {"x": torch.zeros(4, 8)}, tmp_path / "p")
+    with pytest.raises(InputError, match=r"producer: missing 'x'; it takes 'x'"):
+        fn({})
+    with pytest.raises(InputError, match=r"unexpected 'y'"):
+        fn({"x": torch.zeros(4, 8), "y": torch.zeros(1)})
+    with pytest.raises(InputError, match=r"input 'x' is float32\[4, 9\]; expected float32\[4, 8\] \(IOSpec\(x: "):
+        fn({"x": torch.zeros(4, 9)})
+    with pytest.raises(InputError, match=r"input 'x' is float16\[4, 8\]; expected float32\[4, 8\]"):
+        fn({"x": torch.zeros(4, 8, dtype=torch.float16)})
+    with pytest.raises(InputError, match=r"input 'x' is a float; expected a tensor or a TensorProxy"):
+        fn({"x": 1.0})
+    with pytest.raises(InputError, match=r"missing 'x'; unexpected 'x.0'"):
+        fn({"x": [torch.zeros(4, 8)]})
+    assert isinstance(InputError("x"), ValueError)
+    assert torch.equal(fn({"x": torch.ones(4, 8)})["shared"].cpu(), torch.full((4, 8), 2.0))
+
+
+def test_invalidate_stops_proxies_and_functions(ctx, tmp_path):
+    from mlsdk.errors import InvalidatedError
+    fn = ctx.compile(producer, {"x": torch.zeros(2, 2)}, tmp_path / "p")
+    proxy = fn({"x": torch.ones(2, 2)})["shared"]
+    board = ctx.device.board
+    ctx.invalidate()
+    assert board.allocated_lw() == 0, "invalidate releases every device buffer"
+    for action in (proxy.cpu, lambda: fn({"x": torch.ones(2, 2)}),
+                   lambda: ctx.compile(producer, {"x": torch.zeros(2, 2)}, tmp_path / "q")):
+        with pytest.raises(InvalidatedError, match="invalidated"):
+            action()
+    fresh = Context(ctx.device)  # the device itself stays usable
+    again = fresh.compile(producer, {"x": torch.zeros(2, 2)}, tmp_path / "r")
+    assert torch.equal(again({"x": torch.ones(2, 2)})["shared"].cpu(), torch.full((2, 2), 2.0))
+
+
+def test_training_graphs_are_refused_clearly(ctx, tmp_path):
+    with pytest.raises(CompileError, match="training=True"):
+        ctx.compile(producer, {"x": torch.zeros(2, 2)}, tmp_path / "p", training=True)
+
+
+def test_proxy_from_another_device_is_refused(ctx, tmp_path):
+    other = Context(MNDevice("mini:1"))
+    p = other.compile(producer, {"x": torch.zeros(2, 2)}, tmp_path / "p")
+    c = ctx.compile(consumer, {"shared": torch.zeros(2, 2)}, tmp_path / "c")
+    with pytest.raises(InputError, match="proxy on mini:1, not on mini:auto"):
+        c(p({"x": torch.ones(2, 2)}))
