@@ -1,0 +1,71 @@
+"""The example programs run as users run them (`python examples/X.py --device D`), in this process."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+SEED = REPO.parent / "shared" / "seed" / "000_3e2a4b885ec9f8ec.txt"
+
+
+def run_example(name: str, device: str, capsys, *extra: str) -> str:
+    argv = sys.argv
+    sys.argv = [str(EXAMPLES / name), "--device", device, *extra]
+    try:
+        runpy.run_path(str(EXAMPLES / name), run_name="__main__")
+    finally:
+        sys.argv = argv
+    return capsys.readouterr().out
+
+
+@pytest.mark.skipif(not SEED.exists(), reason="the shared seed listing is not checked out next to the repo")
+def test_the_seed_example_is_the_listing_byte_for_byte():
+    listing = SEED.read_text()
+    program = listing[listing.index('"""Connect compiled'):]
+    assert (EXAMPLES / "io_spec_constraints.py").read_text().rstrip("\n") == program.rstrip("\n")
+
+
+@pytest.mark.parametrize("device", ["mncore2:auto", "mini:auto", "emu2", "pfvm:cpu"])
+def test_seed_example_succeeds(device, capsys):
+    assert run_example("io_spec_constraints.py", device, capsys).strip() == "producer -> consumer direct-use succeeded"
+
+
+def test_add_then_load_codegen_dir(capsys, tmp_path, monkeypatch):
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    out = run_example("add.py", "mini:auto", capsys)
+    assert out.startswith("result_on_cpu=tensor([[2., 2., 2., 2.],")
+    assert (tmp_path / "add_two_tensors" / "manifest.json").exists()
+    out = run_example("load_codegen_dir.py", "mini:auto", capsys)
+    assert out.startswith("Result from loaded function: result_on_cpu=tensor([[2., 2., 2., 2.],")
+    trace = tmp_path / "t.json"
+    run_example("add_trace.py", "mini:auto", capsys, "--trace", str(trace))
+    assert trace.stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", ["explicit_data_transfer_api.py", "infer.py", "infer_multi.py"])
+def test_registered_model_examples(name, capsys, tmp_path, monkeypatch):
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    run_example(name, "mini:auto", capsys)  # each asserts its values against torch
+
+
+def test_chain_without_constraints_converts(capsys, tmp_path, monkeypatch):
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    out = run_example("chain_conversion.py", "mini:auto", capsys)
+    lines = out.splitlines()
+    assert lines[0] == "producer -> consumer chain succeeded"
+    assert lines[1].startswith("consumer input 'scores': conversion, ") and not lines[1].endswith(" 0 cycles")
+    assert "io_spec_constraints={'scores': consumer.input_specs['scores']}" in lines[2]
+
+
+def test_every_example_is_tested():
+    tested = {"io_spec_constraints.py", "add.py", "load_codegen_dir.py", "add_trace.py",
+              "explicit_data_transfer_api.py", "infer.py", "infer_multi.py", "chain_conversion.py"}
+    assert {p.name for p in EXAMPLES.glob("*.py")} - tested == set()
