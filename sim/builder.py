@@ -41,13 +41,15 @@ def f32_bits(x: float) -> int:
 class ProgramBuilder:
     def __init__(self, params: MachineParams) -> None:
         self.params = params
-        self._rows: list[np.ndarray] = []
+        self._blocks: list[np.ndarray] = []  # [k, FIELDS] instruction blocks, in order
+        self._count = 0
         self._relocs: list[tuple[int, int, int]] = []
+        self._reloc_blocks: list[np.ndarray] = []  # [k, 3] (instruction, field, symbol) of mv_block
         self._symbols: dict[str, int] = {}
         self._labels: list[tuple[int, int, str]] = []
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return self._count
 
     # ---- low level --------------------------------------------------------------------------
 
@@ -55,30 +57,34 @@ class ProgramBuilder:
         return self.params.memory_id(name)
 
     def _emit(self, op: Op, fields: dict[int, Address]) -> int:
-        row = np.zeros(FIELDS, dtype=np.int64)
-        row[0] = op
-        index = len(self._rows)
+        row = np.zeros((1, FIELDS), dtype=np.int64)
+        row[0, 0] = op
+        index = self._count
         for k, v in fields.items():
             if isinstance(v, Sym):
-                sym = self._symbols.setdefault(v.name, len(self._symbols))
-                self._relocs.append((index, k, sym))
-                row[k] = v.offset
+                self._relocs.append((index, k, self._symbol(v.name)))
+                row[0, k] = v.offset
             else:
-                row[k] = int(v)
-        self._rows.append(row)
+                row[0, k] = int(v)
+        self._blocks.append(row)
+        self._count += 1
         return index
+
+    def _symbol(self, name: str) -> int:
+        return self._symbols.setdefault(name, len(self._symbols))
 
     @contextlib.contextmanager
     def label(self, name: str) -> Iterator[None]:
         """Name the instructions emitted inside the block (for reports and traces)."""
-        first = len(self._rows)
+        first = self._count
         yield
-        if len(self._rows) > first:
-            self._labels.append((first, len(self._rows), name))
+        if self._count > first:
+            self._labels.append((first, self._count, name))
 
     def build(self) -> Program:
-        code = np.array(self._rows, dtype=np.int64).reshape(-1, FIELDS)
-        relocs = np.array(self._relocs, dtype=np.int64).reshape(-1, 3)
+        code = np.concatenate(self._blocks) if self._blocks else np.zeros((0, FIELDS), dtype=np.int64)
+        relocs = np.concatenate([np.array(self._relocs, dtype=np.int64).reshape(-1, 3), *self._reloc_blocks])
+        relocs = relocs[np.argsort(relocs[:, 0], kind="stable")]
         symbols = tuple(sorted(self._symbols, key=self._symbols.get))
         return Program(code, list(self._labels), relocs, symbols)
 
@@ -100,6 +106,32 @@ class ProgramBuilder:
             isa.MV_SRC_ADDR: src_addr, isa.MV_DST_MEM: self._mem(dst_mem), isa.MV_DST_INST: dst_inst,
             isa.MV_DST_ADDR: dst_addr, isa.MV_N: n_lw, isa.MV_TAG: tag, isa.MV_RED: Red[red], isa.MV_DTYPE: DType[dtype],
             isa.MV_SRC_LOCAL: src_local, isa.MV_DST_LOCAL: dst_local, isa.MV_SCOPE: Scope[scope]})
+
+    def mv_block(self, mode: str, src_mem: str, src_addr: Address, src_offsets: np.ndarray, dst_mem: str,
+                 dst_addr: Address, dst_offsets: np.ndarray, n_lw: np.ndarray, *, tag: int, src_inst: np.ndarray | int,
+                 dst_inst: np.ndarray | int) -> None:
+        """Many individual MVs at once (a gather's runs): row k moves n_lw[k] long words from
+        src_addr + src_offsets[k] to dst_addr + dst_offsets[k]. Same encoding as `mv`."""
+        k = len(n_lw)
+        if k == 0:
+            return
+        block = np.zeros((k, FIELDS), dtype=np.int64)
+        block[:, 0] = Op.MV
+        block[:, isa.MV_MODE] = Mode[mode]
+        block[:, isa.MV_SRC_MEM], block[:, isa.MV_DST_MEM] = self._mem(src_mem), self._mem(dst_mem)
+        block[:, isa.MV_SRC_INST], block[:, isa.MV_DST_INST] = src_inst, dst_inst
+        block[:, isa.MV_N], block[:, isa.MV_TAG] = n_lw, tag
+        block[:, isa.MV_RED], block[:, isa.MV_DTYPE] = Red["none"], DType["float32"]
+        block[:, isa.MV_SCOPE] = Scope["group"]
+        rows = np.arange(self._count, self._count + k)
+        for field_, base, offsets in ((isa.MV_SRC_ADDR, src_addr, src_offsets), (isa.MV_DST_ADDR, dst_addr, dst_offsets)):
+            if isinstance(base, Sym):
+                block[:, field_] = base.offset + offsets
+                self._reloc_blocks.append(np.stack([rows, np.full(k, field_), np.full(k, self._symbol(base.name))], 1))
+            else:
+                block[:, field_] = int(base) + offsets
+        self._blocks.append(block)
+        self._count += k
 
     def host_dma(self, to_device: bool, pdm_addr: Address, host_buf: int, host_off_lw: int, n_lw: int, *, tag: int) -> int:
         return self._emit(Op.HOST_DMA, {isa.DMA_DIR: 0 if to_device else 1, isa.DMA_PDM_ADDR: pdm_addr,

@@ -307,19 +307,26 @@ def symbol_extents(params: MachineParams, code: np.ndarray, relocs: np.ndarray,
 
     Relocated fields are MV source and destination addresses; a bound program is in range when
     every buffer's base plus its extent fits the memory."""
+    if len(relocs) == 0:
+        return {}
+    instr, field_, sym = relocs[:, 0], relocs[:, 1], relocs[:, 2]
+    rows = code[instr]
+    bad = np.flatnonzero((rows[:, 0] != Op.MV) | ((field_ != isa.MV_SRC_ADDR) & (field_ != isa.MV_DST_ADDR)))
+    if len(bad):
+        i = int(instr[bad[0]])
+        raise SimError("only MV addresses can be relocated", index=i, instruction=disassemble(code[i], params))
+    mem = np.where(field_ == isa.MV_SRC_ADDR, rows[:, isa.MV_SRC_MEM], rows[:, isa.MV_DST_MEM])
+    end = rows[np.arange(len(rows)), field_] + rows[:, isa.MV_N]
     out: dict[str, tuple[int, int]] = {}
-    for instr, field_, sym in relocs.tolist():
-        row = code[instr]
-        if row[0] != Op.MV or field_ not in (isa.MV_SRC_ADDR, isa.MV_DST_ADDR):
-            raise SimError("only MV addresses can be relocated", index=instr, instruction=disassemble(row, params))
-        mem = int(row[isa.MV_SRC_MEM] if field_ == isa.MV_SRC_ADDR else row[isa.MV_DST_MEM])
-        end = int(row[field_] + row[isa.MV_N])
-        name = symbols[sym]
-        prev = out.get(name, (mem, 0))
-        if prev[0] != mem:
-            raise SimError(f"buffer {name} is addressed in both {params.memory_names[prev[0]]} and "
-                           f"{params.memory_names[mem]}", index=instr, instruction=disassemble(row, params))
-        out[name] = (mem, max(prev[1], end))
+    for s in np.unique(sym):
+        mine = sym == s
+        mems = mem[mine]
+        if (mems != mems[0]).any():
+            other = int(np.flatnonzero(mine)[np.flatnonzero(mems != mems[0])[0]])
+            raise SimError(f"buffer {symbols[s]} is addressed in both {params.memory_names[int(mems[0])]} and "
+                           f"{params.memory_names[int(mem[other])]}", index=int(instr[other]),
+                           instruction=disassemble(code[instr[other]], params))
+        out[symbols[s]] = (int(mems[0]), int(end[mine].max()))
     return out
 
 

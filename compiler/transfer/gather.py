@@ -104,7 +104,7 @@ def lw_sources(dst: "Placement | Destination", src: Placement, index: np.ndarray
         raise LayoutError("long-word gathers read DRAM placements")
     if dst.epl != src.epl:
         raise LaneMismatch(f"destination and {src.dtype} source pack {dst.epl} and {src.epl} elements per long word")
-    groups, span, epl = dst.groups, dst.span, dst.epl
+    groups, span = dst.groups, dst.span
     want = dst.want
     source = want.element if index is None else np.asarray(index, dtype=np.int64).ravel()[want.element]
     keep = source != SKIP
@@ -152,24 +152,26 @@ class Run:
     buffer: int = 0
 
 
-def runs(sources: LwSources, group: int, first: int, last: int) -> list[Run]:
-    """Maximal runs of [first, last) of a destination Group whose sources are consecutive; holes
-    (and positions past the destination's span) extend any run: their content does not matter."""
+def run_arrays(sources: LwSources, group: int, first: int, last: int) -> tuple[np.ndarray, ...]:
+    """Maximal runs of [first, last) of a destination Group whose sources are consecutive, as
+    arrays (dst, source group, src, n, buffer); holes (and positions past the destination's span)
+    extend any run: their content does not matter."""
     last = min(last, sources.span)
     g, a = sources.group[group, first:last], sources.address[group, first:last]
     buf = sources.source_buffer()[group, first:last]
-    out: list[Run] = []
-    for k in range(last - first):
-        if g[k] == HOLE:
-            continue
-        if out:
-            r = out[-1]
-            gap = first + k - (r.dst + r.n)
-            if r.group == g[k] and r.buffer == buf[k] and (r.group == ZERO or a[k] == r.src + r.n + gap):
-                out[-1] = Run(r.dst, r.group, r.src, r.n + gap + 1, r.buffer)
-                continue
-        out.append(Run(first + k, int(g[k]), int(a[k]), 1, int(buf[k])))
-    return out
+    at = np.flatnonzero(g != HOLE)
+    if len(at) == 0:
+        return tuple(np.zeros(0, dtype=np.int64) for _ in range(5))
+    gg, aa, bb = g[at], a[at], buf[at]
+    breaks = (gg[1:] != gg[:-1]) | (bb[1:] != bb[:-1]) | ((gg[1:] != ZERO) & (aa[1:] - aa[:-1] != at[1:] - at[:-1]))
+    starts = np.concatenate(([0], np.flatnonzero(breaks) + 1))
+    ends = np.concatenate((starts[1:] - 1, [len(at) - 1]))
+    return (first + at[starts], gg[starts], aa[starts], at[ends] - at[starts] + 1, bb[starts])
+
+
+def runs(sources: LwSources, group: int, first: int, last: int) -> list[Run]:
+    """`run_arrays` as Run records."""
+    return [Run(int(d), int(g), int(s), int(n), int(b)) for d, g, s, n, b in zip(*run_arrays(sources, group, first, last))]
 
 
 def emit_runs(b: ProgramBuilder, sources: LwSources, *, dst_group: int, first: int, last: int,
@@ -178,18 +180,23 @@ def emit_runs(b: ProgramBuilder, sources: LwSources, *, dst_group: int, first: i
     (destination long word first + k lands at l2_addr + k). `src` lists the source buffers of a
     merged gather. Returns the MVs emitted."""
     srcs = src if isinstance(src, list) else [src]
-    n = 0
-    for r in runs(sources, dst_group, first, last):
-        if r.group == ZERO:
-            if zeros is None:
-                raise LayoutError("this gather needs zeros but no zero buffer was given")
-            b.mv("individual", DRAM, zeros, L2BM, l2_addr + r.dst - first, r.n, tag=tag, src_inst=dst_group,
-                 dst_inst=l2_instance)
-        else:
-            b.mv("individual", DRAM, srcs[r.buffer] + r.src, L2BM, l2_addr + r.dst - first, r.n, tag=tag,
-                 src_inst=r.group, dst_inst=l2_instance)
-        n += 1
-    return n
+    dst, group, address, n, buffer = run_arrays(sources, dst_group, first, last)
+    zero = group == ZERO
+    if zero.any() and zeros is None:
+        raise LayoutError("this gather needs zeros but no zero buffer was given")
+    if len(dst) == 0:
+        return 0
+    order = np.argsort(dst, kind="stable")  # destination order, a block per stretch of one source
+    kind = np.where(zero, -1, buffer)[order]
+    cuts = np.concatenate(([0], np.flatnonzero(kind[1:] != kind[:-1]) + 1, [len(order)]))
+    for a, z in zip(cuts[:-1], cuts[1:]):
+        rows = order[a:z]
+        which = int(kind[a])
+        base = zeros if which < 0 else srcs[which]
+        offsets = np.zeros(len(rows), dtype=np.int64) if which < 0 else address[rows]
+        b.mv_block("individual", DRAM, base, offsets, L2BM, l2_addr - first, dst[rows], n[rows], tag=tag,
+                   src_inst=dst_group if which < 0 else group[rows], dst_inst=l2_instance)
+    return len(order)
 
 
 def emit_convert(b: ProgramBuilder, sources: LwSources, *, dst: Address, src: Address | list[Address],

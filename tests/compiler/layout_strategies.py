@@ -57,9 +57,10 @@ def legal_layouts(draw, hw, memory: str = "LM0", dtype: str = "float32") -> Layo
     addr_factors = [Factor(s, None, st_) for s, st_ in zip(addr_sizes, strides)]
     for f, d in zip(addr_factors, addr_dims):
         dims[d].append(f)
+    capacity = hw.memory_lw(memory)
     for d in range(rank):
-        if not dims[d]:
-            dims[d].append(Factor(draw(st.integers(1, 4)), None, stride))
+        if not dims[d]:  # a filler dimension; it multiplies the span, which must stay in the memory
+            dims[d].append(Factor(draw(st.integers(1, max(1, min(4, capacity // stride)))), None, stride))
             stride *= dims[d][0].size
         dims[d] = draw(st.permutations(dims[d]))
     extents = [prod(f.size for f in dim) for dim in dims]
