@@ -5,8 +5,8 @@ is C = A @ B with rows m = (n, ho, wo), K = (i, j, c) and columns co. A (the im2
 never stored: each K chunk of it is gathered from x as it is downloaded into LM, zeros for the
 padding included. That gather moves whole long words, so x keeps its channels in the lanes
 (NHWC underneath the NCHW shape); a convolution's output comes out that way, ready for the next.
-The weights are a constant, arranged by the host as B = w.permute(2, 3, 1, 0).reshape(K, Co)
-(arranging parameters for the device is part of placing them; no arithmetic is done).
+The weights are B = w.permute(2, 3, 1, 0).reshape(K, Co): a constant is arranged so by the host
+(placing parameters is not arithmetic); device-resident weights are placed so that B is a view.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..frontend.graph import Node, Value
 from ..layout import W_AXIS, Factor, Layout, Placement
 from ..layout.reshape import reshape_layout
 from ..transfer.gather import emit_convert, lw_sources
-from . import lowering
+from . import lower, lowering
 from .elementwise import lower_elementwise
 from .kernel import ref_of
 from .matmul import Problem, Source, emit_product, layouts_for, plan_for
@@ -72,14 +72,11 @@ def lower_conv(cg: CodeGen, node: Node) -> None:
     shapes = [list(v.shape) for v in node.inputs]
     if transposed or groups != 1 or len(x.shape) != 4:
         raise UnsupportedOpError(node.op, shapes, node.source, "only 2-D, non-transposed, ungrouped convolutions")
-    if weight.kind != "const":
-        raise UnsupportedOpError(node.op, shapes, node.source, "the weights must be a parameter or constant")
     n, c, h, w = x.shape
     co, _, kh, kw = weight.shape
     ho, wo = out.shape[2:]
     dtype = cg.device_dtype(x)
-    b_value = Value(f"{weight.name}_kkc", (kh * kw * c, co), weight.dtype, "const",
-                    data=weight.data.permute(2, 3, 1, 0).reshape(kh * kw * c, co).contiguous())
+    b_value = _weights_as_b(cg, node, weight)
     problem = Problem(1, n * ho * wo, kh * kw * c, co)
     tiling = plan_for(cg, problem, False, dtype, cg.device_dtype(weight), trans_b=False)
     _, lb, _ = layouts_for(cg, tiling, problem, False, dtype == "float16" and cg.device_dtype(weight) == "float16")
@@ -107,6 +104,22 @@ def lower_conv(cg: CodeGen, node: Node) -> None:
     cg.refs[product] = conv
     b4 = Value(f"{bias.name}_nchw", (1, co, 1, 1), bias.dtype, "const", data=bias.data.reshape(1, co, 1, 1))
     lower_elementwise(cg, Node("add.Tensor", (product, b4), {}, out, node.source))
+
+
+def _weights_as_b(cg: CodeGen, node: Node, weight: Value) -> Value:
+    """B = w.permute(2, 3, 1, 0).reshape(K, Co). A constant is arranged by the host; weights that
+    live on the device (registered parameters, inputs) are viewed that way, so the matrix
+    product's B layout decides where they are placed (lower.views), with a gather as fallback."""
+    co, c, kh, kw = weight.shape
+    k = kh * kw * c
+    if weight.kind == "const":
+        return Value(f"{weight.name}_kkc", (k, co), weight.dtype, "const",
+                     data=weight.data.permute(2, 3, 1, 0).reshape(k, co).contiguous())
+    hwio = Value(f"{weight.name}_hwio", (kh, kw, c, co), weight.dtype, "node")
+    b_value = Value(f"{weight.name}_kkc", (k, co), weight.dtype, "node")
+    lower(cg, Node("permute.default", (weight, [2, 3, 1, 0]), {}, hwio, node.source))
+    lower(cg, Node("view.default", (hwio, [k, co]), {}, b_value, node.source))
+    return b_value
 
 
 def _as_nchw(cg: CodeGen, ref: Ref, lm: Layout, nhwc: tuple[int, ...], dtype: str) -> Ref | None:

@@ -68,12 +68,17 @@ def layouts(t: Tiling, p: Problem, chain: Chain, epl_in: int, epl_out: int, batc
         [Factor(t.batch_local, TIME_AXIS, time_stride)] if t.batch_local > 1 else [])
     rounds = [Factor(t.rounds, TIME_AXIS, t.chunks)] if t.rounds > 1 else []
     chunks = [Factor(t.chunks, TIME_AXIS, 1)] if t.chunks > 1 else []
-    k_dim = chunks + [Factor(pes, chain.pe_axis, 1), Factor(t.kp // epl_in, None, 1), Factor(epl_in, W_AXIS, 1)]
+    # K is dealt to the MAB's PEs a long word at a time (k = ..., local long word, PE, lane): a
+    # PE's slice of K is any set of k's as long as A and B agree, and interleaving keeps
+    # consecutive k's in consecutive long words of the staging image, so gathers (im2col) move
+    # long runs.
+    k_dim = chunks + [Factor(t.kp // epl_in, None, 1), Factor(pes, chain.pe_axis, 1), Factor(epl_in, W_AXIS, 1)]
     a = [_axis_factors(t, "m") + rounds + [Factor(t.mt, None, t.kp // epl_in)], k_dim]
     if t.trans_b:
         b = [k_dim, _axis_factors(t, "n") + [Factor(t.nt, None, t.kp // epl_in)]]
     else:
-        b = [chunks + [Factor(pes, chain.pe_axis, 1), Factor(t.kp, None, t.nt // epl_in)],
+        b = [chunks + [Factor(t.kp // epl_in, None, epl_in * t.nt // epl_in), Factor(pes, chain.pe_axis, 1),
+                       Factor(epl_in, None, t.nt // epl_in)],
              _axis_factors(t, "n") + [Factor(t.nt // epl_in, None, 1), Factor(epl_in, W_AXIS, 1)]]
     c = [_axis_factors(t, "m") + ([Factor(t.rounds, TIME_AXIS, 1)] if t.rounds > 1 else [])
          + [Factor(t.mt, None, np_ // epl_out)],
