@@ -10,6 +10,7 @@ from rich.console import Console
 from hwdesc import MnsimError
 from compiler.layout import cli as layout_cli
 from hwdesc import cli as hw_cli
+from mlsdk import commands
 
 
 def make_console() -> Console:
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     hw_cli.register(sub)
     layout_cli.register(sub)
+    commands.register(sub)
     return parser
 
 

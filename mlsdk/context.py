@@ -37,7 +37,7 @@ from .errors import InputError, InvalidatedError, MLSDKError
 from .function import CompiledFunction
 from .naming import get_tensor_name, set_tensor_name
 from .proxy import TORCH_DTYPES, TensorProxy
-from .session import Binding, Session, Transfer
+from .session import BINDING, CALL, DOWNLOAD, LOAD, UPLOAD, Binding, Run, new_session
 
 
 @dataclasses.dataclass
@@ -83,7 +83,7 @@ class Context:
             raise TypeError(f"Context takes an MNDevice, got {type(device).__name__}")
         self.device = device
         hw = device.hw
-        self.session = Session(device.chip, hw.clock_hz if hw else 0)
+        self.session = new_session(device.chip, hw.clock_hz if hw else 0)
         self.invalidated = False
         self.registry = Registry(self)
         self._registered: dict[str, torch.Tensor] = {}
@@ -167,7 +167,7 @@ class Context:
             spec, need = wanted or (_default_spec(name, tensor, self.device.hw), 0)
             buf = self.device.board.alloc(spec_placement(spec, self.device.hw), need)
             stats = self.device.board.upload(buf, tensor.detach())
-            self._record_transfer("upload", f"registered {name}", stats)
+            self._record(UPLOAD, f"registered {name}", stats)
             self._resident[name] = (buf, spec)
         return self._resident[name]
 
@@ -202,7 +202,7 @@ class Context:
         self._check()
         for name, (buf, spec) in self._resident.items():
             value, stats = self.device.board.download(buf, spec.dtype, tuple(spec.shape))
-            self._record_transfer("download", f"registered {name}", stats)
+            self._record(DOWNLOAD, f"registered {name}", stats)
             with torch.no_grad():
                 self._registered[name].copy_(value)
 
@@ -311,23 +311,23 @@ class Context:
     def _load(self, fn: CompiledFunction) -> Loaded:
         loaded = self.device.board.load(fn.compiled)
         for stats in loaded.load_stats:
-            self._record_transfer("load", f"constants of {fn.name}", stats)
+            self._record(LOAD, f"constants of {fn.name}", stats)
         self._loaded.append(loaded)
         return loaded
 
-    def _record_transfer(self, kind: str, what: str, stats: Any, charge: bool = True) -> None:
-        if charge:
-            self.session.transfers.append(Transfer(kind, what, stats))
-        trace.record_run(f"{kind} {what}", stats, [])
+    def _record(self, kind: str, what: str, stats: Any, labels: list | None = None) -> None:
+        """Every device run goes through here: into the session (reports) and the active trace."""
+        self.session.runs.append(Run(kind, what, stats, labels or []))
+        trace.record_run(what if kind in (CALL, BINDING) else f"{kind} {what}", stats, labels or [])
 
     def _download(self, proxy: TensorProxy) -> torch.Tensor:
         value, stats = self.device.board.download(proxy._buffer, proxy.spec.dtype, tuple(proxy.shape))
-        self._record_transfer("download", proxy.producer or "proxy", stats)
+        self._record(DOWNLOAD, proxy.producer or "proxy", stats)
         return value
 
     def _upload_into(self, proxy: TensorProxy, value: torch.Tensor) -> None:
         stats = self.device.board.upload(proxy._buffer, value)
-        self._record_transfer("upload", proxy.producer or "proxy", stats)
+        self._record(UPLOAD, proxy.producer or "proxy", stats)
 
     def _conversion(self, src: IOSpec, dst: IOSpec) -> Conversion:
         """The DRAM-to-DRAM program that re-lays `src` as `dst`, built once per spec pair."""
@@ -356,14 +356,20 @@ class Context:
             self._estimates[key] = cycles
         return self._estimates[key]
 
+    def _bind_upload(self, fn: CompiledFunction, name: str, value: torch.Tensor, spec: IOSpec,
+                     need: int) -> tuple[DeviceBuffer, Binding]:
+        """A host tensor for an input: host link -> PDM0 -> DRAM, in the input's layout."""
+        buf = self._alloc(spec, need)
+        stats = self.device.board.upload(buf, value)
+        self._record(BINDING, f"upload {fn.name}.{name}", stats)
+        return buf, Binding(fn.name, name, "upload", stats.total_cycles, spec.size_bytes)
+
     def _bind_proxy(self, fn: CompiledFunction, name: str, proxy: TensorProxy, spec: IOSpec,
                     need: int) -> tuple[DeviceBuffer, Binding]:
         proxy._check()
         board = self.device.board
         if proxy._buffer is None:  # a reference-run value: upload it
-            buf = self._alloc(spec, need)
-            stats = board.upload(buf, proxy.cpu())
-            return buf, Binding(fn.name, name, "upload", stats.total_cycles, spec.size_bytes)
+            return self._bind_upload(fn, name, proxy.cpu(), spec, need)
         if proxy._context.device is not self.device:
             raise InputError(f"{fn.name}: input {name!r} is a proxy on {proxy._context.device.name}, not on "
                              f"{self.device.name}")
@@ -371,16 +377,19 @@ class Context:
         host = self._estimate("host", proxy.spec, spec)
         if proxy.spec.is_memcopyable_to(spec) and proxy._buffer.lw >= need:
             return proxy._buffer, Binding(fn.name, name, "relocation", 0, 0, proxy.producer, conversion, host)
-        if conversion is None:  # lanes would have to move: go through the host
+        where = f"{proxy.producer or 'proxy'} -> {fn.name}.{name}"
+        if conversion is None:  # no conversion program for this pair: go through the host
             buf = self._alloc(spec, need)
             value, down = board.download(proxy._buffer, proxy.spec.dtype, tuple(proxy.shape))
             up = board.upload(buf, value)
+            self._record(BINDING, f"host round trip {where} (download)", down)
+            self._record(BINDING, f"host round trip {where} (upload)", up)
             return buf, Binding(fn.name, name, "host", down.total_cycles + up.total_cycles, spec.size_bytes,
                                 proxy.producer, None, host)
         conv = self._conversion(proxy.spec, spec)
         buf = board.alloc(spec_placement(spec, self.device.hw), max(need, conv.dst_lw))
         stats = board.machine.run(conv.program, bases={"src": proxy._buffer.address, "dst": buf.address})
-        trace.record_run(f"convert {proxy.producer} -> {fn.name}.{name}", stats, conv.program.labels)
+        self._record(BINDING, f"convert {where}", stats, conv.program.labels)
         advice = None
         if proxy.producer and "." in proxy.producer and not proxy.producer.startswith("registered"):
             producer_fn, output = proxy.producer.split(".", 1)

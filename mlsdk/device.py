@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
 
 import hwdesc
 from compiler.device import Device
@@ -17,10 +19,31 @@ from hwdesc import HwDesc, HwDescError
 BOARDS = 8  # mncore2:0 .. mncore2:7, as gpfn3-smi lists them on an 8-board server
 
 
+_override: list[str] = []  # set by `mnsim run --device` (innermost last)
+
+
+@contextlib.contextmanager
+def override(name: str | None) -> Iterator[None]:
+    """Inside, every MNDevice a script creates (except the pfvm:cpu reference) is `name`: how
+    `mnsim run --device` runs an unmodified script on another chip."""
+    if name is None:
+        yield
+        return
+    _parse(name)  # a bad name fails here, before the script runs
+    _override.append(name)
+    try:
+        yield
+    finally:
+        _override.pop()
+
+
 class MNDevice:
     def __init__(self, device_name: str) -> None:
         if not isinstance(device_name, str):
             raise TypeError(f"MNDevice takes a device name string, got {type(device_name).__name__}")
+        self.requested = device_name
+        if _override and device_name != "pfvm:cpu":
+            device_name = _override[-1]
         self.name = device_name
         self.reference, self.hw, self.index = _parse(device_name)
         self._board: Device | None = None

@@ -15,3 +15,7 @@ class InputError(MLSDKError, ValueError):
 
 class InvalidatedError(MLSDKError, RuntimeError):
     """A TensorProxy or CompiledFunction of a Context that was invalidated."""
+
+
+class ScriptError(MLSDKError):
+    """`mnsim run` / `compare` cannot start the script (no such file)."""

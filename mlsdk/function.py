@@ -20,14 +20,14 @@ import torch
 from torch.utils import _pytree as pytree
 
 from compiler.compile import Compiled
-from compiler.device import DeviceBuffer, Loaded, spec_placement
+from compiler.device import DeviceBuffer, Loaded
 from compiler.frontend.trace import key_name
 from compiler.iospec import IOSpec
 
 from . import trace
 from .errors import InputError
 from .proxy import TORCH_DTYPES, TensorProxy
-from .session import Binding, Call
+from .session import CALL, Binding, Call
 
 if TYPE_CHECKING:
     from .context import Context
@@ -139,8 +139,8 @@ class CompiledFunction:
             bound[name] = buf
             bindings.append(binding)
         outputs, stats = board.call(self._loaded, bound)
+        ctx._record(CALL, self.name, stats, compiled.program.labels)
         ctx.session.calls.append(Call(self.name, stats, compiled.program.labels, bindings))
-        trace.record_run(self.name, stats, compiled.program.labels)
         for buf in temporary:
             board.free(buf)
         proxies = [TensorProxy(ctx, compiled.outputs[name], buffer=outputs[name], producer=f"{self.name}.{name}",
@@ -156,10 +156,7 @@ class CompiledFunction:
         need = self._need(name)
         if isinstance(value, TensorProxy):
             return ctx._bind_proxy(self, name, value, spec, need)
-        buf = ctx._alloc(spec, need)
-        stats = ctx.device.board.upload(buf, value)
-        ctx._record_transfer("upload", f"{self.name}.{name}", stats, charge=False)
-        return buf, Binding(self.name, name, "upload", stats.total_cycles, spec.size_bytes)
+        return ctx._bind_upload(self, name, value, spec, need)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -1,8 +1,10 @@
-"""What happened in a Context: compiles, calls, how each input was bound and what it cost.
+"""What happened in a Context: compiles, device runs in order, calls and how each input was bound.
 
-Records are plain data for reports (mlsdk.report): per call the simulator's RunStats, per input
-binding the path taken (host upload, relocation, conversion) with its cycles and the cycles of
-the alternatives (conversion, host round trip), and transfers to and from the host.
+Records are plain data for reports (mlsdk.report). Every simulated program a Context runs (a
+compiled function, an input upload, a conversion, a download, ...) is one `Run`, in the order it
+ran, so totals and timelines come from one list and nothing is counted twice. Per call, each
+input `Binding` says which path was taken (host upload, relocation, conversion, host round trip)
+with its cycles and the cycles of the alternatives.
 """
 
 from __future__ import annotations
@@ -11,12 +13,26 @@ from dataclasses import dataclass, field
 
 from sim import RunStats
 
+Labels = list[tuple[int, int, str]]
+
+# Run kinds. Call inputs are "binding" runs; "upload"/"download"/"load" are the other transfers.
+CALL, BINDING, UPLOAD, DOWNLOAD, LOAD = "call", "binding", "upload", "download", "load"
+TRANSFER_KINDS = (UPLOAD, DOWNLOAD, LOAD)
+
+
+@dataclass
+class Run:
+    kind: str
+    what: str  # function name, "function.input", "registered name", ...
+    stats: RunStats
+    labels: Labels = field(default_factory=list)
+
 
 @dataclass
 class Binding:
     function: str
     input: str
-    path: str  # upload | relocation | conversion
+    path: str  # upload | relocation | conversion | host
     cycles: int
     bytes: int
     producer: str | None = None  # "function.output" of the proxy bound here
@@ -29,15 +45,8 @@ class Binding:
 class Call:
     function: str
     stats: RunStats
-    labels: list[tuple[int, int, str]]
+    labels: Labels
     bindings: list[Binding]
-
-
-@dataclass
-class Transfer:
-    kind: str  # download | upload | conversion | load
-    what: str
-    stats: RunStats
 
 
 @dataclass
@@ -45,15 +54,29 @@ class Session:
     chip: str
     clock_hz: int
     compiles: list[tuple[str, float]] = field(default_factory=list)  # (function, seconds)
+    runs: list[Run] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
-    transfers: list[Transfer] = field(default_factory=list)
 
     @property
     def bindings(self) -> list[Binding]:
         return [b for c in self.calls for b in c.bindings]
 
+    @property
+    def transfers(self) -> list[Run]:
+        """Uploads of registered tensors and load_from, downloads, constants of loaded programs."""
+        return [r for r in self.runs if r.kind in TRANSFER_KINDS]
+
     def total_cycles(self) -> int:
-        """Device cycles of everything recorded: programs, input bindings (uploads, conversions,
-        host round trips) and other transfers (downloads, registered tensors, constants)."""
-        return (sum(c.stats.total_cycles for c in self.calls) + sum(b.cycles for b in self.bindings)
-                + sum(t.stats.total_cycles for t in self.transfers))
+        """Device cycles of everything that ran, one program after another."""
+        return sum(r.stats.total_cycles for r in self.runs)
+
+
+# Every Session created in this process, so that `mnsim run` can report a script's Contexts
+# after the script has dropped them.
+ALL: list[Session] = []
+
+
+def new_session(chip: str, clock_hz: int) -> Session:
+    session = Session(chip, clock_hz)
+    ALL.append(session)
+    return session

@@ -7,9 +7,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+STREAM_WAITS = "PE stream waits"  # trace track of WAIT stalls (not a unit: never busy)
+
+
 @dataclass(frozen=True)
 class TraceEvent:
-    unit: str  # "PE stream", "Data Engine 0", ..., "host link"
+    unit: str  # "PE stream", "Data Engine 0", ..., "host link", or STREAM_WAITS
     name: str
     start: int
     end: int
@@ -30,7 +33,7 @@ class RunStats:
     instructions: dict[str, int]  # per opcode name
     start: np.ndarray = field(repr=False)  # per instruction
     end: np.ndarray = field(repr=False)
-    unit: np.ndarray = field(repr=False)  # 0 PE stream, 1 host link, 2 + g Data Engine g
+    unit: np.ndarray = field(repr=False)  # -1 stream waiting, 0 PE stream, 1 host link, 2 + g Data Engine g
     engine_mask: np.ndarray = field(repr=False)
 
     @property
@@ -65,7 +68,9 @@ class RunStats:
                 continue
             name = labels[label_of[i]][2] if label_of[i] >= 0 else (names[i] if names else f"#{i}")
             u = int(self.unit[i])
-            if u == 0:
+            if u < 0:
+                events.append(TraceEvent(STREAM_WAITS, name, int(self.start[i]), int(self.end[i])))
+            elif u == 0:
                 events.append(TraceEvent("PE stream", name, int(self.start[i]), int(self.end[i])))
             elif u == 1:
                 events.append(TraceEvent("host link", name, int(self.start[i]), int(self.end[i])))

@@ -28,7 +28,7 @@ from numba import njit
 from . import isa
 from .isa import ALL_GROUPS, Dir, Mode, Op, Scope
 
-UNIT_PE, UNIT_HOST = 0, 1  # per-instruction unit ids; Data Engine g is 2 + g
+UNIT_WAIT, UNIT_PE, UNIT_HOST = -1, 0, 1  # per-instruction unit ids; Data Engine g is 2 + g; a WAIT is a stall
 
 
 @njit(cache=True)
@@ -152,6 +152,7 @@ def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, 
                 wait_stall += done - t
                 t = done
             end[i] = t
+            unit[i] = UNIT_WAIT
         elif op == Op.MV:
             latency, data, mask, b = _mv_cost(row, n_groups, mem_instances, path_of, path_latency, mode_src_rate,
                                               mode_dst_rate, mode_cross_rate, mode_unit, lw_bytes)

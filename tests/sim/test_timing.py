@@ -129,6 +129,7 @@ def test_trace_has_one_track_per_unit(mini):
     prog = program(m, overlap=True, vops=1)  # the add is shorter than the load: the WAIT stalls
     stats = m.run(prog, mode="timing")
     events = stats.trace(labels=[(0, 1, "load"), (1, 2, "compute")])
-    assert {e.unit for e in events} == {"PE stream", "Data Engine 0"}
-    assert [e.name for e in events if e.unit == "PE stream"] == ["compute", "#2"]  # the stall shows as the WAIT
+    assert {e.unit for e in events} == {"PE stream", "Data Engine 0", "PE stream waits"}
+    assert [e.name for e in events if e.unit == "PE stream"] == ["compute"]
+    assert [e.name for e in events if e.unit == "PE stream waits"] == ["#2"]  # the stall shows as the WAIT
     assert [e.name for e in events if e.unit == "Data Engine 0"] == ["load"]

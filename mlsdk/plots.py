@@ -1,0 +1,65 @@
+"""PNG plots of a report: relocation vs conversion vs host round trip per binding, and unit
+utilisation over the session."""
+
+from __future__ import annotations
+
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from .report import Report  # noqa: E402
+
+COLOURS = {"relocation": "tab:green", "conversion": "tab:orange", "host round trip": "tab:red"}
+
+
+def png(report: Report, path: str | os.PathLike) -> None:
+    handed_over = [b for b in report.bindings if b.producer]
+    panels = 2 if handed_over else 1
+    fig, axes = plt.subplots(panels, 1, figsize=(9, 3.2 * panels + 0.6), squeeze=False)
+    if handed_over:
+        _bindings(axes[0][0], report, handed_over)
+    _utilisation(axes[-1][0], report)
+    fig.suptitle(f"{report.source or 'mnsim'} on {report.chip}: {report.total_cycles:,} cycles "
+                 f"({report.time_us:,.1f} us)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _bindings(ax, report: Report, rows) -> None:
+    """Per producer -> consumer hand-over: relocation costs 0 (taken, or possible with the
+    advised constraint), conversion and host round trip cost what the simulator measured."""
+    x = np.arange(len(rows))
+    width = 0.25
+    series = {
+        "relocation": [0 for _ in rows],
+        "conversion": [b.conversion_cycles if b.conversion_cycles is not None else np.nan for b in rows],
+        "host round trip": [b.host_cycles if b.host_cycles is not None else np.nan for b in rows],
+    }
+    for k, (name, values) in enumerate(series.items()):
+        bars = ax.bar(x + (k - 1) * width, values, width, label=name, color=COLOURS[name])
+        ax.bar_label(bars, labels=[f"{v:,.0f}" if not np.isnan(v) else "n/a" for v in values], fontsize=7)
+    ax.set_xticks(x, [f"{b.producer} -> {b.consumer}\n(took {b.path})" for b in rows], fontsize=8)
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    ax.set_ylabel("cycles")
+    ax.set_title("handing a producer's output to a consumer: relocation vs conversion vs host round trip", fontsize=9)
+    ax.legend(fontsize=8)
+
+
+def _utilisation(ax, report: Report) -> None:
+    """Busy fraction per unit and time slice, as a heat map (one row per unit)."""
+    units = list(report.timeline)
+    grid = np.array([report.timeline[u] for u in units]) * 100
+    end_us = len(grid[0]) * report.timeline_slice_cycles / report.clock_hz * 1e6 if len(grid) else 1
+    im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=100,
+                   extent=(0, end_us, len(units) - 0.5, -0.5))
+    ax.set_yticks(range(len(units)), units, fontsize=8)
+    ax.set_xlabel("simulated time (us)")
+    for run in report.runs:  # where each device run starts
+        ax.axvline(run.start_cycle / report.clock_hz * 1e6, color="white", linewidth=0.5, alpha=0.6)
+    ax.set_title("unit utilisation over the session (white lines: start of each device run)", fontsize=9)
+    ax.figure.colorbar(im, ax=ax, label="busy (%)", pad=0.01)

@@ -1,0 +1,151 @@
+"""Reports as text (rich tables) and CSV; `compare` puts two reports side by side."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from .report import Report
+
+MAX_RUN_ROWS = 40  # longer sessions list their largest runs and say how many are not shown
+
+
+def _us(cycles: int | None, clock_hz: int) -> str:
+    return "" if cycles is None else f"{cycles / clock_hz * 1e6:,.2f}"
+
+
+def _n(x: int | None) -> str:
+    return "-" if x is None else f"{x:,}"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def text(report: Report, console: Console) -> None:
+    console.print(Group(*tables(report)))
+
+
+def tables(report: Report) -> list:
+    r = report
+    head = Text.assemble(
+        ("mnsim report", "bold"), f" - {r.source} on " if r.source else " - ",
+        (r.chip, "bold"), f" at {r.clock_hz / 1e6:g} MHz: ",
+        (f"{r.total_cycles:,} cycles", "bold"), f" ({r.time_us:,.2f} us) in {len(r.runs)} device runs")
+    out: list = [head]
+
+    runs = Table(title="device runs, in order", title_justify="left")
+    for col in ("kind", "what", "cycles", "us", "share"):
+        runs.add_column(col, justify="right" if col in ("cycles", "us", "share") else "left")
+    shown = r.runs if len(r.runs) <= MAX_RUN_ROWS else sorted(r.runs, key=lambda x: -x.cycles)[:MAX_RUN_ROWS]
+    for row in shown:
+        runs.add_row(row.kind, row.what, _n(row.cycles), _us(row.cycles, r.clock_hz),
+                     _pct(row.cycles / r.total_cycles if r.total_cycles else 0))
+    if len(shown) < len(r.runs):
+        runs.caption = f"the {len(shown)} longest of {len(r.runs)} runs"
+    out.append(runs)
+
+    units = Table(title="units", title_justify="left")
+    for col in ("unit", "busy cycles", "utilisation"):
+        units.add_column(col, justify="left" if col == "unit" else "right")
+    for u in r.units:
+        units.add_row(u.unit, _n(u.busy_cycles), _pct(u.utilisation))
+    paths = Table(title="bytes per path", title_justify="left")
+    paths.add_column("path")
+    paths.add_column("bytes", justify="right")
+    for p, n in r.paths.items():
+        paths.add_row(p, _n(n))
+    out += [units, paths]
+
+    if r.ops:
+        ops = Table(title="cycles per op (what each op adds to its calls; spans overlap)", title_justify="left")
+        for col in ("function", "op", "calls", "cycles", "share", "span"):
+            ops.add_column(col, justify="left" if col in ("function", "op") else "right")
+        calls_total = sum(o.cycles for o in r.ops)
+        for o in r.ops:
+            ops.add_row(o.function, o.op, str(o.calls), _n(o.cycles), _pct(o.cycles / calls_total if calls_total else 0),
+                        _n(o.span_cycles))
+        out.append(ops)
+
+    if r.bindings:
+        b = Table(title="input bindings: the path taken and its alternatives, in cycles (conv. = DRAM-to-DRAM "
+                        "conversion, host = round trip through the host)", title_justify="left")
+        for col in ("input", "from", "path", "cycles", "conv.", "host", "saved vs conv.", "saved vs host"):
+            text_col = col in ("input", "from", "path")
+            b.add_column(col, justify="left" if text_col else "right", overflow="fold", no_wrap=not text_col)
+        for row in r.bindings:
+            b.add_row(row.consumer, row.producer or "host tensor", row.path, _n(row.cycles),
+                      _n(row.conversion_cycles), _n(row.host_cycles), _n(row.saved_vs_conversion),
+                      _n(row.saved_vs_host))
+        out.append(b)
+    for advice in r.advice:
+        out.append(Text.assemble(("advice: ", "bold yellow"), advice))
+    return out
+
+
+def csv_text(report: Report) -> str:
+    """Long-format CSV (section, item, metric, value): one file that every tool can filter."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["section", "item", "metric", "value"])
+    r = report
+    for metric, value in (("chip", r.chip), ("clock_hz", r.clock_hz), ("total_cycles", r.total_cycles),
+                          ("time_us", round(r.time_us, 4))):
+        w.writerow(["summary", "", metric, value])
+    for i, row in enumerate(r.runs):
+        item = f"{i}:{row.kind}:{row.what}"
+        w.writerow(["runs", item, "start_cycle", row.start_cycle])
+        w.writerow(["runs", item, "cycles", row.cycles])
+    for u in r.units:
+        w.writerow(["units", u.unit, "busy_cycles", u.busy_cycles])
+        w.writerow(["units", u.unit, "utilisation", round(u.utilisation, 6)])
+    for p, n in r.paths.items():
+        w.writerow(["paths", p, "bytes", n])
+    for o in r.ops:
+        for metric in ("calls", "cycles", "span_cycles"):
+            w.writerow(["ops", f"{o.function}:{o.op}", metric, getattr(o, metric)])
+    for b in r.bindings:
+        w.writerow(["bindings", b.consumer, "path", b.path])
+        w.writerow(["bindings", b.consumer, "producer", b.producer or ""])
+        for metric in ("bytes", "cycles", "conversion_cycles", "host_cycles", "saved_vs_conversion", "saved_vs_host"):
+            value = getattr(b, metric)
+            w.writerow(["bindings", b.consumer, metric, "" if value is None else value])
+        if b.advice:
+            w.writerow(["bindings", b.consumer, "advice", b.advice])
+    return buf.getvalue()
+
+
+def comparison(a: Report, b: Report) -> Table:
+    """Two reports of the same script side by side: totals, units, runs and bindings."""
+    t = Table(title=f"{a.source or 'run'}: {a.chip} vs {b.chip}", title_justify="left")
+    t.add_column("")
+    t.add_column(a.chip, justify="right")
+    t.add_column(b.chip, justify="right")
+    t.add_column(f"{b.chip} / {a.chip}", justify="right")
+
+    def row(label: str, x: float | None, y: float | None, fmt=_n) -> None:
+        ratio = f"{y / x:.3f}" if x and y is not None else "-"
+        t.add_row(label, fmt(x), fmt(y), ratio)
+
+    row("total cycles", a.total_cycles, b.total_cycles)
+    t.add_row("time (us)", f"{a.time_us:,.2f}", f"{b.time_us:,.2f}",
+              f"{b.time_us / a.time_us:.3f}" if a.time_us else "-")
+    units_b = {u.unit: u for u in b.units}
+    for u in a.units:
+        other = units_b.get(u.unit)
+        row(f"busy: {u.unit}", u.busy_cycles, other.busy_cycles if other else None)
+    if len(a.runs) == len(b.runs) and all(x.what == y.what for x, y in zip(a.runs, b.runs)):
+        for x, y in zip(a.runs, b.runs):
+            row(f"{x.kind}: {x.what}", x.cycles, y.cycles)
+    bindings_b = {(x.consumer, x.producer): x for x in b.bindings}
+    for x in a.bindings:
+        y = bindings_b.get((x.consumer, x.producer))
+        if y is not None and x.producer:
+            row(f"{x.consumer} {x.path} (vs {y.path})", x.cycles, y.cycles)
+            row(f"{x.consumer} conversion alternative", x.conversion_cycles, y.conversion_cycles)
+            row(f"{x.consumer} host round trip alternative", x.host_cycles, y.host_cycles)
+    return t

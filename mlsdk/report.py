@@ -1,0 +1,279 @@
+"""`Report`: where a session's cycles went, as plain data (JSON in, JSON out).
+
+Built from the `Session`s of one or more Contexts on the same chip (or from one codegen_dir,
+timed without data). Every number comes from the simulator's `RunStats`:
+
+* runs: each device program in order (calls, input bindings, transfers), placed one after
+  another on the device timeline; their cycles add up to the total;
+* units: busy cycles and utilisation of the PE stream, each Group's Data Engine and the host link;
+* paths: bytes moved per transfer path of the hardware description;
+* ops: per compiled function and op label, the cycles the op adds to its calls (the advance of
+  the latest finishing instruction, so the ops of a call sum to the call) and its span (first
+  start to last end; ops overlap in a pipelined machine, so spans need not add up);
+* bindings: per consumer input, the path taken (upload, relocation, conversion, host round trip),
+  its cycles, the cycles of the alternatives, and what relocation saves (or would save);
+* timeline: utilisation per unit in equal slices of the session, for the utilisation plot.
+
+Renderers live elsewhere (mlsdk.render for text and CSV, mlsdk.plots for PNG).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from sim import RunStats
+
+from .session import Binding, Run, Session
+
+TIMELINE_SLICES = 200  # resolution of the utilisation-over-time plot (presentation, not hardware)
+FORMAT = "mnsim-report/1"
+
+
+@dataclass
+class RunRow:
+    kind: str
+    what: str
+    start_cycle: int
+    cycles: int
+
+
+@dataclass
+class UnitRow:
+    unit: str
+    busy_cycles: int
+    utilisation: float
+
+
+@dataclass
+class OpRow:
+    function: str
+    op: str
+    calls: int
+    cycles: int  # cycles the op adds to its calls, summed over calls
+    span_cycles: int
+
+
+@dataclass
+class BindingRow:
+    function: str
+    input: str
+    path: str
+    producer: str | None
+    bytes: int
+    cycles: int
+    conversion_cycles: int | None
+    host_cycles: int | None
+    saved_vs_conversion: int | None  # conversion_cycles - cycles (what taking this path saved)
+    saved_vs_host: int | None
+    advice: str | None
+
+    @property
+    def consumer(self) -> str:
+        return f"{self.function}.{self.input}"
+
+
+@dataclass
+class Report:
+    chip: str
+    clock_hz: int
+    total_cycles: int
+    runs: list[RunRow] = field(default_factory=list)
+    units: list[UnitRow] = field(default_factory=list)
+    paths: dict[str, int] = field(default_factory=dict)
+    ops: list[OpRow] = field(default_factory=list)
+    bindings: list[BindingRow] = field(default_factory=list)
+    compiles: list[tuple[str, float]] = field(default_factory=list)
+    timeline_slice_cycles: int = 0
+    timeline: dict[str, list[float]] = field(default_factory=dict)
+    source: str = ""  # what was reported: a script, a codegen_dir
+
+    @property
+    def time_us(self) -> float:
+        return self.total_cycles / self.clock_hz * 1e6 if self.clock_hz else 0.0
+
+    @property
+    def advice(self) -> list[str]:
+        return [b.advice for b in self.bindings if b.advice]
+
+    def relocations(self) -> list[BindingRow]:
+        return [b for b in self.bindings if b.path == "relocation"]
+
+    # ---- JSON ---------------------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["format"] = FORMAT
+        d["time_us"] = self.time_us
+        d["advice"] = self.advice
+        return d
+
+    @staticmethod
+    def from_json(d: dict) -> "Report":
+        if d.get("format") != FORMAT:
+            raise ValueError(f"not an mnsim report (format {d.get('format')!r}; expected {FORMAT!r})")
+        return Report(d["chip"], d["clock_hz"], d["total_cycles"], [RunRow(**r) for r in d["runs"]],
+                      [UnitRow(**u) for u in d["units"]], dict(d["paths"]), [OpRow(**o) for o in d["ops"]],
+                      [BindingRow(**b) for b in d["bindings"]], [tuple(c) for c in d["compiles"]],
+                      d["timeline_slice_cycles"], {k: list(v) for k, v in d["timeline"].items()}, d.get("source", ""))
+
+    def save(self, path: str | os.PathLike) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "Report":
+        with open(path) as f:
+            return Report.from_json(json.load(f))
+
+
+# ---- building -------------------------------------------------------------------------------
+
+
+def build(sessions: Iterable[Session], source: str = "") -> Report:
+    """One report over sessions on one chip, their runs one after another."""
+    sessions = [s for s in sessions if s.chip != "pfvm"]
+    if not sessions:
+        raise ValueError("nothing ran on a simulated chip (pfvm:cpu runs have no cycles)")
+    chips = {s.chip for s in sessions}
+    if len(chips) > 1:
+        raise ValueError(f"sessions on different chips ({', '.join(sorted(chips))}); report each chip separately")
+    runs = [r for s in sessions for r in s.runs]
+    calls = [c for s in sessions for c in s.calls]
+    report = Report(sessions[0].chip, sessions[0].clock_hz, sum(r.stats.total_cycles for r in runs), source=source)
+    start = 0
+    for r in runs:
+        report.runs.append(RunRow(r.kind, r.what, start, r.stats.total_cycles))
+        start += r.stats.total_cycles
+    report.units = _units(runs, report.total_cycles)
+    report.paths = _paths(runs)
+    report.ops = _ops([(c.function, c.stats, c.labels) for c in calls])
+    report.bindings = [_binding_row(b) for c in calls for b in c.bindings]
+    report.compiles = [(name, round(seconds, 4)) for s in sessions for name, seconds in s.compiles]
+    report.timeline_slice_cycles, report.timeline = _timeline(runs, report.total_cycles)
+    return report
+
+
+def for_program(function: str, stats: RunStats, labels: list[tuple[int, int, str]], chip: str,
+                source: str = "") -> Report:
+    """A report of one program run (a codegen_dir timed on its chip): no bindings."""
+    session = Session(chip, stats.clock_hz)
+    session.runs.append(Run("call", function, stats, labels))
+    from .session import Call
+    session.calls.append(Call(function, stats, labels, []))
+    return build([session], source)
+
+
+def _units(runs: list[Run], total: int) -> list[UnitRow]:
+    busy: dict[str, int] = {}
+    for r in runs:
+        for unit, cycles in r.stats.units.items():
+            busy[unit] = busy.get(unit, 0) + cycles
+    return [UnitRow(u, c, c / total if total else 0.0) for u, c in busy.items()]
+
+
+def _paths(runs: list[Run]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in runs:
+        for path, n in r.stats.bytes_per_path.items():
+            out[path] = out.get(path, 0) + n
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def op_cycles(stats: RunStats, labels: list[tuple[int, int, str]]) -> list[tuple[str, int, int]]:
+    """(label, cycles added, span) per labelled range of one run, in program order.
+
+    An op adds the cycles by which it pushes out the latest end seen so far, so the ops of a
+    run sum to its total (unlabelled instructions are reported as "(other)")."""
+    n = len(stats.start)
+    ranges = sorted(labels)
+    covered = np.zeros(n, dtype=bool)
+    for a, b, _ in ranges:
+        covered[a:b] = True
+    pieces = [(a, b, name) for a, b, name in ranges]
+    pieces += [(i, i + 1, "(other)") for i in np.flatnonzero(~covered)]
+    pieces.sort()
+    out: dict[str, list[int]] = {}
+    frontier = 0
+    for a, b, name in pieces:
+        if b <= a:
+            continue
+        end = int(stats.end[a:b].max())
+        added = max(0, end - frontier)
+        frontier = max(frontier, end)
+        row = out.setdefault(name, [0, 0])
+        row[0] += added
+        row[1] += stats.span(a, b)
+    # the run ends when every unit is done; any tail after the last instruction's end is "(other)"
+    tail = stats.total_cycles - frontier
+    if tail > 0:
+        out.setdefault("(other)", [0, 0])[0] += tail
+    return [(name, c, s) for name, (c, s) in out.items()]
+
+
+def _ops(calls: list[tuple[str, RunStats, list]]) -> list[OpRow]:
+    rows: dict[tuple[str, str], OpRow] = {}
+    for function, stats, labels in calls:
+        for name, cycles, span in op_cycles(stats, labels):
+            row = rows.setdefault((function, name), OpRow(function, name, 0, 0, 0))
+            row.calls += 1
+            row.cycles += cycles
+            row.span_cycles += span
+    return sorted(rows.values(), key=lambda r: -r.cycles)
+
+
+def _binding_row(b: Binding) -> BindingRow:
+    saved_conv = b.conversion_cycles - b.cycles if b.conversion_cycles is not None and b.producer else None
+    saved_host = b.host_cycles - b.cycles if b.host_cycles is not None and b.producer else None
+    return BindingRow(b.function, b.input, b.path, b.producer, b.bytes, b.cycles, b.conversion_cycles,
+                      b.host_cycles, saved_conv, saved_host, b.advice)
+
+
+def _timeline(runs: list[Run], total: int) -> tuple[int, dict[str, list[float]]]:
+    """Busy fraction per unit in equal slices of the session (intervals merged per unit, so a
+    pipelined engine with overlapping transfers counts once)."""
+    if total == 0:
+        return 0, {}
+    slices = min(TIMELINE_SLICES, total)
+    width = -(-total // slices)
+    intervals: dict[str, list[tuple[int, int]]] = {}
+    offset = 0
+    for unit in (u for r in runs for u in r.stats.units):
+        intervals.setdefault(unit, [])
+    for r in runs:
+        for e in r.stats.trace():
+            if e.unit in intervals:  # units only: a stream waiting is not busy
+                intervals[e.unit].append((offset + e.start, offset + e.end))
+        offset += r.stats.total_cycles
+    out = {}
+    for unit, spans in intervals.items():
+        busy = np.zeros(slices + 1)
+        for a, b in _merged(spans):
+            _add_interval(busy, a, b, width)
+        out[unit] = [round(float(x), 4) for x in busy[:slices] / width]
+    return width, out
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _add_interval(busy: np.ndarray, a: int, b: int, width: int) -> None:
+    """Add the cycles of [a, b) to the slices they fall in."""
+    first, last = a // width, (b - 1) // width
+    if first == last:
+        busy[first] += b - a
+        return
+    busy[first] += (first + 1) * width - a
+    busy[first + 1:last] += width
+    busy[last] += b - last * width

@@ -1,0 +1,204 @@
+"""Reports (text, JSON, CSV, PNG) and the run / report / compare commands."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mlsdk import Context, MNDevice
+from mlsdk.cli import main
+from mlsdk.report import Report, build, op_cycles
+
+REPO = Path(__file__).resolve().parents[2]
+SEED = str(REPO / "examples" / "io_spec_constraints.py")
+CHAIN = str(REPO / "examples" / "chain_conversion.py")
+
+
+def scale(d):
+    return {"y": d["x"] * 3 + 1}
+
+
+@pytest.fixture
+def session_report(tmp_path):
+    ctx = Context(MNDevice("mini:auto"))
+    fn = ctx.compile(scale, {"x": torch.zeros(8, 16)}, tmp_path / "s")
+    mid = fn({"x": torch.ones(8, 16)})["y"]
+    fn({"x": mid})["y"].cpu()
+    return ctx, build([ctx.session], "test")
+
+
+def test_report_totals_are_the_runs(session_report):
+    ctx, report = session_report
+    assert [r.kind for r in report.runs] == ["binding", "call", "call", "download"]
+    assert report.total_cycles == sum(r.cycles for r in report.runs) == ctx.session.total_cycles()
+    assert [r.start_cycle for r in report.runs] == list(np.cumsum([0] + [r.cycles for r in report.runs[:-1]]))
+    assert report.time_us == pytest.approx(report.total_cycles / report.clock_hz * 1e6)
+    busy = {u.unit: u.busy_cycles for u in report.units}
+    assert busy["PE stream"] == sum(r.stats.pe_busy for r in ctx.session.runs)
+    assert busy["host link"] == sum(r.stats.host_busy for r in ctx.session.runs) > 0
+    for u in report.units:
+        assert u.utilisation == pytest.approx(u.busy_cycles / report.total_cycles)
+    assert report.paths["host_to_pdm"] == sum(r.stats.bytes_per_path.get("host_to_pdm", 0) for r in ctx.session.runs)
+
+
+def test_ops_add_up_to_their_calls(session_report):
+    ctx, report = session_report
+    call_cycles = sum(c.stats.total_cycles for c in ctx.session.calls)
+    assert sum(o.cycles for o in report.ops) == call_cycles
+    assert all(o.calls == 2 and o.function == "scale" for o in report.ops)
+    assert any("@ test_reports.py:" in o.op for o in report.ops), "ops name the user's source line"
+
+
+def test_op_cycles_attribute_the_frontier():
+    class Stats:
+        start = np.array([0, 5, 10, 12])
+        end = np.array([10, 8, 30, 20])
+        total_cycles = 34
+
+        def span(self, a, b):
+            return int(self.end[a:b].max() - self.start[a:b].min())
+    rows = op_cycles(Stats(), [(0, 2, "a"), (2, 3, "b")])
+    # a ends at 10; b pushes the end to 30; instruction 3 ends inside; the tail 30..34 is (other)
+    assert rows == [("a", 10, 10), ("b", 20, 20), ("(other)", 4, 8)]
+
+
+def test_relocation_savings_in_the_report(session_report):
+    _, report = session_report
+    (relocated,) = report.relocations()
+    assert relocated.consumer == "scale.x" and relocated.producer == "scale.y" and relocated.cycles == 0
+    assert relocated.saved_vs_conversion == relocated.conversion_cycles > 0
+    assert relocated.saved_vs_host == relocated.host_cycles > relocated.conversion_cycles
+
+
+def test_timeline_fractions_match_busy_cycles(session_report):
+    _, report = session_report
+    width = report.timeline_slice_cycles
+    for unit, values in report.timeline.items():
+        assert all(0 <= v <= 1 for v in values)
+    # the PE stream never overlaps itself, so its busy fraction integrates to its busy cycles
+    pe = sum(report.timeline["PE stream"]) * width
+    assert pe == pytest.approx(next(u.busy_cycles for u in report.units if u.unit == "PE stream"), rel=1e-3)
+
+
+def test_json_round_trip_and_csv(session_report, tmp_path):
+    _, report = session_report
+    report.save(tmp_path / "r.json")
+    again = Report.load(tmp_path / "r.json")
+    assert again == report
+    from mlsdk.render import csv_text
+    rows = list(csv.DictReader(io.StringIO(csv_text(report))))
+    total = [r for r in rows if r["section"] == "summary" and r["metric"] == "total_cycles"]
+    assert int(total[0]["value"]) == report.total_cycles
+    saved = [r for r in rows if r["section"] == "bindings" and r["metric"] == "saved_vs_conversion" and r["value"]]
+    assert [int(r["value"]) for r in saved] == [report.relocations()[0].saved_vs_conversion]
+    with pytest.raises(ValueError, match="not an mnsim report"):
+        Report.from_json({"format": "other"})
+
+
+def test_report_refuses_mixed_chips_and_reference_runs(tmp_path):
+    a, b = Context(MNDevice("mini:auto")), Context(MNDevice("mncore2_2groups:auto"))
+    for c in (a, b):
+        c.compile(scale, {"x": torch.zeros(2, 2)}, tmp_path / c.device.chip)({"x": torch.ones(2, 2)})
+    with pytest.raises(ValueError, match="different chips"):
+        build([a.session, b.session])
+    with pytest.raises(ValueError, match="nothing ran on a simulated chip"):
+        build([Context(MNDevice("pfvm:cpu")).session])
+
+
+def test_png_has_both_plots(session_report, tmp_path):
+    from mlsdk.plots import png
+    _, report = session_report
+    png(report, tmp_path / "r.png")
+    import matplotlib.image as mpimg
+    image = mpimg.imread(tmp_path / "r.png")
+    assert image.shape[0] > 500 and image.shape[1] > 800, "two panels: bindings and utilisation"
+
+
+# ---- commands ---------------------------------------------------------------------------------
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    return code, capsys.readouterr().out
+
+
+def test_mnsim_run_seed_text_and_json_agree(capsys, tmp_path):
+    code, out = run_cli(capsys, "run", "--device", "mini:auto", SEED)
+    assert code == 0
+    assert out.splitlines()[0] == "producer -> consumer direct-use succeeded"
+    assert "relocation" in out and "saved vs conv." in out
+    code, out = run_cli(capsys, "run", "--device", "mini:auto", "--report", "json", SEED)
+    data = json.loads(out[out.index("{"):])
+    (reloc,) = [b for b in data["bindings"] if b["path"] == "relocation"]
+    assert reloc["saved_vs_conversion"] > 0 and reloc["saved_vs_host"] > 0
+    assert reloc["consumer" if "consumer" in reloc else "function"] == "consumer"
+    assert data["chip"] == "mini"
+
+
+def test_mnsim_run_writes_files_and_a_trace(capsys, tmp_path):
+    out_json, trace = tmp_path / "r.json", tmp_path / "t.json"
+    code, out = run_cli(capsys, "run", "--device", "mini:auto", "--report", "json", "--out", str(out_json),
+                        "--trace", str(trace), SEED, "--device", "mncore2:auto")
+    assert code == 0 and f"report: {out_json}" in out
+    report = Report.load(out_json)
+    assert report.chip == "mini", "mnsim's --device wins over the script's own"
+    events = json.loads(trace.read_text())["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert {"PE stream", "Data Engine 0", "host link"} <= tracks
+    for fmt, name in (("csv", "r.csv"), ("png", "r.png"), ("text", "r.txt")):
+        code, _ = run_cli(capsys, "run", "--device", "mini:auto", "--report", fmt, "--out", str(tmp_path / name), SEED)
+        assert code == 0 and (tmp_path / name).stat().st_size > 0
+
+
+def test_mnsim_run_reports_conversion_advice(capsys, tmp_path, monkeypatch):
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code, out = run_cli(capsys, "run", "--device", "mini:auto", CHAIN)
+    assert code == 0
+    assert "advice: compile producer with io_spec_constraints={'scores': consumer.input_specs['scores']}" in out
+
+
+def test_mnsim_run_script_failure_exit_code(capsys, tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("import torch\nfrom mlsdk import Context, MNDevice\n"
+                      "c = Context(MNDevice('mncore2:auto'))\n"
+                      "f = c.compile(lambda d: {'y': d['x'] + 1}, {'x': torch.zeros(2)}, None)\n"
+                      "f({'x': torch.zeros(2)})\nraise RuntimeError('boom')\n")
+    code, out = run_cli(capsys, "run", "--device", "mini:auto", str(script))
+    assert code == 1 and "mnsim report" in out
+    assert main(["run", str(tmp_path / "missing.py")]) == 1
+
+
+def test_mnsim_report_codegen_dir_and_json(capsys, tmp_path):
+    ctx = Context(MNDevice("mini:auto"))
+    ctx.compile(scale, {"x": torch.zeros(8, 16)}, tmp_path / "scale")
+    code, out = run_cli(capsys, "report", str(tmp_path / "scale"), "--format", "json")
+    data = json.loads(out)
+    assert code == 0 and data["chip"] == "mini"
+    summary = json.loads((tmp_path / "scale" / "summary.json").read_text())
+    assert data["total_cycles"] == summary["estimated_cycles"]
+    Report.from_json(data).save(tmp_path / "r.json")
+    code, out = run_cli(capsys, "report", str(tmp_path / "r.json"))
+    assert code == 0 and f"{data['total_cycles']:,} cycles" in out
+    assert main(["report", str(tmp_path / "nothing")]) == 1
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["report", str(tmp_path / "bad.json")]) == 1
+
+
+def test_mnsim_compare_shows_where_the_variant_differs(capsys):
+    code, out = run_cli(capsys, "compare", "--device", "mncore2:auto", "--device", "mncore2_fastdram:auto",
+                        "--report", "json", SEED)
+    assert code == 0
+    data = json.loads(out[out.index("{"):])
+    a, b = data["a"], data["b"]
+    assert (a["chip"], b["chip"]) == ("mncore2", "mncore2_fastdram")
+    assert b["total_cycles"] < a["total_cycles"], "doubled DRAM and Data Engine rates shorten the run"
+    code, out = run_cli(capsys, "compare", "--device", "mncore2:auto", "--device", "mncore2_fastdram:auto", SEED)
+    assert "mncore2_fastdram / mncore2" in out and "total cycles" in out
+    assert main(["compare", "--device", "mini:auto", SEED]) == 1
