@@ -39,6 +39,7 @@ ALLOWED = {
     ("mlsdk/render.py", 6): "rounding of utilisation and microseconds in CSV",
     ("mlsdk/report.py", 200): "slices of the utilisation timeline (plot resolution)",
     ("mlsdk/report.py", 4): "rounding of seconds and fractions in JSON",
+    ("compiler/transfer/staging.py", 64): "lru_cache size",
     ("compiler/transfer/gather.py", 5): "fields of a run record (dst, group, src, n, buffer)",
     ("compiler/codegen.py", 4): "completion-tag numbers: which program uses which tag is a software convention",
     ("compiler/codegen.py", 5): "completion-tag number (software convention)",

@@ -289,23 +289,47 @@ class Placement:
                 rest //= f.size
         return digits
 
+    def _outer(self, coef: np.ndarray) -> np.ndarray:
+        """sum_k coef[k] * digit_k over every element in row-major order, built as an outer sum of
+        one small vector per dimension (no per-element division)."""
+        total = np.zeros(1, dtype=np.int64)
+        k = 0
+        for d, size in enumerate(self.layout.shape):
+            factors = self.layout.dims[d]
+            rest = np.arange(size, dtype=np.int64)
+            part = np.zeros(size, dtype=np.int64)
+            for j in reversed(range(len(factors))):
+                if coef[k + j]:
+                    part += coef[k + j] * (rest % factors[j].size)
+                rest //= factors[j].size
+            k += len(factors)
+            total = np.add.outer(total, part).ravel()
+        return total
+
     def locate(self, elements: np.ndarray | None = None, *, first_copy_only: bool = False) -> Location:
         """Locations of the given flat element indices (default: all), one row per copy."""
-        if elements is None:
+        if elements is None:  # every element: each quantity is a sum of per-dimension terms
             elements = np.arange(self.layout.numel, dtype=np.int64)
-        elements = np.asarray(elements, dtype=np.int64).ravel()
-        multi = np.array(np.unravel_index(elements, self.layout.shape), dtype=np.int64).reshape(self.layout.rank, -1)
-        digits = self._digits(multi)
-        lw = self.lw_coef @ digits
-        w = self.wpos @ digits
-        t = self.tpos @ digits
-        coords = {a.name: self.coord[a.name] @ digits for a in self.instance_axes}
+            linear = self._outer
+        else:
+            elements = np.asarray(elements, dtype=np.int64).ravel()
+            multi = np.array(np.unravel_index(elements, self.layout.shape), dtype=np.int64).reshape(self.layout.rank, -1)
+            digits = self._digits(multi)
+            linear = lambda coef: coef @ digits  # noqa: E731
+        lw = linear(self.lw_coef)
+        w = linear(self.wpos)
+        t = linear(self.tpos)
+        coords = {a.name: linear(self.coord[a.name]) for a in self.instance_axes}
         inst = np.zeros_like(lw)
         for a in self.instance_axes:
             inst += coords[a.name] // a.divisor * a.radix
         n_copies = 1 if first_copy_only else self.copies
-        rep = lambda x: np.repeat(x, n_copies)  # noqa: E731
-        tile = lambda x: np.tile(x[:n_copies], len(elements))  # noqa: E731
+        if n_copies == 1:
+            rep = lambda x: x  # noqa: E731
+            tile = lambda x: x[0]  # noqa: E731
+        else:
+            rep = lambda x: np.repeat(x, n_copies)  # noqa: E731
+            tile = lambda x: np.tile(x[:n_copies], len(elements))  # noqa: E731
         out_coords = {name: rep(c) + (tile(self.copy_coords[name]) if name in self.copy_coords else 0)
                       for name, c in coords.items()}
         w_all = rep(w) + tile(self.copy_slot)

@@ -21,7 +21,7 @@ the other. Every size comes from the YAML (fan-outs, chunk sizes, capacities, ha
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from math import gcd
 
 import numpy as np
@@ -108,7 +108,17 @@ class Staging:
 
 
 def stage(lm: Placement) -> Staging:
-    """The staging of an LM placement; raises LayoutError when block copies cannot produce it."""
+    """The staging of an LM placement; raises LayoutError when block copies cannot produce it.
+    Kernels ask for the same stagings repeatedly (planning, then emitting), so they are cached."""
+    return _stage_cached(lm.layout, lm.hw, lm.memory, lm.dtype)
+
+
+@lru_cache(maxsize=64)
+def _stage_cached(layout, hw, memory: str, dtype: str) -> Staging:
+    return _stage(Placement(layout, hw, memory, dtype, check_capacity=False))
+
+
+def _stage(lm: Placement) -> Staging:
     chain = Chain.of(lm.hw)
     placed = set(lm.layout.placed_axes)
     if chain.unit_axis not in placed and chain.pe_axis in placed:
