@@ -16,7 +16,7 @@ import shutil
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -38,6 +38,9 @@ from .function import CompiledFunction
 from .naming import get_tensor_name, set_tensor_name
 from .proxy import TORCH_DTYPES, TensorProxy
 from .session import BINDING, CALL, DOWNLOAD, LOAD, UPLOAD, Binding, Run, new_session
+
+if TYPE_CHECKING:
+    from .report import Report
 
 
 @dataclasses.dataclass
@@ -223,6 +226,11 @@ class Context:
         self.invalidated = True
         if Context._current is self:
             Context._current = None
+
+    def report(self) -> "Report":
+        """Where this Context's device cycles went so far (see mlsdk.report)."""
+        from .report import build
+        return build([self.session], f"Context on {self.device.name}")
 
     # ---- compiling ----------------------------------------------------------------------------
 

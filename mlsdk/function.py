@@ -128,21 +128,25 @@ class CompiledFunction:
         bound: dict[str, DeviceBuffer] = {}
         temporary: list[DeviceBuffer] = []
         bindings: list[Binding] = []
-        for name, value in values.items():
-            buf, binding = self._bind(name, value, self._inputs[name])
-            bound[name] = buf
-            bindings.append(binding)
-            if binding.path != "relocation":
-                temporary.append(buf)
-        for name, registered in self._resident.items():
-            buf, binding = ctx._bind_resident(self, name, registered, compiled.inputs[name], self._need(name))
-            bound[name] = buf
-            bindings.append(binding)
-        outputs, stats = board.call(self._loaded, bound)
+        first_run = len(ctx.session.runs)
+        try:
+            for name, value in values.items():
+                buf, binding = self._bind(name, value, self._inputs[name])
+                bound[name] = buf
+                bindings.append(binding)
+                if binding.path != "relocation":
+                    temporary.append(buf)
+            for name, registered in self._resident.items():
+                buf, binding = ctx._bind_resident(self, name, registered, compiled.inputs[name], self._need(name))
+                bound[name] = buf
+                bindings.append(binding)
+            outputs, stats = board.call(self._loaded, bound)
+        finally:  # inputs uploaded or converted for this call only, also when a later one fails
+            for buf in temporary:
+                board.free(buf)
         ctx._record(CALL, self.name, stats, compiled.program.labels)
-        ctx.session.calls.append(Call(self.name, stats, compiled.program.labels, bindings))
-        for buf in temporary:
-            board.free(buf)
+        ctx.session.calls.append(Call(self.name, stats, compiled.program.labels, bindings,
+                                      ctx.session.runs[first_run:]))
         proxies = [TensorProxy(ctx, compiled.outputs[name], buffer=outputs[name], producer=f"{self.name}.{name}",
                                shape=compiled.output_shapes[name]) for name in compiled.outputs]
         for p in proxies:

@@ -28,7 +28,7 @@ import numpy as np
 
 from sim import RunStats
 
-from .session import Binding, Run, Session
+from .session import Binding, Call, Run, Session
 
 TIMELINE_SLICES = 200  # resolution of the utilisation-over-time plot (presentation, not hardware)
 FORMAT = "mnsim-report/1"
@@ -158,13 +158,18 @@ def build(sessions: Iterable[Session], source: str = "") -> Report:
     return report
 
 
+def for_call(session: Session, index: int = -1) -> Report:
+    """A report of one call of a session (default: the last): its input bindings and its program."""
+    call = session.calls[index]
+    one = Session(session.chip, session.clock_hz, runs=list(call.runs), calls=[call])
+    return build([one], call.function)
+
+
 def for_program(function: str, stats: RunStats, labels: list[tuple[int, int, str]], chip: str,
                 source: str = "") -> Report:
     """A report of one program run (a codegen_dir timed on its chip): no bindings."""
-    session = Session(chip, stats.clock_hz)
-    session.runs.append(Run("call", function, stats, labels))
-    from .session import Call
-    session.calls.append(Call(function, stats, labels, []))
+    run = Run("call", function, stats, labels)
+    session = Session(chip, stats.clock_hz, runs=[run], calls=[Call(function, stats, labels, [], [run])])
     return build([session], source)
 
 

@@ -47,6 +47,7 @@ class Call:
     stats: RunStats
     labels: Labels
     bindings: list[Binding]
+    runs: list[Run] = field(default_factory=list)  # this call's binding runs, then the program
 
 
 @dataclass

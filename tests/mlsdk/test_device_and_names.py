@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import warnings
 
 import pytest
@@ -106,3 +107,9 @@ def test_options_documented_keys_are_accepted_silently():
 def test_options_bad_float_dtype_raises():
     with pytest.raises(ValueError, match="float_dtype.*'double'.*float, mixed"):
         options_mod.check({"float_dtype": "double"})
+
+
+def test_readme_documents_every_option():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    missing = [name for name in [*options_mod.USED, *options_mod.IGNORED] if f"`{name}`" not in readme]
+    assert not missing, f"README does not say what mnsim does with: {missing}"

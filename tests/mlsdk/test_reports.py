@@ -202,3 +202,27 @@ def test_mnsim_compare_shows_where_the_variant_differs(capsys):
     code, out = run_cli(capsys, "compare", "--device", "mncore2:auto", "--device", "mncore2_fastdram:auto", SEED)
     assert "mncore2_fastdram / mncore2" in out and "total cycles" in out
     assert main(["compare", "--device", "mini:auto", SEED]) == 1
+
+
+def test_call_report_and_context_report(session_report):
+    from mlsdk.report import for_call
+    ctx, whole = session_report
+    assert ctx.report().total_cycles == whole.total_cycles
+    last = for_call(ctx.session)
+    assert [r.kind for r in last.runs] == ["call"], "the last call's input was relocated: no binding run"
+    first = for_call(ctx.session, 0)
+    assert [r.kind for r in first.runs] == ["binding", "call"]
+    assert first.total_cycles == sum(r.stats.total_cycles for r in ctx.session.runs[:2])
+    assert [b.path for b in first.bindings] == ["upload"] and [b.path for b in last.bindings] == ["relocation"]
+
+
+def test_failed_binding_frees_what_it_uploaded(tmp_path):
+    ctx = Context(MNDevice("mini:auto"))
+    other = Context(MNDevice("mini:1"))
+    fn = ctx.compile(lambda d: {"y": d["a"] + d["b"]}, {"a": torch.zeros(4, 8), "b": torch.zeros(4, 8)}, None)
+    foreign = other.compile(scale, {"x": torch.zeros(4, 8)}, None)({"x": torch.ones(4, 8)})["y"]
+    fn({"a": torch.ones(4, 8), "b": torch.ones(4, 8)})  # loads the program's constants
+    held = ctx.device.board.allocated_lw()
+    with pytest.raises(Exception, match="proxy on mini:1"):
+        fn({"a": torch.ones(4, 8), "b": foreign})
+    assert ctx.device.board.allocated_lw() == held
