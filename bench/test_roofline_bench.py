@@ -1,0 +1,69 @@
+"""Simulated cycles against the roofline bound of the hardware description.
+
+The bound of a kernel is max(compute time, DRAM traffic time): compute at the MAUs' matrix rate
+(rows x cols multiply-adds per cycle per MAB, `units.MAU.matrix`) or the ALU/MAU vector lanes,
+traffic as the bytes each operand and result must cross between DRAM and L2BM at least once,
+at every Group's Data Engine rate (`transfers.dram_to_l2bm` / `l2bm_to_dram`, individual mode).
+The ratio bound / simulated is the fraction of the roofline the compiled program reaches.
+Cycles come from the timing engine (the values do not change them).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import hwdesc
+from compiler.compile import compile_function
+from sim import Machine
+
+HW = hwdesc.load("mncore2")
+
+
+def dram_cycles(read_bytes: int, write_bytes: int) -> float:
+    groups = HW.instances("Group")
+    lw = HW.long_word_bytes
+    read = HW.transfers["dram_to_l2bm"].modes["individual"].src_lw_per_cycle * lw * groups
+    write = HW.transfers["l2bm_to_dram"].modes["individual"].dst_lw_per_cycle * lw * groups
+    return read_bytes / read + write_bytes / write
+
+
+def simulate(fn, inputs, options) -> tuple[int, float]:
+    start = time.perf_counter()
+    compiled = compile_function(fn, inputs, HW, options=options)
+    compile_s = time.perf_counter() - start
+    return Machine(HW).time(compiled.program.code).total_cycles, compile_s
+
+
+@pytest.mark.parametrize("float_dtype", ["float", "mixed"])
+def test_matmul_1024_roofline(benchmark, float_dtype):
+    n = 1024
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    cycles, compile_s = benchmark.pedantic(simulate, args=(lambda d: {"c": d["a"] @ d["b"]}, {"a": a, "b": b},
+                                                            {"float_dtype": float_dtype}), rounds=1, iterations=1)
+    mode = HW.units["MAU"].matrix["float16" if float_dtype == "mixed" else "float32"]
+    compute = n ** 3 / (mode.rows * mode.cols * HW.instances("MAB"))
+    # "mixed" keeps float32 in DRAM (the operands are converted in LM), so traffic is float32 either way
+    traffic = dram_cycles(2 * n * n * 4, n * n * 4)
+    bound = max(compute, traffic)
+    benchmark.extra_info.update(simulated_cycles=cycles, compute_bound=round(compute), traffic_bound=round(traffic),
+                                fraction_of_roofline=round(bound / cycles, 3), compile_s=round(compile_s, 2))
+    print(f"\n1024^3 {float_dtype}: {cycles:,} cycles; bound {bound:,.0f} (compute {compute:,.0f}, DRAM {traffic:,.0f})"
+          f" -> {bound / cycles:.2f} of the roofline; compile {compile_s:.1f} s")
+
+
+def test_elementwise_16m_roofline(benchmark):
+    n = 4096
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    cycles, compile_s = benchmark.pedantic(simulate, args=(lambda d: {"c": d["a"] + d["b"]}, {"a": a, "b": b}, {}),
+                                           rounds=1, iterations=1)
+    lanes = HW.units[HW.pe_ops["add"].unit].vector["float32"].lanes_per_cycle
+    compute = n * n * HW.pe_ops["add"].issues / (lanes * HW.instances("PE"))
+    traffic = dram_cycles(2 * n * n * 4, n * n * 4)
+    bound = max(compute, traffic)
+    benchmark.extra_info.update(simulated_cycles=cycles, compute_bound=round(compute), traffic_bound=round(traffic),
+                                fraction_of_roofline=round(bound / cycles, 3), compile_s=round(compile_s, 2))
+    print(f"\n16M-element add: {cycles:,} cycles; bound {bound:,.0f} (compute {compute:,.0f}, DRAM {traffic:,.0f}) -> "
+          f"{bound / cycles:.2f} of the roofline; compile {compile_s:.1f} s")
