@@ -66,7 +66,7 @@ def _name(enum, value: int) -> str:
 class _Checker:
     def __init__(self, params: MachineParams, code: np.ndarray, host_words: list[int]) -> None:
         self.p, self.code, self.host_words = params, code, host_words
-        self.tags_seen: set[int] = set()
+        self.first_issue: dict[int, int] = {}  # tag -> first MV / HOST_DMA carrying it (see validate)
 
     def fail(self, i: int, message: str) -> SimError:
         return SimError(message, index=i, instruction=disassemble(self.code[i], self.p))
@@ -131,7 +131,7 @@ class _Checker:
     def _wait(self, i, row):
         tag = int(row[isa.WAIT_TAG])
         self.tag(i, tag)
-        if tag not in self.tags_seen:
+        if self.first_issue.get(tag, i) >= i:
             raise self.fail(i, f"WAIT on tag {tag}, which no earlier MV or HOST_DMA carries")
 
     def _mv(self, i, row):
@@ -171,7 +171,6 @@ class _Checker:
         self.in_range(i, sm, int(row[isa.MV_SRC_ADDR]), src_n, "source long words")
         self.in_range(i, dm, int(row[isa.MV_DST_ADDR]), dst_n, "destination long words")
         self.tag(i, int(row[isa.MV_TAG]))
-        self.tags_seen.add(int(row[isa.MV_TAG]))
 
     def _host_dma(self, i, row):
         to_device = row[isa.DMA_DIR] == 0
@@ -189,7 +188,6 @@ class _Checker:
         if pdm < 0 or pdm + n > window:
             raise self.fail(i, f"PDM long words {pdm}..{pdm + n - 1} are outside the host window (0..{window - 1})")
         self.tag(i, int(row[isa.DMA_TAG]))
-        self.tags_seen.add(int(row[isa.DMA_TAG]))
 
     def _xfer(self, i, row):
         mode = self.enum(i, Mode, row[isa.X_MODE], "mode")
@@ -295,10 +293,58 @@ class _Checker:
 
 
 def validate(params: MachineParams, code: np.ndarray, host_words: list[int] | None = None) -> None:
-    """Raise SimError at the first instruction that cannot run on this chip."""
+    """Raise SimError at the first instruction that cannot run on this chip.
+
+    Plain individual MVs (most of a gather-heavy program) are checked all at once with numpy;
+    every other instruction, and any MV that fails the bulk check, goes through the per-
+    instruction checker in program order, so the error is the same as checking one by one."""
     checker = _Checker(params, code, host_words or [])
-    for i in range(len(code)):
-        checker.check(i)
+    checker.first_issue = _first_issue(code)
+    for i in np.flatnonzero(~_plain_mvs_ok(params, code)):
+        checker.check(int(i))
+
+
+def _first_issue(code: np.ndarray) -> dict[int, int]:
+    """Tag -> index of the first MV or HOST_DMA that carries it (a WAIT must come after)."""
+    out: dict[int, int] = {}
+    for op, field_ in ((Op.MV, isa.MV_TAG), (Op.HOST_DMA, isa.DMA_TAG)):
+        rows = np.flatnonzero(code[:, 0] == op)
+        tags, first = np.unique(code[rows, field_], return_index=True)
+        for tag, k in zip(tags.tolist(), rows[first].tolist()):
+            out[tag] = min(out.get(tag, k), k)
+    return out
+
+
+def _plain_mvs_ok(p: MachineParams, code: np.ndarray) -> np.ndarray:
+    """Rows that are individual, group-scoped, non-reducing MVs on a Data Engine path whose every
+    field is in range (what `_Checker._mv` accepts for such a row)."""
+    ok = (code[:, 0] == Op.MV) & (code[:, isa.MV_MODE] == Mode.individual) & (code[:, isa.MV_SCOPE] == Scope.group)
+    ok &= (code[:, isa.MV_RED] == Red.none) & np.isin(code[:, isa.MV_DTYPE], [d.value for d in DType])
+    n_mem = len(p.memory_names)
+    sm, dm = code[:, isa.MV_SRC_MEM], code[:, isa.MV_DST_MEM]
+    ok &= (sm >= 0) & (sm < n_mem) & (dm >= 0) & (dm < n_mem)
+    if not ok.any():
+        return ok
+    sm, dm = np.where(ok, sm, 0), np.where(ok, dm, 0)
+    path = p.path_of[sm, dm]
+    ok &= path >= 0
+    path = np.where(ok, path, 0)
+    ok &= (p.path_engine[path] == 0) & p.mode_offered[path, Mode.individual]
+    n = code[:, isa.MV_N]
+    ok &= n > 0
+    for mem, inst_f, local_f, addr_f in ((sm, isa.MV_SRC_INST, isa.MV_SRC_LOCAL, isa.MV_SRC_ADDR),
+                                         (dm, isa.MV_DST_INST, isa.MV_DST_LOCAL, isa.MV_DST_ADDR)):
+        count = p.mem_instances[mem]
+        inst, local = code[:, inst_f], code[:, local_f]
+        every = inst == ALL_GROUPS
+        ok &= np.where(every, (local >= 0) & (local < count // p.n_groups), (inst >= 0) & (inst < count))
+        cap = np.where(p.mem_lw_addressed[mem], p.mem_words[mem] // p.words_per_lw, p.mem_words[mem])
+        addr = code[:, addr_f]
+        ok &= (addr >= 0) & (addr + n <= cap)
+    ok &= (code[:, isa.MV_SRC_INST] == ALL_GROUPS) == (code[:, isa.MV_DST_INST] == ALL_GROUPS)
+    tag = code[:, isa.MV_TAG]
+    ok &= (tag >= 1) & (tag <= p.tags)
+    return ok
 
 
 def symbol_extents(params: MachineParams, code: np.ndarray, relocs: np.ndarray,

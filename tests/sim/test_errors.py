@@ -139,3 +139,24 @@ def test_relocatable_buffers_are_checked_at_every_binding(mini):
         m.run(program, bases={"x": top - 100})
     with pytest.raises(SimError, match="no address bound for buffer 'x'"):
         m.run(program, bases={})
+
+
+def test_bulk_checked_mvs_report_the_first_bad_instruction(mini):
+    """Plain MVs are validated all at once; the error must still be the first bad instruction."""
+    m = sim.Machine(mini)
+    m.grow("DRAM", 4096)
+    l2 = mini.memory_lw("L2BM")
+
+    def build(b, bad_at: int, wait_at: int | None = None):
+        for k in range(100):
+            if k == wait_at:
+                b.wait(7)
+            b.mv("individual", "DRAM", k, "L2BM", l2 + 1 if k == bad_at else k, 4, tag=1 if k < 60 else 7)
+        b.wait(1)
+
+    fails(m, lambda b: build(b, 57), rf"destination long words {l2 + 1}..{l2 + 4} are outside L2BM", 57)
+    # a WAIT on a tag that only a later MV carries
+    fails(m, lambda b: build(b, -1, wait_at=30), "WAIT on tag 7, which no earlier MV or HOST_DMA carries", 30)
+    b = builder(m)
+    build(b, -1)
+    assert m.run(b.build()).instructions["MV"] == 100
