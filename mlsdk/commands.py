@@ -18,6 +18,7 @@ from .report import Report, for_program
 from .run import run_script
 
 FORMATS = ("text", "json", "csv", "png")
+PNG_DEFAULT = "mnsim-report.png"
 
 
 class CommandError(MnsimError):
@@ -59,9 +60,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if not reports:
         Console(stderr=True).print("[yellow]nothing ran on a simulated chip: no report[/yellow]")
         return run.exit_code
+    default = PNG_DEFAULT if args.report == "png" else None
     for i, report in enumerate(reports):
-        out = _numbered(args.out, i, len(reports))
-        emit(report, args.report, out, console)
+        emit(report, args.report, _numbered(args.out or default, i, len(reports)), console)
     if args.trace:
         console.print(f"trace: {args.trace} (open it at https://ui.perfetto.dev)")
     return run.exit_code
@@ -87,6 +88,10 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     a, b = reports
     if args.report == "json":
         _write(json.dumps({"a": a.to_json(), "b": b.to_json()}, indent=1), args.out, console)
+    elif args.out:
+        with open(args.out, "w") as f:
+            Console(file=f, width=140).print(render.comparison(a, b))
+        console.print(f"report: {args.out}")
     else:
         console.print(Rule())
         console.print(render.comparison(a, b))
@@ -117,7 +122,7 @@ def _codegen_report(path: Path) -> Report:
 def emit(report: Report, fmt: str, out: str | None, console: Console) -> None:
     if fmt == "png":
         from .plots import png
-        target = out or "mnsim-report.png"
+        target = out or PNG_DEFAULT
         png(report, target)
         console.print(f"report plot: {target}")
     elif fmt == "json":

@@ -35,8 +35,9 @@ from . import trace
 from .device import MNDevice
 from .errors import InputError, InvalidatedError, MLSDKError
 from .function import CompiledFunction
-from .naming import get_tensor_name, set_tensor_name
+from .naming import get_tensor_name, set_buffer_name_in_optimizer, set_tensor_name
 from .proxy import TORCH_DTYPES, TensorProxy
+from .resident import ResidentTensors, layout_key
 from .session import BINDING, CALL, DOWNLOAD, LOAD, UPLOAD, Binding, Run, new_session
 
 if TYPE_CHECKING:
@@ -69,10 +70,10 @@ class Registry:
                     set_tensor_name(t, f"{name}@{tensor_name.replace('.', '@')}")
                 self._context._register(t)
         elif isinstance(obj, torch.optim.Optimizer):
-            for i, state in enumerate(obj.state.values()):
-                for key, t in state.items():
+            set_buffer_name_in_optimizer(obj, name, only_unnamed=True)  # names given before are kept
+            for state in obj.state.values():
+                for t in state.values():
                     if isinstance(t, torch.Tensor):
-                        set_tensor_name(t, f"{name}@{i}@{key}")
                         self._context._register(t)
         else:
             raise TypeError(f"registry.register takes an nn.Module or an optimizer, got {type(obj).__name__}")
@@ -91,8 +92,7 @@ class Context:
         self.registry = Registry(self)
         self._registered: dict[str, torch.Tensor] = {}
         self._name_by_id: dict[int, str] = {}
-        self._resident: dict[str, tuple[DeviceBuffer, IOSpec]] = {}
-        self._resident_proxies: dict[str, "weakref.WeakSet[TensorProxy]"] = {}
+        self._resident = ResidentTensors(self)
         self._conversions: dict[tuple[str, str], Conversion] = {}
         self._estimates: dict[tuple, int] = {}
         self._functions: list[CompiledFunction] = []
@@ -148,46 +148,18 @@ class Context:
         name = self._name_of(tensor)
         if name is None:
             raise MLSDKError("this tensor is not registered in the Context (register_param / register_buffer)")
-        if self.device.reference:
-            return TensorProxy(self, _host_spec(name, tensor), host=tensor.detach().clone(),
+        if self.device.reference:  # the host tensor is the value: the handle views it
+            return TensorProxy(self, _host_spec(name, tensor), host=tensor.detach(), registered=name,
                                on_write=lambda v: tensor.data.copy_(v))
-        buf, spec = self._resident_value(name, self._wanted_spec(name))
-        proxy = TensorProxy(self, spec, buffer=buf, producer=f"registered {name}")
-        self._resident_proxies.setdefault(name, weakref.WeakSet()).add(proxy)
-        return proxy
+        return self._resident.handle(name, lambda: self._wanted_spec(name, tensor))
 
-    def _wanted_spec(self, name: str) -> tuple[IOSpec, int] | None:
-        """The layout (and buffer size) the first compiled function that reads `name` wants."""
+    def _wanted_spec(self, name: str, tensor: torch.Tensor) -> tuple[IOSpec, int]:
+        """The layout (and buffer size) the first compiled function that reads `name` wants, or a
+        default DRAM layout when none does yet."""
         for fn in self._functions:
             if fn.compiled is not None and name in fn.compiled.resident:
                 return fn.compiled.inputs[name], fn._need(name)
-        return None
-
-    def _resident_value(self, name: str, wanted: tuple[IOSpec, int] | None) -> tuple[DeviceBuffer, IOSpec]:
-        """The device copy of a registered tensor, uploaded on first use in the wanted layout."""
-        if name not in self._resident:
-            tensor = self._registered[name]
-            spec, need = wanted or (_default_spec(name, tensor, self.device.hw), 0)
-            buf = self.device.board.alloc(spec_placement(spec, self.device.hw), need)
-            stats = self.device.board.upload(buf, tensor.detach())
-            self._record(UPLOAD, f"registered {name}", stats)
-            self._resident[name] = (buf, spec)
-        return self._resident[name]
-
-    def _bind_resident(self, fn: CompiledFunction, input_name: str, name: str, spec: IOSpec,
-                       need: int) -> tuple[DeviceBuffer, Binding]:
-        """Registered tensors have one device copy; a function that wants it laid out otherwise
-        converts that copy once (recorded as its binding) and every later reader uses the result."""
-        buf, stored = self._resident_value(name, (spec, need))
-        if stored.is_memcopyable_to(spec) and buf.lw >= need:
-            return buf, Binding(fn.name, input_name, "relocation", 0, 0, f"registered {name}")
-        proxy = TensorProxy(self, stored, buffer=buf, producer=f"registered {name}")
-        new_buf, binding = self._bind_proxy(fn, input_name, proxy, spec, need)
-        self.device.board.free(buf)
-        self._resident[name] = (new_buf, spec)
-        for handle in self._resident_proxies.get(name, ()):
-            handle._buffer, handle._spec, handle._cache = new_buf, spec, None
-        return new_buf, binding
+        return _default_spec(name, tensor, self.device.hw), 0
 
     def _adopt_resident(self, compiled: Compiled) -> dict[str, str]:
         """Bind a program's device-resident inputs to this Context's registered tensors; a name not
@@ -203,7 +175,8 @@ class Context:
     def synchronize(self) -> None:
         """Write the device values of registered tensors back into the host tensors."""
         self._check()
-        for name, (buf, spec) in self._resident.items():
+        for name in self._resident.names():
+            buf, spec = self._resident.any_copy(name)
             value, stats = self.device.board.download(buf, spec.dtype, tuple(spec.shape))
             self._record(DOWNLOAD, f"registered {name}", stats)
             with torch.no_grad():
@@ -211,18 +184,14 @@ class Context:
 
     def invalidate(self) -> None:
         """Release every device buffer of this Context; its proxies and functions stop working."""
-        if self.invalidated or self.device.reference:
-            self.invalidated = True
-            return
-        board = self.device.board
-        for buf, _ in self._resident.values():
-            board.free(buf)
-        for loaded in self._loaded:
-            board.unload(loaded)
-        for proxy in list(self._buffers):
-            if proxy._buffer is not None:
-                board.free(proxy._buffer)
-        self._resident.clear()
+        if not (self.invalidated or self.device.reference):
+            board = self.device.board
+            self._resident.free_all()
+            for loaded in self._loaded:
+                board.unload(loaded)
+            for proxy in list(self._buffers):
+                if proxy._buffer is not None:
+                    board.free(proxy._buffer)
         self.invalidated = True
         if Context._current is self:
             Context._current = None
@@ -248,7 +217,7 @@ class Context:
                                "mnsim yet; compile inference functions with training=False")
         t0 = time.perf_counter()
         opts = options_mod.check(options)
-        name = getattr(function, "__name__", "function")
+        name = function_name(function)
         if self.device.reference:
             fn = self._reference_function(name, function, inputs)
         else:
@@ -287,14 +256,16 @@ class Context:
     def compile_automap(self, function: Callable, args: tuple, kwargs: dict, codegen_dir: str | os.PathLike,
                         options: dict | None = None, **compile_kwargs: Any) -> "AutomapFunction":
         """Compile a function of positional and keyword pytrees; call it with the same signature."""
+        returns: list[bool] = []  # whether the traced call returned a dict
+
         def packed(d: dict) -> Any:
             result = function(*d["args"], **d["kwargs"])
-            return result if isinstance(result, dict) else {"result": result}
-        packed.__name__ = getattr(function, "__name__", "function")
+            returns.append(isinstance(result, dict))
+            return result if returns[-1] else {"result": result}
+        packed.__name__ = function_name(function)
         fn = self.compile(packed, {"args": tuple(args), "kwargs": dict(kwargs)}, codegen_dir, options=options,
                           **compile_kwargs)
-        single = not isinstance(function(*args, **kwargs), dict)
-        return AutomapFunction(fn, single)
+        return AutomapFunction(fn, single=not returns[-1])
 
     def load_codegen_dir(self, codegen_dir: str | os.PathLike) -> CompiledFunction:
         """A CompiledFunction from a codegen_dir written by compile (in this or another process)."""
@@ -399,8 +370,8 @@ class Context:
         stats = board.machine.run(conv.program, bases={"src": proxy._buffer.address, "dst": buf.address})
         self._record(BINDING, f"convert {where}", stats, conv.program.labels)
         advice = None
-        if proxy.producer and "." in proxy.producer and not proxy.producer.startswith("registered"):
-            producer_fn, output = proxy.producer.split(".", 1)
+        if proxy._origin is not None:
+            producer_fn, output = proxy._origin
             advice = (f"compile {producer_fn} with io_spec_constraints={{{output!r}: "
                       f"{fn.name}.input_specs[{name!r}]}} to relocate instead and save {stats.total_cycles} cycles")
         return buf, Binding(fn.name, name, "conversion", stats.total_cycles, spec.size_bytes, proxy.producer,
@@ -441,8 +412,18 @@ def _default_spec(name: str, tensor: torch.Tensor, hw: Any) -> IOSpec:
                   p.footprint_lw * hw.long_word_bytes * len(p.instances_used), hw.name, hw.fingerprint)
 
 
+def function_name(function: Callable) -> str:
+    """How reports name a compiled function: its name, or where a lambda was written."""
+    name = getattr(function, "__name__", type(function).__name__)
+    code = getattr(function, "__code__", None)
+    if name == "<lambda>" and code is not None:
+        return f"lambda@{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+    return name
+
+
 def _pair_key(src: IOSpec, dst: IOSpec) -> tuple[str, str]:
-    return json.dumps(src.to_json(), sort_keys=True), json.dumps(dst.to_json(), sort_keys=True)
+    """Conversions depend on the layouts, not on the IO names."""
+    return layout_key(src), layout_key(dst)
 
 
 def _cache_key(graph: Any, opts: dict, constraints: dict, fingerprint: str, resident: Callable) -> str:

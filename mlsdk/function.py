@@ -73,6 +73,7 @@ class CompiledFunction:
             else:
                 buf = self._context._alloc(spec, self._need(name))
                 out[name] = TensorProxy(self._context, spec, buffer=buf, producer=f"{self.name}.allocate_input_proxy")
+                self._context._own(out[name])
         return out
 
     def _need(self, name: str) -> int:
@@ -137,7 +138,7 @@ class CompiledFunction:
                 if binding.path != "relocation":
                     temporary.append(buf)
             for name, registered in self._resident.items():
-                buf, binding = ctx._bind_resident(self, name, registered, compiled.inputs[name], self._need(name))
+                buf, binding = ctx._resident.bind(self, name, registered, compiled.inputs[name], self._need(name))
                 bound[name] = buf
                 bindings.append(binding)
             outputs, stats = board.call(self._loaded, bound)
@@ -148,7 +149,8 @@ class CompiledFunction:
         ctx.session.calls.append(Call(self.name, stats, compiled.program.labels, bindings,
                                       ctx.session.runs[first_run:]))
         proxies = [TensorProxy(ctx, compiled.outputs[name], buffer=outputs[name], producer=f"{self.name}.{name}",
-                               shape=compiled.output_shapes[name]) for name in compiled.outputs]
+                               shape=compiled.output_shapes[name], origin=(self.name, name))
+                   for name in compiled.outputs]
         for p in proxies:
             ctx._own(p)
         if compiled.out_spec is None:

@@ -26,12 +26,12 @@ def set_tensor_name_in_module(module: torch.nn.Module, prefix: str) -> None:
         set_tensor_name(t, f"{prefix}@{name.replace('.', '@')}")
 
 
-def set_buffer_name_in_optimizer(optimizer: torch.optim.Optimizer, prefix: str) -> None:
-    """Name every state tensor of an optimizer `prefix@<param index>@<state key>` (for
-    `Context.register_optimizer_buffers`)."""
+def set_buffer_name_in_optimizer(optimizer: torch.optim.Optimizer, prefix: str, *, only_unnamed: bool = False) -> None:
+    """Name every state tensor of an optimizer `prefix@<param index>@<state key>`, the index
+    counting the parameters of all its groups (for `Context.register_optimizer_buffers`)."""
     index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
     for param, state in optimizer.state.items():
         for key, t in state.items():
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and not (only_unnamed and get_tensor_name(t) is not None):
                 set_tensor_name(t, f"{prefix}@{index[id(param)]}@{key}")
     optimizer._mnsim_name = prefix  # type: ignore[attr-defined]

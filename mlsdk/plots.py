@@ -17,7 +17,7 @@ COLOURS = {"relocation": "tab:green", "conversion": "tab:orange", "host round tr
 
 
 def png(report: Report, path: str | os.PathLike) -> None:
-    handed_over = [b for b in report.bindings if b.producer]
+    handed_over = [b for b in report.bindings if b.producer and (b.conversion_cycles, b.host_cycles) != (None, None)]
     panels = 2 if handed_over else 1
     fig, axes = plt.subplots(panels, 1, figsize=(9, 3.2 * panels + 0.6), squeeze=False)
     if handed_over:

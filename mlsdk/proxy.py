@@ -26,7 +26,7 @@ TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bool": torc
 class TensorProxy:
     def __init__(self, context: "Context", spec: IOSpec, *, buffer: DeviceBuffer | None = None,
                  host: torch.Tensor | None = None, producer: str | None = None, shape: tuple[int, ...] | None = None,
-                 on_write: Any = None) -> None:
+                 on_write: Any = None, registered: str | None = None, origin: tuple[str, str] | None = None) -> None:
         self._context = context
         self._spec = spec
         self._buffer = buffer
@@ -35,6 +35,8 @@ class TensorProxy:
         self._producer = producer
         self._shape = tuple(shape if shape is not None else spec.shape)
         self._on_write = on_write
+        self._registered = registered  # the registered tensor this is a handle of
+        self._origin = origin  # (function, output) that produced it: what io_spec_constraints would name
 
     # ---- what it is ---------------------------------------------------------------------------
 
@@ -109,13 +111,15 @@ class TensorProxy:
         if tuple(value.shape) != self._shape:
             raise InputError(f"load_from: the source has shape {list(value.shape)}, this proxy {list(self._shape)}")
         value = value.clone() if clone else value
-        if self._host is not None:
+        if self._host is not None and self._on_write is not None:
+            self._on_write(value)  # a registered tensor on pfvm:cpu: write the host tensor this views
+        elif self._host is not None:
             self._host = value.to(self.dtype).clone()
         else:
             self._context._upload_into(self, value.to(self.dtype))
+            if self._registered is not None:
+                self._context._resident.written(self)
         self._cache = None
-        if self._on_write is not None:
-            self._on_write(value)
 
     # ---- torch interop ------------------------------------------------------------------------
 

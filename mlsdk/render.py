@@ -72,13 +72,13 @@ def tables(report: Report) -> list:
         out.append(ops)
 
     if r.bindings:
-        b = Table(title="input bindings: the path taken and its alternatives, in cycles (conv. = DRAM-to-DRAM "
-                        "conversion, host = round trip through the host)", title_justify="left")
-        for col in ("input", "from", "path", "cycles", "conv.", "host", "saved vs conv.", "saved vs host"):
+        b = Table(title="input bindings: the path taken and its alternatives, in cycles summed over the calls "
+                        "(conv. = DRAM-to-DRAM conversion, host = round trip through the host)", title_justify="left")
+        for col in ("input", "from", "path", "calls", "cycles", "conv.", "host", "saved vs conv.", "saved vs host"):
             text_col = col in ("input", "from", "path")
             b.add_column(col, justify="left" if text_col else "right", overflow="fold", no_wrap=not text_col)
         for row in r.bindings:
-            b.add_row(row.consumer, row.producer or "host tensor", row.path, _n(row.cycles),
+            b.add_row(row.consumer, row.producer or "host tensor", row.path, str(row.calls), _n(row.cycles),
                       _n(row.conversion_cycles), _n(row.host_cycles), _n(row.saved_vs_conversion),
                       _n(row.saved_vs_host))
         out.append(b)
@@ -111,7 +111,8 @@ def csv_text(report: Report) -> str:
     for b in r.bindings:
         w.writerow(["bindings", b.consumer, "path", b.path])
         w.writerow(["bindings", b.consumer, "producer", b.producer or ""])
-        for metric in ("bytes", "cycles", "conversion_cycles", "host_cycles", "saved_vs_conversion", "saved_vs_host"):
+        for metric in ("calls", "bytes", "cycles", "conversion_cycles", "host_cycles", "saved_vs_conversion",
+                       "saved_vs_host"):
             value = getattr(b, metric)
             w.writerow(["bindings", b.consumer, metric, "" if value is None else value])
         if b.advice:

@@ -71,6 +71,7 @@ class BindingRow:
     saved_vs_conversion: int | None  # conversion_cycles - cycles (what taking this path saved)
     saved_vs_host: int | None
     advice: str | None
+    calls: int = 1  # the figures are totals over this many calls
 
     @property
     def consumer(self) -> str:
@@ -152,7 +153,7 @@ def build(sessions: Iterable[Session], source: str = "") -> Report:
     report.units = _units(runs, report.total_cycles)
     report.paths = _paths(runs)
     report.ops = _ops([(c.function, c.stats, c.labels) for c in calls])
-    report.bindings = [_binding_row(b) for c in calls for b in c.bindings]
+    report.bindings = _bindings([b for c in calls for b in c.bindings])
     report.compiles = [(name, round(seconds, 4)) for s in sessions for name, seconds in s.compiles]
     report.timeline_slice_cycles, report.timeline = _timeline(runs, report.total_cycles)
     return report
@@ -231,11 +232,30 @@ def _ops(calls: list[tuple[str, RunStats, list]]) -> list[OpRow]:
     return sorted(rows.values(), key=lambda r: -r.cycles)
 
 
-def _binding_row(b: Binding) -> BindingRow:
-    saved_conv = b.conversion_cycles - b.cycles if b.conversion_cycles is not None and b.producer else None
-    saved_host = b.host_cycles - b.cycles if b.host_cycles is not None and b.producer else None
-    return BindingRow(b.function, b.input, b.path, b.producer, b.bytes, b.cycles, b.conversion_cycles,
-                      b.host_cycles, saved_conv, saved_host, b.advice)
+def _bindings(bindings: list[Binding]) -> list[BindingRow]:
+    """One row per (consumer input, producer, path), summed over the calls that bound it so."""
+    rows: dict[tuple, BindingRow] = {}
+    for b in bindings:
+        saved_conv = b.conversion_cycles - b.cycles if b.conversion_cycles is not None and b.producer else None
+        saved_host = b.host_cycles - b.cycles if b.host_cycles is not None and b.producer else None
+        key = (b.function, b.input, b.producer, b.path)
+        row = rows.get(key)
+        if row is None:
+            rows[key] = BindingRow(b.function, b.input, b.path, b.producer, b.bytes, b.cycles, b.conversion_cycles,
+                                   b.host_cycles, saved_conv, saved_host, b.advice)
+            continue
+        row.calls += 1
+        row.bytes += b.bytes
+        row.cycles += b.cycles
+        row.conversion_cycles = _add(row.conversion_cycles, b.conversion_cycles)
+        row.host_cycles = _add(row.host_cycles, b.host_cycles)
+        row.saved_vs_conversion = _add(row.saved_vs_conversion, saved_conv)
+        row.saved_vs_host = _add(row.saved_vs_host, saved_host)
+    return list(rows.values())
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a + b
 
 
 def _timeline(runs: list[Run], total: int) -> tuple[int, dict[str, list[float]]]:
@@ -243,8 +263,8 @@ def _timeline(runs: list[Run], total: int) -> tuple[int, dict[str, list[float]]]
     pipelined engine with overlapping transfers counts once)."""
     if total == 0:
         return 0, {}
-    slices = min(TIMELINE_SLICES, total)
-    width = -(-total // slices)
+    width = -(-total // min(TIMELINE_SLICES, total))
+    slices = -(-total // width)  # the last slice may be shorter: it ends with the session
     intervals: dict[str, list[tuple[int, int]]] = {}
     offset = 0
     for unit in (u for r in runs for u in r.stats.units):
@@ -259,7 +279,9 @@ def _timeline(runs: list[Run], total: int) -> tuple[int, dict[str, list[float]]]
         busy = np.zeros(slices + 1)
         for a, b in _merged(spans):
             _add_interval(busy, a, b, width)
-        out[unit] = [round(float(x), 4) for x in busy[:slices] / width]
+        lengths = np.full(slices, width, dtype=np.float64)
+        lengths[-1] = total - (slices - 1) * width
+        out[unit] = [round(float(x), 4) for x in busy[:slices] / lengths]
     return width, out
 
 

@@ -9,7 +9,9 @@ with its cycles and the cycles of the alternatives.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from sim import RunStats
 
@@ -72,12 +74,23 @@ class Session:
         return sum(r.stats.total_cycles for r in self.runs)
 
 
-# Every Session created in this process, so that `mnsim run` can report a script's Contexts
-# after the script has dropped them.
-ALL: list[Session] = []
+_collectors: list[list[Session]] = []
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[list[Session]]:
+    """Gather the Sessions of Contexts created inside (how `mnsim run` reports a script's
+    Contexts after the script dropped them). Outside, nothing keeps a Session alive."""
+    found: list[Session] = []
+    _collectors.append(found)
+    try:
+        yield found
+    finally:
+        _collectors.remove(found)
 
 
 def new_session(chip: str, clock_hz: int) -> Session:
     session = Session(chip, clock_hz)
-    ALL.append(session)
+    for found in _collectors:
+        found.append(session)
     return session

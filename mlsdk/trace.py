@@ -59,18 +59,28 @@ class Recorder:
 
 
 @contextlib.contextmanager
-def trace_scope(path: str | os.PathLike | None) -> Iterator[None]:
-    """Record everything inside into a trace file at `path`; None disables tracing."""
-    if path is None:
+def recording(recorder: Recorder | None) -> Iterator[None]:
+    """Send the events inside to `recorder` (None: nowhere)."""
+    if recorder is None:
         yield
         return
-    recorder = Recorder()
     _active.append(recorder)
     try:
         yield
     finally:
         _active.remove(recorder)
-        recorder.write(path)
+
+
+@contextlib.contextmanager
+def trace_scope(path: str | os.PathLike | None) -> Iterator[None]:
+    """Record everything inside into a trace file at `path`; None disables tracing."""
+    recorder = Recorder() if path is not None else None
+    try:
+        with recording(recorder):
+            yield
+    finally:  # a failing block still leaves its trace
+        if recorder is not None:
+            recorder.write(path)
 
 
 @contextlib.contextmanager

@@ -103,6 +103,17 @@ def test_compile_automap_takes_the_original_signature(ctx, tmp_path):
     assert set(out2) == {"double", "half"} and torch.allclose(out2["half"].cpu(), a / 2)
 
 
+def test_compile_automap_traces_the_function_once(ctx, tmp_path):
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        return x + 1
+    fn = ctx.compile_automap(f, (torch.zeros(2, 2),), {}, tmp_path / "once")
+    assert len(calls) == 1, "the function runs once, to be traced"
+    assert torch.equal(fn(torch.ones(2, 2)).cpu(), torch.full((2, 2), 2.0))
+
+
 def test_pytree_registration_rejects_other_types():
     with pytest.raises(TypeError, match="@dataclass"):
         register_pytree_dataclass(int)
@@ -178,11 +189,17 @@ def test_trace_scope_writes_host_and_device_tracks(ctx, tmp_path):
     assert all(s >= prev - 1e-9 for s, prev in zip(starts[1:], ends)), "device runs follow one another"
 
 
-def test_trace_scope_none_disables_tracing(ctx, tmp_path):
+def test_trace_scope_none_disables_tracing(ctx, tmp_path, monkeypatch):
+    from mlsdk import trace
+    written = []
+    monkeypatch.setattr(trace.Recorder, "write", lambda self, path: written.append(path))
     with trace_scope(None):
+        assert trace._active == []
         with trace_event("nothing"):
-            ctx.compile(scale, {"x": torch.zeros(2, 2)}, tmp_path / "s")
-    assert not list(tmp_path.glob("*.json"))
+            ctx.compile(scale, {"x": torch.zeros(2, 2)}, tmp_path / "s")({"x": torch.ones(2, 2)})
+    with trace_scope(tmp_path / "t.json"):
+        assert len(trace._active) == 1
+    assert written == [tmp_path / "t.json"]
 
 
 def test_pfvm_cpu_runs_the_traced_graph_with_torch(tmp_path):

@@ -137,7 +137,7 @@ def test_mnsim_run_seed_text_and_json_agree(capsys, tmp_path):
     data = json.loads(out[out.index("{"):])
     (reloc,) = [b for b in data["bindings"] if b["path"] == "relocation"]
     assert reloc["saved_vs_conversion"] > 0 and reloc["saved_vs_host"] > 0
-    assert reloc["consumer" if "consumer" in reloc else "function"] == "consumer"
+    assert (reloc["function"], reloc["input"], reloc["calls"]) == ("consumer", "shared", 1)
     assert data["chip"] == "mini"
 
 
@@ -226,3 +226,46 @@ def test_failed_binding_frees_what_it_uploaded(tmp_path):
     with pytest.raises(Exception, match="proxy on mini:1"):
         fn({"a": torch.ones(4, 8), "b": foreign})
     assert ctx.device.board.allocated_lw() == held
+
+
+def test_timeline_ends_with_the_session(tmp_path):
+    ctx = Context(MNDevice("mini:auto"))
+    ctx.compile(scale, {"x": torch.zeros(8, 16)}, None)({"x": torch.ones(8, 16)})["y"].cpu()
+    report = build([ctx.session])
+    slices = len(report.timeline["PE stream"])
+    assert (slices - 1) * report.timeline_slice_cycles < report.total_cycles <= slices * report.timeline_slice_cycles
+
+
+def test_bindings_are_summed_over_calls(session_report, tmp_path):
+    ctx, _ = session_report
+    fn = ctx.compile(scale, {"x": torch.zeros(8, 16)}, None)
+    for _ in range(3):
+        fn({"x": torch.ones(8, 16)})
+    report = build([ctx.session])
+    uploads = [b for b in report.bindings if b.path == "upload" and b.function == "scale"]
+    assert [b.calls for b in uploads] == [4]
+    each = [b.cycles for b in ctx.session.bindings if b.path == "upload"]
+    assert uploads[0].cycles == sum(each)
+
+
+def test_lambdas_are_named_by_where_they_are(tmp_path):
+    ctx = Context(MNDevice("mini:auto"))
+    f = ctx.compile(lambda d: {"y": d["x"] + 1}, {"x": torch.zeros(2, 2)}, None)
+    assert f.name.startswith("lambda@test_reports.py:")
+
+
+def test_mnsim_run_bad_options_fail_before_the_script_runs(capsys, tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("print('ran')\n")
+    assert main(["run", "--device", "bogus:auto", str(script)]) == 1
+    assert main(["run", "--trace", str(tmp_path / "nodir" / "t.json"), str(script)]) == 1
+    captured = capsys.readouterr()
+    assert "ran" not in captured.out
+    assert "unknown device 'bogus:auto'" in captured.err and "no directory" in captured.err
+
+
+def test_mnsim_run_passes_on_sys_exit_messages(capsys, tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nsys.exit('giving up')\n")
+    assert main(["run", str(script)]) == 1
+    assert "giving up" in capsys.readouterr().err

@@ -236,3 +236,101 @@ def test_proxy_from_another_device_is_refused(ctx, tmp_path):
     c = ctx.compile(consumer, {"shared": torch.zeros(2, 2)}, tmp_path / "c")
     with pytest.raises(InputError, match="proxy on mini:1, not on mini:auto"):
         c(p({"x": torch.ones(2, 2)}))
+
+
+def test_allocated_input_proxies_are_freed(ctx, tmp_path):
+    import gc
+    fn = ctx.compile(consumer, {"shared": torch.zeros(4, 8)}, tmp_path / "c")
+    board = ctx.device.board
+    fn({"shared": torch.zeros(4, 8)})  # loads the program
+    gc.collect()
+    held = board.allocated_lw()
+    for _ in range(3):
+        proxies = fn.allocate_input_proxy()
+        proxies["shared"].load_from(torch.ones(4, 8))
+        fn(proxies)
+        del proxies
+        gc.collect()
+    assert board.allocated_lw() == held
+    kept = fn.allocate_input_proxy()
+    ctx.invalidate()
+    assert board.allocated_lw() == 0 and kept["shared"]._buffer.freed
+
+
+@pytest.mark.parametrize("device", ["mini:auto", "pfvm:cpu"])
+def test_every_handle_of_a_registered_tensor_sees_a_write(device, tmp_path):
+    ctx = Context(MNDevice(device))
+    model = torch.nn.Linear(4, 4, bias=False)
+    torch.nn.init.constant_(model.weight, 1.0)
+    ctx.registry.register("m", model)
+    fn = ctx.compile(lambda d: {"y": model(d["x"])}, {"x": torch.ones(1, 4)}, tmp_path / "m")
+    p, q = ctx.get_registered_value_proxy(model.weight), ctx.get_registered_value_proxy(model.weight)
+    assert torch.equal(p.cpu(), torch.ones(4, 4))
+    q.load_from(torch.full((4, 4), 5.0))
+    assert torch.equal(p.cpu(), torch.full((4, 4), 5.0))
+    assert torch.equal(fn({"x": torch.ones(1, 4)})["y"].cpu(), torch.full((1, 4), 20.0))
+
+
+def test_two_layouts_of_a_registered_weight_are_converted_once(ctx, tmp_path):
+    model = torch.nn.Linear(8, 8, bias=False)
+    ctx.registry.register("m", model)
+    w = model.weight
+    fa = ctx.compile(lambda d: {"y": d["x"] @ w.t()}, {"x": torch.zeros(8, 8)}, tmp_path / "a")
+    fb = ctx.compile(lambda d: {"y": d["x"] + w}, {"x": torch.zeros(8, 8)}, tmp_path / "b")
+    x = torch.randn(8, 8)
+    for _ in range(3):
+        assert torch.allclose(fa({"x": x})["y"].cpu(), x @ w.detach().t(), atol=1e-5)
+        assert torch.allclose(fb({"x": x})["y"].cpu(), x + w.detach())
+    paths = [b.path for b in ctx.session.bindings if b.input == "m@weight"]
+    assert paths.count("relocation") >= 4 and len(paths) - paths.count("relocation") <= 1, paths
+    uploads = [r.what for r in ctx.session.transfers if r.kind == "upload"]
+    assert uploads == ["registered m@weight"]
+
+
+def test_optimizer_buffer_names_survive_registration(ctx):
+    from mlsdk import get_tensor_name, set_buffer_name_in_optimizer
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.Adam([a, b])
+    b.grad = torch.ones(2)
+    opt.step()  # only b has state
+    set_buffer_name_in_optimizer(opt, "opt")
+    ctx.register_optimizer_buffers(opt)
+    assert sorted(get_tensor_name(t) for t in opt.state[b].values()) == ["opt@1@exp_avg", "opt@1@exp_avg_sq",
+                                                                          "opt@1@step"]
+
+
+def test_invalidating_a_reference_context_clears_the_current_one():
+    ctx = Context(MNDevice("pfvm:cpu"))
+    Context.switch_context(ctx)
+    ctx.invalidate()
+    assert Context.current() is None
+
+
+def test_conversions_do_not_depend_on_io_names(ctx, tmp_path):
+    q, k = torch.randn(16, 8), torch.randn(32, 8)
+    p1 = ctx.compile(scores, {"q": q, "k": k}, None)
+    c1 = ctx.compile(softmax_rows, {"scores": q @ k.T}, None)
+
+    def renamed(d):
+        return {"s2": torch.softmax(d["s2"], dim=-1)}
+    c2 = ctx.compile(renamed, {"s2": q @ k.T}, None)
+    s = p1({"q": q, "k": k})["scores"]
+    c1({"scores": s})
+    c2({"s2": s})
+    assert len(ctx._conversions) == 1
+
+
+def test_advice_is_given_only_for_function_outputs(ctx, tmp_path):
+    q, k = torch.randn(16, 8), torch.randn(32, 8)
+    c = ctx.compile(softmax_rows, {"scores": q @ k.T}, None)
+    p = ctx.compile(scores, {"q": q, "k": k}, None)
+    c(p({"q": q, "k": k}))
+    produced = ctx.session.calls[-1].bindings[0]
+    assert produced.advice.startswith("compile scores with io_spec_constraints={'scores': softmax_rows.input_specs")
+    other = ctx.compile(lambda d: {"y": d["s"] @ k}, {"s": q @ k.T}, None)  # reads s as a product's A
+    proxies = other.allocate_input_proxy()
+    proxies["s"].load_from(q @ k.T)
+    assert not proxies["s"].spec.is_memcopyable_to(c.input_specs["scores"])
+    c({"scores": proxies["s"]})
+    binding = ctx.session.calls[-1].bindings[0]
+    assert binding.path == "conversion" and binding.advice is None, "an allocated buffer is no function's output"
