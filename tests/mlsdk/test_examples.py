@@ -23,6 +23,16 @@ def run_example(name: str, device: str, capsys, *extra: str) -> str:
     return capsys.readouterr().out
 
 
+# sha256 of examples/io_spec_constraints.py as copied from the seed listing (checked against the
+# listing itself below when ../shared is checked out next to the repository)
+SEED_SHA256 = "c583bf9f4ba9463d984a42222f7377bec2ef7f0059d75a87dad3241df80923c9"
+
+
+def test_the_seed_example_is_unchanged():
+    import hashlib
+    assert hashlib.sha256((EXAMPLES / "io_spec_constraints.py").read_bytes()).hexdigest() == SEED_SHA256
+
+
 @pytest.mark.skipif(not SEED.exists(), reason="the shared seed listing is not checked out next to the repo")
 def test_the_seed_example_is_the_listing_byte_for_byte():
     listing = SEED.read_text()
