@@ -37,6 +37,14 @@ def simulate(fn, inputs, options) -> tuple[int, float]:
     return Machine(HW).time(compiled.program.code).total_cycles, compile_s
 
 
+def record(benchmark, what: str, cycles: int, compile_s: float, compute: float, traffic: float) -> None:
+    bound = max(compute, traffic)
+    benchmark.extra_info.update(simulated_cycles=cycles, compute_bound=round(compute), traffic_bound=round(traffic),
+                                fraction_of_roofline=round(bound / cycles, 3), compile_s=round(compile_s, 2))
+    print(f"\n{what}: {cycles:,} cycles; bound {bound:,.0f} (compute {compute:,.0f}, DRAM {traffic:,.0f}) -> "
+          f"{bound / cycles:.2f} of the roofline; compile {compile_s:.1f} s")
+
+
 @pytest.mark.parametrize("float_dtype", ["float", "mixed"])
 def test_matmul_1024_roofline(benchmark, float_dtype):
     n = 1024
@@ -46,12 +54,7 @@ def test_matmul_1024_roofline(benchmark, float_dtype):
     mode = HW.units["MAU"].matrix["float16" if float_dtype == "mixed" else "float32"]
     compute = n ** 3 / (mode.rows * mode.cols * HW.instances("MAB"))
     # "mixed" keeps float32 in DRAM (the operands are converted in LM), so traffic is float32 either way
-    traffic = dram_cycles(2 * n * n * 4, n * n * 4)
-    bound = max(compute, traffic)
-    benchmark.extra_info.update(simulated_cycles=cycles, compute_bound=round(compute), traffic_bound=round(traffic),
-                                fraction_of_roofline=round(bound / cycles, 3), compile_s=round(compile_s, 2))
-    print(f"\n1024^3 {float_dtype}: {cycles:,} cycles; bound {bound:,.0f} (compute {compute:,.0f}, DRAM {traffic:,.0f})"
-          f" -> {bound / cycles:.2f} of the roofline; compile {compile_s:.1f} s")
+    record(benchmark, f"1024^3 {float_dtype}", cycles, compile_s, compute, dram_cycles(2 * n * n * 4, n * n * 4))
 
 
 def test_elementwise_16m_roofline(benchmark):
@@ -61,9 +64,4 @@ def test_elementwise_16m_roofline(benchmark):
                                            rounds=1, iterations=1)
     lanes = HW.units[HW.pe_ops["add"].unit].vector["float32"].lanes_per_cycle
     compute = n * n * HW.pe_ops["add"].issues / (lanes * HW.instances("PE"))
-    traffic = dram_cycles(2 * n * n * 4, n * n * 4)
-    bound = max(compute, traffic)
-    benchmark.extra_info.update(simulated_cycles=cycles, compute_bound=round(compute), traffic_bound=round(traffic),
-                                fraction_of_roofline=round(bound / cycles, 3), compile_s=round(compile_s, 2))
-    print(f"\n16M-element add: {cycles:,} cycles; bound {bound:,.0f} (compute {compute:,.0f}, DRAM {traffic:,.0f}) -> "
-          f"{bound / cycles:.2f} of the roofline; compile {compile_s:.1f} s")
+    record(benchmark, "16M-element add", cycles, compile_s, compute, dram_cycles(2 * n * n * 4, n * n * 4))
