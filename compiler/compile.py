@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from hwdesc import HwDesc
@@ -21,16 +20,12 @@ from sim import Program
 from sim.validate import symbol_extents
 
 from .codegen import Buffer, CodeGen, Ref
-from .errors import CompileError, SpecMismatchError
+from .errors import SpecMismatchError
 from .frontend import Graph, Value, trace
 from .iospec import IOSpec
-from .layout import Placement
 from .lower import lower
 from .lower.kernel import lshape, ref_of
 from .plan import choose
-from .transfer.staging import stage
-
-OPTIONS_USED = {"float_dtype": "float keeps float32; mixed runs matrix products in half with float32 accumulation"}
 
 
 @dataclass
@@ -57,7 +52,16 @@ def compile_function(fn: Callable, inputs: Any, hw: HwDesc, *, options: dict | N
     """`resident(t)` names captured tensors that live on the device between calls (registered
     parameters): they become inputs of that name instead of constants."""
     start = time.perf_counter()
-    graph = trace(fn, inputs)
+    return compile_traced(trace(fn, inputs), hw, options=options, constraints=constraints, resident=resident,
+                          start=start)
+
+
+def compile_traced(graph: Graph, hw: HwDesc, *, options: dict | None = None,
+                   constraints: dict[str, IOSpec] | None = None,
+                   resident: Callable[[torch.Tensor], str | None] | None = None,
+                   start: float | None = None) -> Compiled:
+    """`compile_function` for a graph already traced (a cache lookup traces first)."""
+    start = time.perf_counter() if start is None else start
     promoted: dict[str, torch.Tensor] = {}
     if resident is not None:
         for value in list(graph.constants):
@@ -149,6 +153,4 @@ def _output_ref(cg: CodeGen, v: Value, name: str, taken: set[str], spec: IOSpec 
 
 def _spec(cg: CodeGen, name: str, v: Value, buf: Buffer, ref: Ref | None = None) -> IOSpec:
     placement = ref.placement if ref is not None else buf.placement
-    size = placement.footprint_lw * cg.hw.long_word_bytes * len(placement.instances_used)
-    return IOSpec(name, v.shape, v.dtype, "DRAM", placement.layout, size, cg.hw.name, cg.hw.fingerprint,
-                  ref.lm if ref is not None else buf.lm)
+    return IOSpec.in_dram(name, v.shape, v.dtype, placement, ref.lm if ref is not None else buf.lm)

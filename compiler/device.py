@@ -95,7 +95,7 @@ class Device:
     def _window(self) -> int:
         return int(self.hw.host_link.window_bytes) // self.hw.long_word_bytes // 2
 
-    def _transfer_program(self, placement: Placement, upload: bool):
+    def transfer_program(self, placement: Placement, upload: bool):
         key = (str(placement.layout), placement.dtype, upload)
         program = self._transfer_programs.get(key)
         if program is None:
@@ -143,14 +143,14 @@ class Device:
         image = self._image(placement)
         bits = values if isinstance(values, np.ndarray) else to_bits(values, placement.dtype, self.hw)
         scatter(placement, bits.reshape(placement.layout.shape), image)
-        program = self._transfer_program(placement, upload=True)
+        program = self.transfer_program(placement, upload=True)
         return self.machine.run(program, host=[image], bases={"tensor": buf.address})
 
     def download(self, buf: DeviceBuffer, dtype: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, RunStats]:
         """Device buffer -> host tensor of the logical `dtype` and `shape`, over the host link."""
         placement = buf.placement
         image = self._image(placement)
-        program = self._transfer_program(placement, upload=False)
+        program = self.transfer_program(placement, upload=False)
         stats = self.machine.run(program, host=[image], bases={"tensor": buf.address})
         bits = gather(placement, image)
         return from_bits(np.ascontiguousarray(bits), dtype, self.hw).reshape(shape), stats

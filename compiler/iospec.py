@@ -27,6 +27,14 @@ class IOSpec:
     lm_layout: Layout | None = field(default=None, compare=False, repr=False)
     """The LM layout whose staging image `layout` is (a hint for producers constrained to this spec)."""
 
+    @staticmethod
+    def in_dram(name: str, shape: tuple[int, ...], dtype: str, placement: Placement,
+                lm_layout: Layout | None = None) -> "IOSpec":
+        """The spec of a tensor stored in DRAM as `placement`; its size counts every instance used."""
+        hw = placement.hw
+        size = placement.footprint_lw * hw.long_word_bytes * len(placement.instances_used)
+        return IOSpec(name, tuple(shape), dtype, "DRAM", placement.layout, size, hw.name, hw.fingerprint, lm_layout)
+
     def is_memcopyable_to(self, other: "IOSpec") -> bool:
         """True when the bytes of a tensor in this spec can be read as `other` with no conversion:
         same chip, shape, dtype, location and layout (by placement, not by string). Names may differ."""

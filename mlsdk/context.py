@@ -21,13 +21,15 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from compiler import artifact
-from compiler.compile import Compiled, compile_function
+from compiler.compile import Compiled, compile_function, compile_traced
 from compiler.convert import Conversion, build_conversion
 from compiler.device import DeviceBuffer, Loaded, spec_placement
 from compiler.errors import CompileError
 from compiler.frontend import trace as trace_graph
+from compiler.frontend.graph import DEVICE_DTYPE, DTYPES
 from compiler.iospec import IOSpec
-from compiler.layout import Factor, Layout
+from compiler.layout import Factor, Layout, Placement
+from compiler.layout.candidates import candidates
 from sim import Machine
 
 from . import options as options_mod
@@ -35,7 +37,7 @@ from . import trace
 from .device import MNDevice
 from .errors import InputError, InvalidatedError, MLSDKError
 from .function import CompiledFunction
-from .naming import get_tensor_name, set_buffer_name_in_optimizer, set_tensor_name
+from .naming import get_tensor_name, set_buffer_name_in_optimizer, set_tensor_name, set_tensor_name_in_module
 from .proxy import TORCH_DTYPES, TensorProxy
 from .resident import ResidentTensors, layout_key
 from .session import BINDING, CALL, DOWNLOAD, LOAD, UPLOAD, Binding, Run, new_session
@@ -65,9 +67,8 @@ class Registry:
 
     def register(self, name: str, obj: Any) -> None:
         if isinstance(obj, torch.nn.Module):
-            for tensor_name, t in [*obj.named_parameters(), *obj.named_buffers()]:
-                if get_tensor_name(t) is None:
-                    set_tensor_name(t, f"{name}@{tensor_name.replace('.', '@')}")
+            set_tensor_name_in_module(obj, name, only_unnamed=True)  # names given before are kept
+            for t in [*obj.parameters(), *obj.buffers()]:
                 self._context._register(t)
         elif isinstance(obj, torch.optim.Optimizer):
             set_buffer_name_in_optimizer(obj, name, only_unnamed=True)  # names given before are kept
@@ -243,7 +244,7 @@ class Context:
                 return artifact.load(where, hw)
             except CompileError:
                 shutil.rmtree(where, ignore_errors=True)  # a stale or broken entry is rebuilt
-        compiled = compile_function(function, inputs, hw, options=opts, constraints=constraints, resident=self._name_of)
+        compiled = compile_traced(graph, hw, options=opts, constraints=constraints, resident=self._name_of)
         artifact.save(compiled, where)
         return compiled
 
@@ -323,12 +324,13 @@ class Context:
             machine: Machine = self.device.board.machine
             board = self.device.board
             try:
-                if kind == "conversion":
-                    conv = self._conversions.get(_pair_key(src, dst)) or build_conversion(src, dst, self.device.hw)
-                    cycles = machine.time(conv.program.code).total_cycles
+                if kind == "conversion" and src.is_memcopyable_to(dst):  # what-if only: not kept
+                    cycles = machine.time(build_conversion(src, dst, self.device.hw).program.code).total_cycles
+                elif kind == "conversion":  # it will run: build it once, for both
+                    cycles = machine.time(self._conversion(src, dst).program.code).total_cycles
                 else:
-                    down = board._transfer_program(spec_placement(src, self.device.hw), upload=False)
-                    up = board._transfer_program(spec_placement(dst, self.device.hw), upload=True)
+                    down = board.transfer_program(spec_placement(src, self.device.hw), upload=False)
+                    up = board.transfer_program(spec_placement(dst, self.device.hw), upload=True)
                     cycles = machine.time(down.code).total_cycles + machine.time(up.code).total_cycles
             except CompileError:
                 cycles = None
@@ -402,14 +404,14 @@ def _host_spec(name: str, v: Any) -> IOSpec:
 
 
 def _default_spec(name: str, tensor: torch.Tensor, hw: Any) -> IOSpec:
-    from compiler.layout import Placement
-    from compiler.layout.candidates import candidates
-    dtype = str(tensor.dtype).replace("torch.", "")
-    device_dtype = {"bool": "float32"}.get(dtype, dtype)
+    """A registered tensor's layout before any function asks for one: the first DRAM candidate."""
+    if tensor.dtype not in DTYPES:
+        raise MLSDKError(f"registered tensor {name!r} has dtype {tensor.dtype}; the device holds "
+                         f"{', '.join(DTYPES.values())}")
+    dtype = DTYPES[tensor.dtype]
+    device_dtype = DEVICE_DTYPE[dtype]
     layout = candidates(tuple(tensor.shape) or (1,), device_dtype, hw, "DRAM")[0].layout
-    p = Placement(layout, hw, "DRAM", device_dtype)
-    return IOSpec(name, tuple(tensor.shape), dtype, "DRAM", layout,
-                  p.footprint_lw * hw.long_word_bytes * len(p.instances_used), hw.name, hw.fingerprint)
+    return IOSpec.in_dram(name, tuple(tensor.shape), dtype, Placement(layout, hw, "DRAM", device_dtype))
 
 
 def function_name(function: Callable) -> str:

@@ -20,10 +20,12 @@ def get_tensor_name(tensor: torch.Tensor) -> str | None:
     return _names.get(tensor)
 
 
-def set_tensor_name_in_module(module: torch.nn.Module, prefix: str) -> None:
-    """Name every parameter and buffer `prefix@path@to@tensor`."""
+def set_tensor_name_in_module(module: torch.nn.Module, prefix: str, *, only_unnamed: bool = False) -> None:
+    """Name every parameter and buffer `prefix@path@to@tensor` (with `only_unnamed`, keep the
+    names tensors already have)."""
     for name, t in [*module.named_parameters(), *module.named_buffers()]:
-        set_tensor_name(t, f"{prefix}@{name.replace('.', '@')}")
+        if not (only_unnamed and get_tensor_name(t) is not None):
+            set_tensor_name(t, f"{prefix}@{name.replace('.', '@')}")
 
 
 def set_buffer_name_in_optimizer(optimizer: torch.optim.Optimizer, prefix: str, *, only_unnamed: bool = False) -> None:

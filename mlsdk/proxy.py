@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from compiler.device import DeviceBuffer
+from compiler.frontend.graph import DTYPES
 from compiler.iospec import IOSpec
 
 from .errors import InputError, InvalidatedError
@@ -20,7 +21,7 @@ from .errors import InputError, InvalidatedError
 if TYPE_CHECKING:
     from .context import Context
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bool": torch.bool, "int32": torch.int32}
+TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}  # IOSpec dtype name -> torch dtype
 
 
 class TensorProxy:

@@ -259,48 +259,34 @@ def _add(a: int | None, b: int | None) -> int | None:
 
 
 def _timeline(runs: list[Run], total: int) -> tuple[int, dict[str, list[float]]]:
-    """Busy fraction per unit in equal slices of the session (intervals merged per unit, so a
-    pipelined engine with overlapping transfers counts once)."""
+    """Busy fraction per unit in equal slices of the session (a pipelined engine's overlapping
+    transfers count once); the last slice may be shorter, it ends with the session."""
     if total == 0:
         return 0, {}
     width = -(-total // min(TIMELINE_SLICES, total))
-    slices = -(-total // width)  # the last slice may be shorter: it ends with the session
-    intervals: dict[str, list[tuple[int, int]]] = {}
+    at = np.minimum(np.arange(-(-total // width) + 1, dtype=np.int64) * width, total)
+    spans: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     offset = 0
-    for unit in (u for r in runs for u in r.stats.units):
-        intervals.setdefault(unit, [])
     for r in runs:
-        for e in r.stats.trace():
-            if e.unit in intervals:  # units only: a stream waiting is not busy
-                intervals[e.unit].append((offset + e.start, offset + e.end))
+        for unit, (starts, ends) in r.stats.intervals().items():
+            spans.setdefault(unit, []).append((starts + offset, ends + offset))
         offset += r.stats.total_cycles
     out = {}
-    for unit, spans in intervals.items():
-        busy = np.zeros(slices + 1)
-        for a, b in _merged(spans):
-            _add_interval(busy, a, b, width)
-        lengths = np.full(slices, width, dtype=np.float64)
-        lengths[-1] = total - (slices - 1) * width
-        out[unit] = [round(float(x), 4) for x in busy[:slices] / lengths]
+    for unit, parts in spans.items():
+        covered = _covered(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), at)
+        out[unit] = [round(float(x), 4) for x in np.diff(covered) / np.diff(at)]
     return width, out
 
 
-def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
-def _add_interval(busy: np.ndarray, a: int, b: int, width: int) -> None:
-    """Add the cycles of [a, b) to the slices they fall in."""
-    first, last = a // width, (b - 1) // width
-    if first == last:
-        busy[first] += b - a
-        return
-    busy[first] += (first + 1) * width - a
-    busy[first + 1:last] += width
-    busy[last] += b - last * width
+def _covered(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Cycles of the union of the intervals [starts, ends) that lie before each time in `at`."""
+    if len(starts) == 0:
+        return np.zeros(len(at))
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], np.maximum.accumulate(ends[order])
+    first = np.flatnonzero(np.r_[True, s[1:] > e[:-1]])  # where a disjoint stretch begins
+    seg_s, seg_e = s[first], e[np.r_[first[1:] - 1, len(s) - 1]]
+    before = np.r_[0, np.cumsum(seg_e - seg_s)]  # covered cycles of the first k stretches
+    k = np.searchsorted(seg_s, at, side="right")
+    overhang = np.where(k > 0, np.clip(seg_e[np.maximum(k - 1, 0)] - at, 0, None), 0)
+    return before[k] - overhang

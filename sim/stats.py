@@ -48,6 +48,19 @@ class RunStats:
         out["host link"] = self.host_busy
         return out
 
+    def intervals(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Per unit (as `units`), the [start, end) of every instruction it ran; WAIT stalls are
+        no unit's work. Intervals of a pipelined engine may overlap."""
+        ran = self.end > self.start
+
+        def on(where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return self.start[where & ran], self.end[where & ran]
+        out = {"PE stream": on(self.unit == 0)}
+        out.update({f"Data Engine {g}": on((self.unit >= 2) & ((self.engine_mask >> g) & 1 == 1))
+                    for g in range(len(self.engine_busy))})
+        out["host link"] = on(self.unit == 1)
+        return out
+
     def utilisation(self) -> dict[str, float]:
         return {name: (busy / self.total_cycles if self.total_cycles else 0.0) for name, busy in self.units.items()}
 

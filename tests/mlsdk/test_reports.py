@@ -269,3 +269,11 @@ def test_mnsim_run_passes_on_sys_exit_messages(capsys, tmp_path):
     script.write_text("import sys\nsys.exit('giving up')\n")
     assert main(["run", str(script)]) == 1
     assert "giving up" in capsys.readouterr().err
+
+
+def test_overlapping_transfers_count_once_in_the_timeline():
+    from mlsdk.report import _covered
+    starts, ends = np.array([20, 0, 5]), np.array([25, 10, 15])  # [0,15) and [20,25) once merged
+    at = np.array([0, 5, 12, 18, 22, 30])
+    assert _covered(starts, ends, at).tolist() == [0, 5, 12, 15, 17, 20]
+    assert _covered(np.array([], dtype=np.int64), np.array([], dtype=np.int64), at).tolist() == [0] * 6
