@@ -71,10 +71,35 @@ def restrict(layout: Layout, in_shape: tuple[int, ...]) -> Restricted:
     first = [sum(len(dims[j]) or 1 for j in range(k)) for k in range(len(in_shape))]
     source = tuple(None if p is None else first[p[0]] + p[1] for p in position)
     dims = [dim or [Factor(1, ADDRESS, 1)] for dim in dims]
-    broadcast = tuple(b for b in layout.broadcast)
+    broadcast = _replicas_after_drop(layout, [f for d, f in factors if not keep_dim[d]], dims)
     if dropped_w:
         broadcast += (Broadcast(W_AXIS),)
     return Restricted(Layout.of(dims, in_shape, broadcast), tuple(source))
+
+
+def _replicas_after_drop(layout: Layout, dropped: list[Factor], kept: list[list[Factor]]) -> tuple[Broadcast, ...]:
+    """`B@` items of an operand whose broadcast dimensions' factors were dropped. An axis no kept
+    factor places is replicated everywhere (implicitly); one that kept factors still place is
+    replicated over the positions the dropped factors (and any copies) used, as a sized item."""
+    placed = {f.axis for dim in kept for f in dim if f.axis not in (ADDRESS, W_AXIS, TIME_AXIS) and f.size > 1}
+    offsets: dict[str, set[int]] = {}
+    for f in dropped:
+        if f.axis in placed:
+            offsets[f.axis] = {p + i * f.stride for p in offsets.get(f.axis, {0}) for i in range(f.size)}
+    out = []
+    for b in layout.broadcast:
+        if b.axis in offsets and layout.adds_copies(b):
+            offsets[b.axis] = {p + i * b.stride for p in offsets[b.axis] for i in range(b.size)}
+        elif b.axis in placed or not layout.adds_copies(b):
+            out.append(b)  # (copies on an axis nothing places any more: every position, implicitly)
+    for axis, positions in offsets.items():
+        ordered = sorted(positions)
+        step = ordered[1] if len(ordered) > 1 else 1
+        if ordered != list(range(0, len(ordered) * step, step)):
+            raise CompileError(f"broadcasting {layout} leaves {axis} copies at positions {ordered}, which no B@ item "
+                               f"describes (they are not evenly spaced)")
+        out.append(Broadcast(axis, len(ordered), step))
+    return tuple(out)
 
 
 def per_pe(layout: Layout, epl: int) -> list[tuple[int, int]]:

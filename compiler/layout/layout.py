@@ -100,6 +100,24 @@ class Layout:
                 seen.append(f.axis)
         return tuple(seen)
 
+    def positions(self, axis: str) -> set[int]:
+        """The positions of `axis` the factors place elements on."""
+        out = {0}
+        for _, f in self.factors:
+            if f.axis == axis:
+                out = {p + i * f.stride for p in out for i in range(f.size)}
+        return out
+
+    def adds_copies(self, b: Broadcast) -> bool:
+        """Whether a sized B@ item on an axis the factors also place makes copies: at offsets that
+        fall between the placed positions (`4_L2B:2` with `B@[2_L2B:1]` puts every element on two
+        L2Bs). An item that only restates placed positions (PFN's `B@[4_L2B:2]` next to
+        `4_L2B:2`) adds none; a bare item on a placed axis neither."""
+        if b.size is None or b.size == 1:
+            return False
+        offsets = {i * b.stride for i in range(b.size)}
+        return not offsets <= self.positions(b.axis)
+
     # ---- canonical form ---------------------------------------------------------------------
 
     def canonical(self) -> "Layout":
@@ -118,7 +136,7 @@ class Layout:
             merged = _coalesce(real)
             dims.append(tuple(merged + units) or (Factor(1, ADDRESS, 1),))
         placed = {f.axis for d in dims for f in d if f.axis is not None}
-        items = sorted({b for b in self.broadcast if b.axis not in placed},
+        items = sorted({b for b in self.broadcast if b.axis not in placed or self.adds_copies(b)},
                        key=lambda b: (b.axis, b.size or 0, b.stride))
         items = [Broadcast(b.axis, b.size, 1 if b.size == 1 else b.stride) for b in items]
         return Layout(tuple(dims), self.shape, tuple(dict.fromkeys(items)))

@@ -37,7 +37,7 @@ import numpy as np
 from hwdesc import HwDesc
 
 from ..errors import LayoutError
-from .layout import TIME_AXIS, W_AXIS, Factor, Layout
+from .layout import TIME_AXIS, W_AXIS, Broadcast, Factor, Layout
 
 # Exact injectivity checks materialise the offsets of every element; beyond this many elements
 # only the algebraic check runs, and a layout it cannot prove injective is rejected.
@@ -159,6 +159,17 @@ class Placement:
             limit = self.epl if b.axis == W_AXIS else hw.axes[b.axis]
             if b.size is not None and (b.size - 1) * b.stride >= limit:
                 raise LayoutError(f"B@ item {b} reaches position {(b.size - 1) * b.stride} but the axis has {limit}")
+            if b.axis in reach and layout.adds_copies(b):
+                self._check_partial_broadcast(b, limit)
+
+    def _check_partial_broadcast(self, b: Broadcast, limit: int) -> None:
+        """A sized B@ item on an axis the factors also place: every placed position plus every
+        copy offset must be a distinct position of the axis."""
+        positions = sorted(self.layout.positions(b.axis))
+        every = [p + i * b.stride for p in positions for i in range(b.size)]
+        if max(every) >= limit or len(set(every)) != len(every):
+            raise LayoutError(f"B@ item {b} puts copies on {b.axis} positions the factors already use "
+                              f"(placed at {positions}); the copies must fall between them")
 
     # ---- coefficients -------------------------------------------------------------------------
 
@@ -193,11 +204,14 @@ class Placement:
         explicit = {b.axis: b for b in self.layout.broadcast}
         per_axis: list[list[tuple[int, int, str, int]]] = []  # (instance offset, slot offset, axis, position)
         for a in self.instance_axes:
-            if a.name in placed:
+            if a.name in placed and (a.name not in explicit or not self.layout.adds_copies(explicit[a.name])):
                 continue
             if a.name in explicit:
                 b = explicit[a.name]
                 positions = range(0, a.size, a.divisor) if b.size is None else range(0, b.size * b.stride, b.stride)
+                # offsets below one instance of this memory's level (an L2B offset in a Group's DRAM)
+                # land on the same instance: one copy there
+                positions = [p for p in positions if p % a.divisor == 0]
             elif self.is_leaf_memory:
                 positions = range(0, a.size, a.divisor)
             else:

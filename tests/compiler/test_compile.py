@@ -129,3 +129,16 @@ def test_unsupported_op_names_op_shapes_and_source_line():
     message = str(info.value)
     assert "unsupported op cumsum.default with shapes [[4, 8]]" in message
     assert "test_compile.py" in message and "torch.cumsum(d[\"x\"], dim=0)" in message
+
+
+def test_broadcast_operand_keeps_copies_where_its_axis_is_still_placed():
+    """A bias broadcast over the rows of a product whose Groups split M and whose L2Bs split N:
+    the bias keeps the N factor on L2B and must be copied over the positions the rows used."""
+    from compiler.layout import Broadcast, parse
+    from compiler.plan import restrict
+    product = parse("(8,16)/((4_L2B:2, 2:1), (2_L2B:1, 4_PE:1, 2_W:1))")
+    bias = restrict(product, (16,)).layout
+    assert bias.broadcast == (Broadcast("L2B", 4, 2),)
+    assert str(bias) == "(16,)/((2_L2B:1, 4_PE:1, 2_W:1); B@[4_L2B:2])"
+    rows = restrict(product, (8, 1)).layout  # the N factor dropped: copies over the L2Bs of a Group
+    assert set(rows.broadcast) == {Broadcast("L2B", 2, 1), Broadcast("W")}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from compiler.errors import LayoutError
 from compiler.layout import Layout, parse
 from compiler.layout.placement import Placement
 
@@ -145,3 +146,24 @@ def test_equality_ignores_spelling(mncore2):
     assert parse("((4:2))") != parse("((4:1))")
     assert hash(parse("((2:8, 8:1))")) == hash(parse("((16:1))"))
     assert isinstance(a, Layout)
+
+
+def test_a_sized_broadcast_between_placed_positions_makes_copies(mncore2):
+    """`4_L2B:2` places rows on the even L2Bs; `B@[2_L2B:1]` copies each onto the next L2B, so
+    both L2Bs of every Group hold the Group's rows (a matrix product splitting the L2Bs of a
+    Group over N while the Groups split M)."""
+    text = "(64,16)/((4_L2B:2, 16:2), (4_PE:1, 2:1, 2_W:1)%s)"
+    shared = _placement(mncore2, None, text % "; B@[2_L2B:1]", LM)
+    alone = _placement(mncore2, None, text % "", LM)
+    assert shared.layout != alone.layout and str(shared.layout).endswith("B@[2_L2B:1])")
+    assert shared.instance_replicas == 2 * alone.instance_replicas
+    row = np.array([17 * 16])  # row 17: the second Group's rows
+    first = {int(c) for c in shared.locate(row, first_copy_only=True).coords["L2B"]}
+    every = {int(c) for c in shared.locate(row).coords["L2B"]}
+    assert first == {2} and every == {2, 3}
+
+
+def test_copies_onto_placed_positions_are_refused(mncore2):
+    with pytest.raises(LayoutError, match=r"B@ item 4_L2B:1 puts copies on L2B positions the factors already use "
+                                          r"\(placed at \[0, 2, 4, 6\]\)"):
+        _placement(mncore2, None, "(64,16)/((4_L2B:2, 16:2), (4_PE:1, 2:1, 2_W:1); B@[4_L2B:1])", LM)
