@@ -28,6 +28,7 @@ from .transfer.staging import Staging, Transit, emit_download, emit_upload, stag
 DRAM = "DRAM"
 LM_MEMORIES = ("LM0", "LM1", "GRF0", "GRF1")
 TAGS = {"transit": (1, 2), "drain": (3, 4), "convert": (5, 6)}
+FIRST_FREE_TAG = max(max(pair) for pair in TAGS.values()) + 1  # from here to the chip's tag count: kernels' own pipelines
 
 
 @dataclass
@@ -147,18 +148,23 @@ class CodeGen:
         long words of the layout that hold no element arrive as zeros (padding that is summed);
         with `index`, element e of the layout is element index[e] of `ref` (-1: zero), gathered
         on the way (im2col for convolutions)."""
-        st = stage(lm)
-        source = None
-        plain = st.fitted is not None and ref.placement.same_placement(st.fitted)
-        if zero_fill or index is not None or not plain:
-            sources = self._sources(st, ref, lm, index)
-            if zero_fill:
-                sources = sources.zero_holes(st.dram_lw)
-            zeros = self.zeros_for(sources)
-            source = (sources, Sym(ref.symbol), zeros)
+        st, source = self.fetch_source(ref, lm, zero_fill=zero_fill, index=index)
         emit_download(self.b, st, dram=Sym(ref.symbol), lm_mem=memory, lm_word=word, transit=self.transit,
                       slice_index=slice_index, source=source)
         return st
+
+    def fetch_source(self, ref: Ref, lm: Placement, *, zero_fill: bool = False, index: np.ndarray | None = None
+                     ) -> tuple[Staging, tuple[LwSources, Sym, Sym | None] | None]:
+        """How `ref` reaches LM layout `lm`: its staging, and unless `ref` is stored as that
+        staging's image, the long-word gather the Data Engines run instead of a block copy."""
+        st = stage(lm)
+        plain = st.fitted is not None and ref.placement.same_placement(st.fitted)
+        if not (zero_fill or index is not None or not plain):
+            return st, None
+        sources = self._sources(st, ref, lm, index)
+        if zero_fill:
+            sources = sources.zero_holes(st.dram_lw)
+        return st, (sources, Sym(ref.symbol), self.zeros_for(sources))
 
     def _sources(self, st: Staging, ref: Ref, lm: Placement, index: np.ndarray | None = None) -> LwSources:
         key = (ref.symbol, str(ref.placement.layout), str(lm.layout), lm.dtype, id(index))

@@ -20,7 +20,7 @@ the other. Every size comes from the YAML (fan-outs, chunk sizes, capacities, ha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from math import gcd
 
@@ -85,6 +85,11 @@ class Staging:
     destination: Destination  # every element's place in the image, as numbers
     fitted: Placement | None  # the image as a PFN layout, when there is one
     why_not: str = ""
+    l2_replicas: tuple[int, ...] = (0,)  # local L2B offsets each slot is also sent to (a sized B@ on L2B)
+
+    def l2_targets(self, local: int) -> tuple[int, ...]:
+        """The local L2Bs that receive the image slot of local L2B `local`."""
+        return tuple(local + r for r in self.l2_replicas)
 
     @property
     def dram(self) -> Placement:
@@ -166,8 +171,13 @@ def _stage(lm: Placement) -> Staging:
         q2 = q1
     address = loc.time * image_lw + slot * n_l2 + q2
     group = l2b // chain.l2_per_group
-    groups = np.unique(lm.copy_coords[chain.l2_axis] // chain.l2_per_group) if locals_ is None and \
-        chain.l2_axis in lm.copy_coords else np.zeros(1, dtype=np.int64)
+    # Copies over L2B: those in other Groups come from every Group's DRAM (the image is kept in
+    # each); those on other L2Bs of the same Group are the same DRAM range sent to each of them.
+    offsets = lm.copy_coords.get(chain.l2_axis)
+    groups = np.unique(offsets // chain.l2_per_group) if offsets is not None else np.zeros(1, dtype=np.int64)
+    replicas = (0,)
+    if offsets is not None and locals_ is not None:
+        replicas = tuple(int(r) for r in np.unique(offsets % chain.l2_per_group))
     lanes = np.arange(lm.epl) if "W" in lm.broadcast_axes else np.zeros(1, dtype=np.int64)
     n, g_copies, w_copies = len(loc.element), len(groups), len(lanes)
     rep = lambda a: np.repeat(a, g_copies * w_copies)  # noqa: E731
@@ -177,9 +187,9 @@ def _stage(lm: Placement) -> Staging:
     destination = Destination(want, chain.groups, image_lw * lm.time_slices, lm.epl, f"the DRAM image of {lm.layout}")
     targets = {chain.l2_axis: group * chain.l2_per_group, None: address, "W": loc.w}
     everywhere = g_copies == chain.groups and chain.groups * chain.l2_per_group > 1
-    broadcast = (Broadcast(chain.l2_axis),) if locals_ is None and everywhere else ()
+    broadcast = (Broadcast(chain.l2_axis),) if everywhere else ()
     fitted, why = None, ""
-    if locals_ is None and g_copies not in (1, chain.groups):
+    if g_copies not in (1, chain.groups):
         why = "it is broadcast over some Groups only"
     else:
         try:
@@ -188,7 +198,7 @@ def _stage(lm: Placement) -> Staging:
         except LayoutError as e:
             why = str(e)
     return Staging(lm, chain, pe_mode, l1_mode, locals_, span, per_lm, n_l1, n_l2, image_lw, lm.time_slices,
-                   destination, fitted, why)
+                   destination, fitted, why, replicas)
 
 
 @dataclass(frozen=True)
@@ -234,48 +244,73 @@ def pieces(st: Staging, transit: Transit) -> list[Piece]:
     return out
 
 
-def emit_download(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
-                  slice_index: int = 0, source: "tuple[LwSources, Address, Address | None] | None" = None) -> None:
-    """DRAM image (at `dram`) -> LM (`lm_mem` from word `lm_word`), one slice, double-buffered.
+Source = "tuple[LwSources, Address, Address | None]"
+
+
+def emit_fetch(b: ProgramBuilder, st: Staging, *, dram: Address, l2_addr: int, first: int, count: int, tag: int,
+               slice_index: int = 0, source: "Source | None" = None) -> None:
+    """MVs that bring L2BM long words [first, first + count) of one slice of the image (at `dram`)
+    to `l2_addr` in every L2B that holds data, on the Data Engines, tagged `tag`.
 
     With `source` = (sources, address, zeros), the tensor is not stored as the image but in
     another layout whose long words `sources` maps image positions to: the Data Engines gather
-    the runs into L2BM instead of copying one block, and the rest of the chain is unchanged."""
-    hz, wpl = st.lm.hw.hazards, st.lm.hw.long_word_bytes // st.lm.hw.word_bytes
-    parts = pieces(st, transit)
-    base = dram + slice_index * st.image_lw
+    the runs into L2BM instead of copying one block."""
     l2_per_group = st.chain.l2_per_group
+    base = dram + slice_index * st.image_lw
+    if source is not None:
+        sources, address, zeros = source
+        for slot, local in enumerate(st.l2_locals if st.l2_locals is not None else (0,)):
+            start = slice_index * st.image_lw + slot * st.n_l2 + first
+            targets = range(l2_per_group) if st.l2_locals is None else st.l2_targets(local)
+            for g in range(st.chain.groups):
+                for target in targets:  # a broadcast over L2Bs: every L2B of the Group gets the same data
+                    emit_runs(b, sources, dst_group=g, first=start, last=start + count, src=address, zeros=zeros,
+                              l2_instance=g * l2_per_group + target, l2_addr=l2_addr, tag=tag)
+    elif st.l2_locals is None:
+        b.mv("broadcast", DRAM, base + first, L2BM, l2_addr, count, tag=tag)
+    else:
+        for slot, local in enumerate(st.l2_locals):
+            for target in st.l2_targets(local):
+                b.mv("individual", DRAM, base + slot * st.n_l2 + first, L2BM, l2_addr, count, tag=tag,
+                     dst_local=target)
+
+
+def emit_drain_piece(b: ProgramBuilder, st: Staging, p: "Piece", *, l2_addr: int, l1_addr: int, lm_mem: str,
+                     lm_word: int) -> None:
+    """One piece from L2BM (its long words at `l2_addr`) through L1BM to LM, in the PE stream."""
+    wpl = st.lm.hw.long_word_bytes // st.lm.hw.word_bytes
+    b.xfer(st.l1_mode, "down", L2BM, l2_addr, L1BM, l1_addr, p.q2_count)
+    b.nop(st.lm.hw.hazards["l2bm_to_l1bm_read"])
+    b.xfer(st.pe_mode, "down", L1BM, l1_addr, lm_mem, lm_word + wpl * p.lm_first, p.q1_count)
+
+
+def emit_drain(b: ProgramBuilder, st: Staging, *, l2_addr: int, lm_mem: str, lm_word: int, transit: Transit) -> None:
+    """A whole slice already in L2BM (at `l2_addr`, fetched by `emit_fetch`) down to LM, through
+    the L1BM transit buffers in pieces."""
+    for k, p in enumerate(pieces(st, replace(transit, l2_room=max(transit.l2_room, st.n_l2)))):
+        emit_drain_piece(b, st, p, l2_addr=l2_addr + p.q2_first, l1_addr=transit.l1[k % 2], lm_mem=lm_mem,
+                         lm_word=lm_word)
+    b.nop(st.lm.hw.hazards["lm_write_to_read"])
+
+
+def emit_download(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
+                  slice_index: int = 0, source: "Source | None" = None) -> None:
+    """DRAM image (at `dram`) -> LM (`lm_mem` from word `lm_word`), one slice, double-buffered:
+    the Data Engines fetch piece k + 1 into one transit buffer while the stream drains piece k."""
+    parts = pieces(st, transit)
 
     def fetch(k: int) -> None:
-        p, buf, tag = parts[k], transit.l2[k % 2], transit.tags[k % 2]
-        if source is not None:
-            sources, address, zeros = source
-            for slot, local in enumerate(st.l2_locals if st.l2_locals is not None else (0,)):
-                first = slice_index * st.image_lw + slot * st.n_l2 + p.q2_first
-                for g in range(st.chain.groups):
-                    if st.l2_locals is None:  # every L2B of the Group gets the same data
-                        for loc in range(l2_per_group):
-                            emit_runs(b, sources, dst_group=g, first=first, last=first + p.q2_count, src=address,
-                                      zeros=zeros, l2_instance=g * l2_per_group + loc, l2_addr=buf, tag=tag)
-                    else:
-                        emit_runs(b, sources, dst_group=g, first=first, last=first + p.q2_count, src=address,
-                                  zeros=zeros, l2_instance=g * l2_per_group + local, l2_addr=buf, tag=tag)
-        elif st.l2_locals is None:
-            b.mv("broadcast", DRAM, base + p.q2_first, L2BM, buf, p.q2_count, tag=tag)
-        else:
-            for slot, local in enumerate(st.l2_locals):
-                b.mv("individual", DRAM, base + slot * st.n_l2 + p.q2_first, L2BM, buf, p.q2_count, tag=tag,
-                     dst_local=local)
+        emit_fetch(b, st, dram=dram, l2_addr=transit.l2[k % 2], first=parts[k].q2_first, count=parts[k].q2_count,
+                   tag=transit.tags[k % 2], slice_index=slice_index, source=source)
 
     fetch(0)
     for k, p in enumerate(parts):
         if k + 1 < len(parts):
             fetch(k + 1)
         b.wait(transit.tags[k % 2])
-        b.xfer(st.l1_mode, "down", L2BM, transit.l2[k % 2], L1BM, transit.l1[k % 2], p.q2_count)
-        b.nop(hz["l2bm_to_l1bm_read"])
-        b.xfer(st.pe_mode, "down", L1BM, transit.l1[k % 2], lm_mem, lm_word + wpl * p.lm_first, p.q1_count)
-    b.nop(hz["lm_write_to_read"])
+        emit_drain_piece(b, st, p, l2_addr=transit.l2[k % 2], l1_addr=transit.l1[k % 2], lm_mem=lm_mem,
+                         lm_word=lm_word)
+    b.nop(st.lm.hw.hazards["lm_write_to_read"])
 
 
 def emit_upload(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
