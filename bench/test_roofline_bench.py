@@ -45,16 +45,20 @@ def record(benchmark, what: str, cycles: int, compile_s: float, compute: float, 
           f"{bound / cycles:.2f} of the roofline; compile {compile_s:.1f} s")
 
 
-@pytest.mark.parametrize("float_dtype", ["float", "mixed"])
-def test_matmul_1024_roofline(benchmark, float_dtype):
+@pytest.mark.parametrize("case", ["float", "mixed", "half"])
+def test_matmul_1024_roofline(benchmark, case):
+    """float: float32 throughout; mixed: float32 operands multiplied in half (converted in LM),
+    so DRAM traffic is float32; half: float16 operands and result."""
     n = 1024
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    dtype = torch.float16 if case == "half" else torch.float32
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    options = {"float_dtype": "mixed" if case == "mixed" else "float"}
     cycles, compile_s = benchmark.pedantic(simulate, args=(lambda d: {"c": d["a"] @ d["b"]}, {"a": a, "b": b},
-                                                            {"float_dtype": float_dtype}), rounds=1, iterations=1)
-    mode = HW.units["MAU"].matrix["float16" if float_dtype == "mixed" else "float32"]
+                                                            options), rounds=1, iterations=1)
+    mode = HW.units["MAU"].matrix["float32" if case == "float" else "float16"]
     compute = n ** 3 / (mode.rows * mode.cols * HW.instances("MAB"))
-    # "mixed" keeps float32 in DRAM (the operands are converted in LM), so traffic is float32 either way
-    record(benchmark, f"1024^3 {float_dtype}", cycles, compile_s, compute, dram_cycles(2 * n * n * 4, n * n * 4))
+    size = HW.element_bytes("float16" if case == "half" else "float32")
+    record(benchmark, f"1024^3 {case}", cycles, compile_s, compute, dram_cycles(2 * n * n * size, n * n * size))
 
 
 def test_elementwise_16m_roofline(benchmark):

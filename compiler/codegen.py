@@ -159,6 +159,7 @@ class CodeGen:
         staging's image, the long-word gather the Data Engines run instead of a block copy."""
         st = stage(lm)
         plain = st.fitted is not None and ref.placement.same_placement(st.fitted)
+        zero_fill = zero_fill and lm.layout.extents != lm.layout.shape  # without padding there are no holes
         if not (zero_fill or index is not None or not plain):
             return st, None
         sources = self._sources(st, ref, lm, index)
@@ -175,13 +176,16 @@ class CodeGen:
                 raise CompileError(f"cannot bring a value stored as {ref.placement.layout} into {lm.layout}: {e}") from None
         return self.sources_cache[key]
 
-    def upload(self, lm: Placement, ref: Ref, *, memory: str, word: int, slice_index: int = 0) -> None:
+    def upload(self, lm: Placement, ref: Ref, *, memory: str, word: int, slice_index: int = 0,
+               reduce: bool = False) -> None:
+        """LM layout `lm` (one slice) at `memory` word `word` to `ref`, stored as its image; with
+        `reduce`, the copies over the L2Bs of each Group are partial sums, added on the way."""
         st = stage(lm)
         if not ref.placement.same_placement(st.dram):
             raise CompileError(f"upload target {ref.placement.layout} is not the image of {lm.layout}")
         transit = replace(self.transit, tags=TAGS["drain"])
         emit_upload(self.b, st, dram=Sym(ref.symbol), lm_mem=memory, lm_word=word, transit=transit,
-                    slice_index=slice_index)
+                    slice_index=slice_index, reduce=reduce)
 
     def convert(self, src: Ref, dst_placement: Placement, role: str, value: str | None) -> Ref:
         """A copy of `src` in another DRAM layout (long-word gather through L2BM)."""

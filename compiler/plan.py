@@ -96,8 +96,8 @@ def _replicas_after_drop(layout: Layout, dropped: list[Factor], kept: list[list[
         ordered = sorted(positions)
         step = ordered[1] if len(ordered) > 1 else 1
         if ordered != list(range(0, len(ordered) * step, step)):
-            raise CompileError(f"broadcasting {layout} leaves {axis} copies at positions {ordered}, which no B@ item "
-                               f"describes (they are not evenly spaced)")
+            raise LayoutError(f"broadcasting {layout} leaves {axis} copies at positions {ordered}, which no B@ item "
+                              f"describes (they are not evenly spaced)")
         out.append(Broadcast(axis, len(ordered), step))
     return tuple(out)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..codegen import CodeGen
-from ..errors import UnsupportedOpError
+from ..errors import LayoutError, UnsupportedOpError
 from ..frontend.graph import Node, Value
 from ..plan import choose, per_pe, restrict, slice_count
 from . import lowering
@@ -131,7 +131,10 @@ def lower_elementwise(cg: CodeGen, node: Node) -> None:
     if out in cg.wishes:
         prefer.insert(0, cg.wishes[out])
     def operands_stage(layout) -> bool:
-        return all(usable_for(cg, v, restrict(layout, lshape(v)).layout) for v in inputs)
+        try:
+            return all(usable_for(cg, v, restrict(layout, lshape(v)).layout) for v in inputs)
+        except LayoutError:  # an operand's copies that no layout describes
+            return False
     layout = choose(lshape(out), dtype, cg.hw, budget_lw=budget, prefer=prefer, accept=operands_stage)
     result = Tensor(out, operand(cg, out, layout).restricted, dtype)
     operands = [operand(cg, v, layout) for v in inputs]

@@ -2,14 +2,17 @@
 
 The output is cut into tiles, one per MAB: each level above the MAB (L2B, L1B, MAB) takes a
 role, splitting the batch, the rows (M) or the columns (N); a level splitting M leaves B
-broadcast over it, one splitting N leaves A broadcast. Inside a MAB the MATMUL instruction's
-convention holds (sim.isa): K is split over the MAB's PEs in A and B, N in C. K is processed
-in chunks and M in rounds when a tile does not fit the PEs' memories; chunks and rounds are
-time slices of the operands' layouts, so each downloads with the usual staging.
+broadcast over it, one splitting N leaves A broadcast. The L2B axis is also cut at the Group
+boundary (the L2Bs of a Group share its Data Engine): the Groups take one or two roles and the
+L2Bs inside each Group another, or K, their partial sums added by an MV reduce on the way out.
+Inside a MAB the MATMUL instruction's convention holds (sim.isa): K is split over the MAB's PEs
+in A and B, N in C. K is processed in chunks and M in rounds when a tile does not fit the PEs'
+memories; chunks and rounds are time slices of the operands' layouts.
 
-Tilings are ranked by a model of the cycles they cost, from the YAML: MAU steps of each
-MATMUL, and Data Engine time for the long words each chunk brings in (the chip's bottleneck
-for large products), and the best is emitted.
+Each step (one chunk) the Data Engines fetch chunks ahead into a ring of L2BM regions while
+the PE stream moves this one down to the PEs and multiplies it. Tilings are ranked by a model
+of that pipeline from the YAML numbers (`_cost`: Data Engine time per step against the PE
+stream's transfers, hazards and MAU steps) and the best is emitted.
 """
 
 from __future__ import annotations
@@ -20,20 +23,34 @@ from math import ceil, prod
 
 import numpy as np
 
-from ..codegen import Arena, CodeGen, Ref
+from sim import Sym
+from sim.isa import DType, VOp
+
+from ..codegen import FIRST_FREE_TAG, Arena, CodeGen, Ref
 from ..errors import CompileError, UnsupportedOpError
 from ..frontend.graph import Node, Value
-from ..layout import TIME_AXIS, W_AXIS, Factor, Layout, Placement
-from ..transfer.staging import Chain, stage
+from ..layout import TIME_AXIS, W_AXIS, Broadcast, Factor, Layout, Placement
+from ..transfer.staging import Chain, emit_drain, emit_fetch, stage
 from . import lowering
 from .kernel import lm_placement, ref_of
 
 ROLES = ("batch", "m", "n")
+OPERAND_ROLES = {"a": ("batch", "m", "k"), "b": ("batch", "k", "n"), "c": ("batch", "m", "n")}
+
+
+@dataclass(frozen=True)
+class Take:
+    """A role on (part of) a hardware axis: `n` positions, `stride` apart."""
+
+    axis: str
+    role: str
+    n: int
+    stride: int = 1
 
 
 @dataclass(frozen=True)
 class Tiling:
-    takes: tuple[tuple[str, str, int], ...]  # (axis, role, positions used), root to leaf
+    takes: tuple[Take, ...]  # root to leaf
     batch_local: int  # batches each MAB computes one after another
     rounds: int  # M rounds
     mt: int  # rows per MAB per round
@@ -44,8 +61,12 @@ class Tiling:
     half: bool  # the MAU multiplies in half (float16 operands, float32 accumulation)
     cost: float = 0.0
 
-    def tiles(self, role: str) -> int:
-        return prod(n for _, r, n in self.takes if r == role)
+    def tiles(self, role: str, axes: tuple[str, ...] | None = None) -> int:
+        return prod(k.n for k in self.takes if k.role == role and (axes is None or k.axis in axes))
+
+    def places(self, operand: str, axis: str) -> bool:
+        """Whether an operand's layout places `axis` (it holds different data along it)."""
+        return any(k.axis == axis and k.role in OPERAND_ROLES[operand] and k.n > 1 for k in self.takes)
 
 
 @dataclass(frozen=True)
@@ -57,7 +78,15 @@ class Problem:
 
 
 def _axis_factors(t: Tiling, role: str) -> list[Factor]:
-    return [Factor(n, axis, 1) for axis, r, n in t.takes if r == role and n > 1]
+    return [Factor(k.n, k.axis, k.stride) for k in t.takes if k.role == role and k.n > 1]
+
+
+def _copies(t: Tiling, operand: str, of_roles: tuple[str, ...] = ROLES + ("k",)) -> tuple[Broadcast, ...]:
+    """Copies of an operand over the part of a split axis whose role it lacks (A over the L2Bs
+    that split N, when the Groups split M): a sized B@ on an axis its other part places."""
+    roles = OPERAND_ROLES[operand]
+    return tuple(Broadcast(k.axis, k.n, k.stride) for k in t.takes
+                 if k.role in of_roles and k.role not in roles and k.n > 1 and t.places(operand, k.axis))
 
 
 def layouts(t: Tiling, p: Problem, chain: Chain, epl_in: int, epl_out: int, batched: bool) -> tuple[Layout, Layout, Layout]:
@@ -72,13 +101,15 @@ def layouts(t: Tiling, p: Problem, chain: Chain, epl_in: int, epl_out: int, batc
     # PE's slice of K is any set of k's as long as A and B agree, and interleaving keeps
     # consecutive k's in consecutive long words of the staging image, so gathers (im2col) move
     # long runs.
-    k_dim = chunks + [Factor(t.kp // epl_in, None, 1), Factor(pes, chain.pe_axis, 1), Factor(epl_in, W_AXIS, 1)]
+    k_split = _axis_factors(t, "k")  # L2Bs of a Group that split K: C's copies there are partial sums
+    k_dim = k_split + chunks + [Factor(t.kp // epl_in, None, 1), Factor(pes, chain.pe_axis, 1),
+                                Factor(epl_in, W_AXIS, 1)]
     a = [_axis_factors(t, "m") + rounds + [Factor(t.mt, None, t.kp // epl_in)], k_dim]
     if t.trans_b:
         b = [k_dim, _axis_factors(t, "n") + [Factor(t.nt, None, t.kp // epl_in)]]
     else:
-        b = [chunks + [Factor(t.kp // epl_in, None, epl_in * t.nt // epl_in), Factor(pes, chain.pe_axis, 1),
-                       Factor(epl_in, None, t.nt // epl_in)],
+        b = [k_split + chunks + [Factor(t.kp // epl_in, None, epl_in * t.nt // epl_in), Factor(pes, chain.pe_axis, 1),
+                                 Factor(epl_in, None, t.nt // epl_in)],
              _axis_factors(t, "n") + [Factor(t.nt // epl_in, None, 1), Factor(epl_in, W_AXIS, 1)]]
     c = [_axis_factors(t, "m") + ([Factor(t.rounds, TIME_AXIS, 1)] if t.rounds > 1 else [])
          + [Factor(t.mt, None, np_ // epl_out)],
@@ -89,42 +120,135 @@ def layouts(t: Tiling, p: Problem, chain: Chain, epl_in: int, epl_out: int, batc
         c = [bdim(t.rounds)] + c
     shapes = ((p.batch, p.m, p.k), (p.batch, p.k, p.n), (p.batch, p.m, p.n)) if batched else \
         ((p.m, p.k), (p.k, p.n), (p.m, p.n))
-    return tuple(Layout.of(dims, shape) for dims, shape in zip((a, b, c), shapes))
+    return tuple(Layout.of(dims, shape, _copies(t, operand))
+                 for dims, shape, operand in zip((a, b, c), shapes, ("a", "b", "c")))
 
 
-def _fits(cg: CodeGen, t: Tiling, staged_in_float32: bool) -> bool:
-    words = cg.hw.memory_words
-    per_word_in = 2 if t.half else 1
-    a = t.mt * t.kp // per_word_in
-    b = t.kp * t.nt // per_word_in
-    c = t.mt * (t.nt // cg.params.pes_per_mab)
-    staging = (t.mt * t.kp + t.kp * t.nt) if staged_in_float32 and t.half else 0
-    budget = sum(words(m) for m in ("LM0", "LM1", "GRF0", "GRF1") if m in cg.hw.memories)
-    largest = max(words("LM0"), words("LM1"))
-    return a + b + c + staging <= budget * 0.9 and max(a, b, c) <= largest
+@dataclass(frozen=True)
+class Regions:
+    """Where one step's operands and result live in every PE: (memory, word) of A and B as the
+    MAU reads them, C (the float32 accumulator), and when needed float32 staging for A and B
+    (converted to half in LM) and C's half copy for upload."""
+
+    a: tuple[str, int]
+    b: tuple[str, int]
+    c: tuple[str, int]
+    a32: tuple[str, int] | None
+    b32: tuple[str, int] | None
+    c16: tuple[str, int] | None
 
 
-def _cost(cg: CodeGen, t: Tiling, in_bytes: int) -> float:
-    """Cycles of a tiling: the MATMULs and the Data Engine time to bring each chunk in, in series
-    (the kernel waits for a chunk before multiplying it), from the YAML numbers."""
+def _regions(cg: CodeGen, t: Tiling, convert_in: bool, out_half: bool) -> Regions:
+    """The PE-memory regions of a tiling, largest first so that they pack; the accumulator
+    prefers the GRFs. Raises CompileError when they do not fit."""
+    per_word = 2 if t.half else 1
+    c_words = t.mt * (t.nt // cg.params.pes_per_mab)
+    wanted = {"a": t.mt * t.kp // per_word, "b": t.kp * t.nt // per_word, "c": c_words}
+    if convert_in:
+        wanted.update(a32=t.mt * t.kp, b32=t.kp * t.nt)
+    if out_half:
+        wanted["c16"] = c_words // 2 + 1
+    arena = Arena(cg.hw)
+    got = {}
+    for name in sorted(wanted, key=lambda n: -wanted[n]):
+        prefer = ("GRF0", "GRF1", "LM0", "LM1") if name == "c" else ("LM0", "LM1", "GRF0", "GRF1")
+        got[name] = arena.alloc(wanted[name], prefer=prefer)
+    return Regions(got["a"], got["b"], got["c"], got.get("a32"), got.get("b32"), got.get("c16"))
+
+
+def _fits(cg: CodeGen, t: Tiling, convert_in: bool, out_half: bool) -> bool:
+    try:
+        _regions(cg, t, convert_in, out_half)
+        return True
+    except CompileError:
+        return False
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Long words one step (one K chunk of one round) moves, per L2B (its share of the Group's
+    Data Engine) and per L1BM and PE (the PE stream's transfers), for A and for B."""
+
+    l2: tuple[float, float]
+    l1: tuple[float, float]
+    pe: tuple[float, float]
+
+
+def _traffic(cg: CodeGen, t: Tiling, in_bytes: int) -> Traffic:
+    chain = Chain.of(cg.hw)
+    lw, pes = cg.hw.long_word_bytes, cg.params.pes_per_mab
+    below_l2 = (chain.l1_axis, chain.unit_axis)
+    k_step = t.kp * pes
+    rows_l2 = t.mt * t.tiles("m", below_l2)
+    cols_l2 = t.nt * t.tiles("n", below_l2)
+    l2 = (rows_l2 * k_step * in_bytes / lw, cols_l2 * k_step * in_bytes / lw)
+    l1 = tuple(v / (t.tiles(role, (chain.l1_axis,)) if t.places(op, chain.l1_axis) else 1)
+               for v, role, op in zip(l2, ("m", "n"), ("a", "b")))
+    pe = (t.mt * t.kp * in_bytes / lw, t.kp * t.nt * in_bytes / lw)
+    return Traffic(l2, l1, pe)
+
+
+def _xfer_cycles(cg: CodeGen, path: str, mode: str, per_lower: float, upper: float) -> float:
+    rates = cg.hw.transfers[path].modes[mode]
+    return max(upper / rates.src_lw_per_cycle, per_lower / rates.dst_lw_per_cycle)
+
+
+def _steps(cg: CodeGen, cycles: float) -> int:
+    return ceil(cycles / cg.hw.step_cycles) * cg.hw.step_cycles
+
+
+def _cost(cg: CodeGen, t: Tiling, in_bytes: int, staged_in_float32: bool) -> float:
+    """Cycles of a tiling from the YAML numbers. Each step (one K chunk) the Data Engines fetch
+    the next chunk into L2BM while the PE stream moves this one down to the PEs and multiplies
+    it, so a step costs the larger of the two; then the result goes back to DRAM."""
     hw, params = cg.hw, cg.params
-    mode = hw.units["MAU"].matrix["float16" if t.half else "float32"]
-    cycles = ceil(t.mt / mode.rows) * ceil(t.kp * params.pes_per_mab / mode.cols) * max(t.nt, ceil(mode.rows / mode.load_rows_per_cycle))
-    mm = ceil(cycles / hw.step_cycles) * hw.step_cycles
+    chain = Chain.of(hw)
+    traffic = _traffic(cg, t, in_bytes)
+    l2_in_group = min(chain.l2_per_group, prod(t.tiles(role, (chain.l2_axis,)) for role in ROLES + ("k",)))
     rate = hw.transfers["dram_to_l2bm"].modes["individual"].src_lw_per_cycle
-    lw = hw.long_word_bytes
-    groups = params.n_groups
-    a_lw = t.tiles("batch") * t.tiles("m") * t.mt * t.kp * params.pes_per_mab * in_bytes / lw / groups
-    b_lw = t.tiles("batch") * t.tiles("n") * t.kp * params.pes_per_mab * t.nt * in_bytes / lw / groups
-    b_copies = max(1, min(groups, t.tiles("m")))  # B is needed by every Group whose L2Bs split M
-    mv = (a_lw + b_lw * b_copies) / rate
+    engine = l2_in_group * sum(traffic.l2) / rate
+    stream = 0.0
+    for op, l2, l1, pe in zip(("a", "b"), traffic.l2, traffic.l1, traffic.pe):
+        l1_mode = "distribute" if t.places(op, chain.l1_axis) else "broadcast"
+        stream += _steps(cg, _xfer_cycles(cg, "l2bm_to_l1bm", l1_mode, l1, l2))
+        pe_mode = "distribute" if t.places(op, chain.unit_axis) else "mab_broadcast"
+        per_mode = chain.pes_per_l1 if pe_mode == "distribute" else chain.pes_per_unit  # PEs with their own data
+        stream += _steps(cg, _xfer_cycles(cg, "l1bm_to_pe", pe_mode, pe, pe * per_mode))
+        stream += (hw.hazards["l2bm_to_l1bm_read"] + hw.hazards["lm_write_to_read"]) * hw.step_cycles
+    mode = hw.units["MAU"].matrix["float16" if t.half else "float32"]
+    mm = ceil(t.mt / mode.rows) * ceil(t.kp * params.pes_per_mab / mode.cols) * max(t.nt, ceil(mode.rows / mode.load_rows_per_cycle))
+    stream += _steps(cg, mm)
+    if staged_in_float32 and t.half:
+        lanes = min(params.vop_lanes[VOp.cvt, DType.float32], params.vop_lanes[VOp.cvt, DType.float16])
+        stream += ceil((t.mt * t.kp + t.kp * t.nt) / lanes) * params.vop_issues[VOp.cvt] * hw.step_cycles
     steps = t.batch_local * t.rounds * t.chunks
-    c_lw = t.tiles("batch") * t.tiles("m") * t.tiles("n") * t.mt * t.nt * hw.element_bytes("float32") / lw / groups
-    return steps * (mm + mv) + t.batch_local * t.rounds * c_lw / rate
+    c_lw = t.mt * t.tiles("m", (chain.l1_axis, chain.unit_axis)) * t.nt * t.tiles("n", (chain.l1_axis, chain.unit_axis)) \
+        * hw.element_bytes("float32") / hw.long_word_bytes * l2_in_group / t.tiles("k")  # partial sums reduce on the way
+    fill = hw.transfers["dram_to_l2bm"].latency_cycles + engine
+    return steps * max(stream, engine) + t.batch_local * t.rounds * (fill + c_lw / rate)
+
+
+def _axis_options(axis: str, size: int, roles: tuple[str, ...], chain: Chain) -> list[tuple[tuple[str, int, int], ...]]:
+    """Ways one axis can serve the roles; each option lists (role, positions, stride) per part.
+
+    L1B and MAB serve one role each. The L2B axis is cut at the Group boundary: the Groups take
+    one role or two (halves of the Groups), and the L2Bs inside each Group another, or K, their
+    partial sums added by the Data Engines on the way out. A Group's L2Bs then share one
+    operand or split K: squarer tiles per Group and less Data Engine traffic."""
+    inner = chain.l2_per_group
+    if axis != chain.l2_axis or not 1 < inner <= size:
+        return [((role, size, 1),) for role in roles]
+    groups = size // inner
+    group_options = [((role, groups, inner),) for role in roles]
+    for d in range(2, groups):
+        if groups % d == 0:
+            group_options += [((hi, d, inner * groups // d), (lo, groups // d, inner))
+                              for hi in roles for lo in roles if hi != lo]
+    return [g + ((role, inner, 1),) for g in group_options for role in roles + ("k",)]
 
 
 def plan(cg: CodeGen, p: Problem, *, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool,
-         in_bytes: int) -> Tiling:
+         in_bytes: int, out_half: bool = False) -> Tiling:
     chain = Chain.of(cg.hw)
     axes = [a for a in cg.hw.axes if a != chain.pe_axis]
     sizes = cg.hw.axes
@@ -133,29 +257,30 @@ def plan(cg: CodeGen, p: Problem, *, batched: bool, trans_b: bool, half: bool, s
     col_unit = pes * max(epl_in, cg.hw.elements_per_lw("float32"))
     feasible: list[Tiling] = []
     roles = ROLES if batched else ROLES[1:]
-    for assignment in product(roles, repeat=len(axes)):
-        remaining = {"batch": p.batch if batched else 1, "m": p.m, "n": ceil(p.n / col_unit)}
+    for assignment in product(*(_axis_options(a, sizes[a], roles, chain) for a in axes)):
+        remaining = {"batch": p.batch if batched else 1, "m": p.m, "n": ceil(p.n / col_unit), "k": ceil(p.k / (pes * epl_in))}
         takes = []
-        for axis, role in zip(axes, assignment):
-            n = _take(remaining[role], sizes[axis], exact=role == "batch")
-            remaining[role] = ceil(remaining[role] / n)
-            takes.append((axis, role, n))
-        nb = prod(n for _, r, n in takes if r == "batch")
-        nm = prod(n for _, r, n in takes if r == "m")
-        nn = prod(n for _, r, n in takes if r == "n")
+        for axis, parts in zip(axes, assignment):
+            for role, size, stride in parts:
+                n = _take(remaining[role], size, exact=role == "batch")
+                remaining[role] = ceil(remaining[role] / n)
+                takes.append(Take(axis, role, n, stride))
+        t0 = Tiling(tuple(takes), 1, 1, 1, 1, 1, 1, trans_b, half)
+        nb, nm, nn = t0.tiles("batch"), t0.tiles("m"), t0.tiles("n")
         bl = ceil((p.batch if batched else 1) / nb)
         m_tile = ceil(p.m / nm)
         nt = ceil(ceil(p.n / nn) / col_unit) * col_unit
-        for kp in _kp_options(p.k, pes, epl_in):
-            chunks = ceil(p.k / (kp * pes))
+        k_local = ceil(p.k / t0.tiles("k"))
+        for kp in _kp_options(k_local, pes, epl_in):
+            chunks = ceil(k_local / (kp * pes))
             for rounds in range(1, m_tile + 1):
                 mt = ceil(m_tile / rounds)
                 if rounds > 1 and ceil(m_tile / (rounds - 1)) == mt:
                     continue
                 t = Tiling(tuple(takes), bl, rounds, mt, chunks, kp, nt, trans_b, half)
-                if not _fits(cg, t, staged_in_float32):
+                if not _fits(cg, t, staged_in_float32 and half, out_half):
                     continue
-                feasible.append(replace(t, cost=_cost(cg, t, in_bytes)))
+                feasible.append(replace(t, cost=_cost(cg, t, in_bytes, staged_in_float32)))
                 break  # fewer rounds are always at least as good
     for t in sorted(feasible, key=lambda t: t.cost):
         _, _, lc = layouts(t, p, chain, epl_in, cg.hw.elements_per_lw("float32"), batched)
@@ -209,6 +334,7 @@ def plan_for(cg: CodeGen, p: Problem, batched: bool, a_dtype: str, b_dtype: str,
     half_in = a_dtype == "float16" and b_dtype == "float16"
     half = half_in or cg.options.get("float_dtype") == "mixed"
     return plan(cg, p, batched=batched, trans_b=trans_b, half=half, staged_in_float32=half and not half_in,
+                out_half=half_in,
                 in_bytes=cg.hw.element_bytes("float16" if half_in else "float32"))
 
 
@@ -236,53 +362,91 @@ def emit_product(cg: CodeGen, t: Tiling, p: Problem, batched: bool, a: Source, b
     la, lb, lc = layouts_for(cg, t, p, batched, half_in)
     lc_out = lc if out_dtype == "float32" else layouts_for(cg, t, p, batched, half_in, out_dtype)[2]
     st_out = stage(lm_placement(cg, lc_out, out_dtype))
-    out_ref = cg.buffer("temp", st_out.dram, name, lm=lc_out)
-    arena = Arena(cg.hw)
+    # C's copies over L2Bs that split K hold partial sums; once added on the way out, the result
+    # is C without them (the same DRAM image): consumers need not fetch it twice
+    summed = Layout.of(lc_out.dims, lc_out.shape, tuple(b for b in lc_out.broadcast if b not in _copies(t, "c", ("k",))))
+    out_ref = cg.buffer("temp", st_out.dram, name, lm=summed)
     per_word = 2 if t.half else 1
-    a_words, b_words = t.mt * t.kp // per_word, t.kp * t.nt // per_word
     c_words = t.mt * (t.nt // pes)
-    mem_a, word_a = arena.alloc(a_words)
-    mem_b, word_b = arena.alloc(b_words)
-    mem_c, word_c = arena.alloc(c_words, prefer=("GRF0", "GRF1", "LM0", "LM1"))
     convert_in = t.half and not half_in  # float32 in DRAM, half in the MAU: stage float32, convert in LM
-    if convert_in:
-        mem_a32, word_a32 = arena.alloc(t.mt * t.kp)
-        mem_b32, word_b32 = arena.alloc(t.kp * t.nt)
+    regions = _regions(cg, t, convert_in, out_dtype == "float16")
+    (mem_a, word_a), (mem_b, word_b), (mem_c, word_c) = regions.a, regions.b, regions.c
+    into_a, into_b = (regions.a32, regions.b32) if convert_in else (regions.a, regions.b)
     if out_dtype == "float16":
-        mem_h, word_h = arena.alloc(c_words // 2 + 1)
+        mem_h, word_h = regions.c16
     hazard = cg.hw.hazards["lm_write_to_read"]
-    for bl in range(t.batch_local):
-        for r in range(t.rounds):
-            for k in range(t.chunks):
-                sa, sb = (bl * t.rounds + r) * t.chunks + k, bl * t.chunks + k
-                if convert_in:
-                    _download(cg, a, la, mem_a32, word_a32, sa)
-                    _download(cg, b, lb, mem_b32, word_b32, sb)
-                    cg.b.vop("cvt", "float16", 1, t.mt * t.kp, (mem_a, 2 * word_a, 0, 1), (mem_a32, word_a32, 0, 1),
-                             src_dtype="float32")
-                    cg.b.vop("cvt", "float16", 1, t.kp * t.nt, (mem_b, 2 * word_b, 0, 1), (mem_b32, word_b32, 0, 1),
-                             src_dtype="float32")
-                    cg.b.nop(hazard)
-                else:
-                    _download(cg, a, la, mem_a, word_a, sa)
-                    _download(cg, b, lb, mem_b, word_b, sb)
-                cg.b.matmul(mm_dtype, t.mt, t.kp * pes, t.nt, (mem_a, word_a * per_word, t.kp),
-                            (mem_b, word_b * per_word, t.kp if t.trans_b else t.nt), (mem_c, word_c, t.nt // pes),
-                            trans_b=t.trans_b, accumulate=k > 0)
+    feed = _Feed(cg, (a, b), (la, lb), (into_a, into_b))
+    steps = [(bl, r, k) for bl in range(t.batch_local) for r in range(t.rounds) for k in range(t.chunks)]
+    slices = lambda bl, r, k: ((bl * t.rounds + r) * t.chunks + k, bl * t.chunks + k)  # noqa: E731
+    ahead = feed.depth - 1
+    for i, (bl, r, k) in enumerate(steps):
+        # the Data Engines run `ahead` chunks ahead of the PE stream, within one round: an upload
+        # ends each round and uses the L2BM transit buffers, so the next round starts afresh
+        for j in range(i if k == 0 else i + ahead, min(i + ahead, i + t.chunks - 1 - k) + 1):
+            feed.fetch(j, *slices(*steps[j]))
+        feed.drain(i, *slices(bl, r, k))
+        if convert_in:
+            cg.b.vop("cvt", "float16", 1, t.mt * t.kp, (mem_a, 2 * word_a, 0, 1), (into_a[0], into_a[1], 0, 1),
+                     src_dtype="float32")
+            cg.b.vop("cvt", "float16", 1, t.kp * t.nt, (mem_b, 2 * word_b, 0, 1), (into_b[0], into_b[1], 0, 1),
+                     src_dtype="float32")
             cg.b.nop(hazard)
-            if out_dtype == "float16":
-                cg.b.vop("cvt", "float16", 1, c_words, (mem_h, 2 * word_h, 0, 1), (mem_c, word_c, 0, 1),
-                         src_dtype="float32")
-                cg.b.nop(hazard)
-                cg.upload(lm_placement(cg, lc_out, out_dtype), out_ref, memory=mem_h, word=word_h,
-                          slice_index=bl * t.rounds + r)
+        cg.b.matmul(mm_dtype, t.mt, t.kp * pes, t.nt, (mem_a, word_a * per_word, t.kp),
+                    (mem_b, word_b * per_word, t.kp if t.trans_b else t.nt), (mem_c, word_c, t.nt // pes),
+                    trans_b=t.trans_b, accumulate=k > 0)
+        if k + 1 < t.chunks:
+            continue
+        cg.b.nop(hazard)
+        partial = t.tiles("k") > 1
+        if out_dtype == "float16":
+            cg.b.vop("cvt", "float16", 1, c_words, (mem_h, 2 * word_h, 0, 1), (mem_c, word_c, 0, 1),
+                     src_dtype="float32")
+            cg.b.nop(hazard)
+            cg.upload(lm_placement(cg, lc_out, out_dtype), out_ref, memory=mem_h, word=word_h,
+                      slice_index=bl * t.rounds + r, reduce=partial)
+        else:
+            cg.upload(lm_placement(cg, lc, "float32"), out_ref, memory=mem_c, word=word_c,
+                      slice_index=bl * t.rounds + r, reduce=partial)
+    return out_ref, summed
+
+
+class _Feed:
+    """Brings the operands' slices for each step to the PEs. When several steps' slices fit L2BM
+    at once, L2BM holds a ring of them: the Data Engines fetch the steps ahead (each region with
+    its own tag) while the PE stream drains step i (and multiplies it), which hides the DRAM
+    latency; otherwise each slice is downloaded on its own, in pieces. Operands are padded along
+    K with zeros: the padding is multiplied and summed."""
+
+    def __init__(self, cg: CodeGen, sources: tuple[Source, Source], layouts: tuple[Layout, Layout],
+                 into: tuple[tuple[str, int], tuple[str, int]]) -> None:
+        self.cg, self.into = cg, into
+        self.lms = tuple(lm_placement(cg, layout, src.ref.placement.dtype) for src, layout in zip(sources, layouts))
+        self.plans = [cg.fetch_source(src.ref, lm, zero_fill=True, index=src.index)
+                      for src, lm in zip(sources, self.lms)]
+        self.dram = tuple(Sym(src.ref.symbol) for src in sources)
+        self.sources = sources
+        self.offsets = (0, self.plans[0][0].n_l2)
+        region = sum(st.n_l2 for st, _ in self.plans)
+        self.depth = min(cg.hw.memory_lw("L2BM") // region, cg.params.tags + 1 - FIRST_FREE_TAG)
+        self.pipelined = self.depth >= 2
+        self.depth = max(self.depth, 1)
+        self.regions = tuple(range(0, self.depth * region, region))
+        self.tags = tuple(range(FIRST_FREE_TAG, FIRST_FREE_TAG + self.depth))
+
+    def fetch(self, i: int, *slice_indices: int) -> None:
+        if not self.pipelined:
+            return
+        for (st, source), dram, offset, s in zip(self.plans, self.dram, self.offsets, slice_indices):
+            emit_fetch(self.cg.b, st, dram=dram, l2_addr=self.regions[i % self.depth] + offset, first=0,
+                       count=st.n_l2, tag=self.tags[i % self.depth], slice_index=s, source=source)
+
+    def drain(self, i: int, *slice_indices: int) -> None:
+        for (st, _), src, lm, (memory, word), offset, s in zip(self.plans, self.sources, self.lms, self.into,
+                                                               self.offsets, slice_indices):
+            if self.pipelined:
+                self.cg.b.wait(self.tags[i % self.depth])
+                emit_drain(self.cg.b, st, l2_addr=self.regions[i % self.depth] + offset, lm_mem=memory,
+                           lm_word=word, transit=self.cg.transit)
             else:
-                cg.upload(lm_placement(cg, lc, "float32"), out_ref, memory=mem_c, word=word_c,
-                          slice_index=bl * t.rounds + r)
-    return out_ref, lc_out
-
-
-def _download(cg: CodeGen, src: Source, layout: Layout, memory: str, word: int, slice_index: int) -> None:
-    """Operands are padded along K with zeros: the padding is multiplied and summed."""
-    cg.download(src.ref, lm_placement(cg, layout, src.ref.placement.dtype), memory=memory, word=word,
-                slice_index=slice_index, zero_fill=True, index=src.index)
+                self.cg.download(src.ref, lm, memory=memory, word=word, slice_index=s, zero_fill=True,
+                                 index=src.index)

@@ -21,7 +21,7 @@ from ..layout import Layout, Placement
 from ..layout.candidates import candidates
 from ..layout.reshape import reshape_layout
 from ..plan import LM, choose, time_sliced
-from ..transfer.gather import SKIP, ZERO, LaneMismatch, LwSources, emit_convert, lw_sources
+from ..transfer.gather import SKIP, LaneMismatch, LwSources, emit_convert, lw_sources
 from ..transfer.staging import stage
 from . import lowering
 from .kernel import lshape, ref_of

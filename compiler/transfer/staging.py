@@ -187,10 +187,13 @@ def _stage(lm: Placement) -> Staging:
     destination = Destination(want, chain.groups, image_lw * lm.time_slices, lm.epl, f"the DRAM image of {lm.layout}")
     targets = {chain.l2_axis: group * chain.l2_per_group, None: address, "W": loc.w}
     everywhere = g_copies == chain.groups and chain.groups * chain.l2_per_group > 1
-    broadcast = (Broadcast(chain.l2_axis),) if everywhere else ()
+    broadcast: tuple[Broadcast, ...] = (Broadcast(chain.l2_axis),) if everywhere else ()
+    step = int(groups[1]) if g_copies > 1 else 1
+    if 1 < g_copies < chain.groups:  # copies in some Groups: every `step`-th one from each placed Group
+        broadcast = (Broadcast(chain.l2_axis, g_copies, step * chain.l2_per_group),)
     fitted, why = None, ""
-    if g_copies not in (1, chain.groups):
-        why = "it is broadcast over some Groups only"
+    if groups.tolist() != list(range(0, g_copies * step, step)):
+        why = f"its copies are in Groups {groups.tolist()}, which are not evenly spaced"
     else:
         try:
             fitted = Placement(fit_layout(lm.layout.shape, targets, lm.hw, DRAM, lm.dtype, broadcast), lm.hw, DRAM,
@@ -244,11 +247,11 @@ def pieces(st: Staging, transit: Transit) -> list[Piece]:
     return out
 
 
-Source = "tuple[LwSources, Address, Address | None]"
+Gather = tuple[LwSources, Address, Address | None]  # runs, the stored tensor, a zeros buffer
 
 
 def emit_fetch(b: ProgramBuilder, st: Staging, *, dram: Address, l2_addr: int, first: int, count: int, tag: int,
-               slice_index: int = 0, source: "Source | None" = None) -> None:
+               slice_index: int = 0, source: Gather | None = None) -> None:
     """MVs that bring L2BM long words [first, first + count) of one slice of the image (at `dram`)
     to `l2_addr` in every L2B that holds data, on the Data Engines, tagged `tag`.
 
@@ -294,7 +297,7 @@ def emit_drain(b: ProgramBuilder, st: Staging, *, l2_addr: int, lm_mem: str, lm_
 
 
 def emit_download(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
-                  slice_index: int = 0, source: "Source | None" = None) -> None:
+                  slice_index: int = 0, source: Gather | None = None) -> None:
     """DRAM image (at `dram`) -> LM (`lm_mem` from word `lm_word`), one slice, double-buffered:
     the Data Engines fetch piece k + 1 into one transit buffer while the stream drains piece k."""
     parts = pieces(st, transit)
@@ -314,8 +317,12 @@ def emit_download(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str,
 
 
 def emit_upload(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
-                slice_index: int = 0) -> None:
-    """LM -> DRAM image, one slice; broadcast copies are read from replica 0."""
+                slice_index: int = 0, reduce: bool = False) -> None:
+    """LM -> DRAM image, one slice; broadcast copies are read from replica 0. With `reduce`, the
+    copies on the L2Bs of each Group are partial sums (a product whose L2Bs split K): the Data
+    Engines add them up on the way to DRAM (MV reduce)."""
+    if reduce and st.l2_replicas != tuple(range(st.chain.l2_per_group)):
+        raise LayoutError(f"{st.lm.layout} is not copied over every L2B of a Group; there is nothing to reduce")
     if st.pe_mode == "broadcast":
         raise LayoutError(f"{st.lm.layout} is broadcast over every PE of an L1B; uploading it would need an "
                           f"l1bm mode that reads one PE alone")
@@ -334,8 +341,12 @@ def emit_upload(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, l
         b.xfer(l1_mode, "up", L2BM, transit.l2[k % 2], L1BM, transit.l1[k % 2], p.q2_count, index=0)
         b.nop(hz["l2bm_write_to_mv_read"])
         for slot, local in enumerate(st.l2_locals if st.l2_locals is not None else (0,)):
-            b.mv("individual", L2BM, transit.l2[k % 2], DRAM, base + slot * st.n_l2 + p.q2_first, p.q2_count,
-                 tag=tag, src_local=local)
+            if reduce:
+                b.mv("reduce", L2BM, transit.l2[k % 2], DRAM, base + slot * st.n_l2 + p.q2_first, p.q2_count,
+                     tag=tag, red="add", dtype=st.lm.dtype)
+            else:
+                b.mv("individual", L2BM, transit.l2[k % 2], DRAM, base + slot * st.n_l2 + p.q2_first, p.q2_count,
+                     tag=tag, src_local=local)
         in_flight.append(tag)
     for tag in dict.fromkeys(in_flight[-2:]):
         b.wait(tag)
