@@ -86,3 +86,41 @@ def test_large_tensors_move_in_double_buffered_pieces(mncore2):
 def test_layouts_no_mode_can_feed(mncore2):
     with pytest.raises(LayoutError, match="broadcast over PE but placed over MAB"):
         stage(Placement(parse("((3_MAB:1), (2_L1B:1, 2_W:1))"), mncore2, "LM0", "float32"))
+
+
+@pytest.mark.parametrize("lm, image_copies", [
+    ("((4_L2B:2, 16:2), (4_PE:1, 2:1, 2_W:1); B@[2_L2B:1])", ""),  # copies on both L2Bs of a Group
+    ("((2_L2B:1, 16:2), (4_PE:1, 2:1, 2_W:1); B@[4_L2B:2])", "B@[L2B]"),  # copies in every Group's DRAM
+    ("((2_L2B:4, 16:2), (4_PE:1, 2:1, 2_W:1); B@[2_L2B:2])", "B@[2_L2B:2]"),  # in every other Group
+])
+def test_copies_over_l2bs_download_into_every_copy(mncore2, lm, image_copies):
+    st = stage(Placement(parse(lm), mncore2, "LM0", "float32"))
+    assert str(st.dram.layout).endswith(image_copies + ")")
+    machine = sim.Machine(mncore2)
+    src = machine.alloc_dram(st.dram_lw)
+    x = np.random.default_rng(2).standard_normal(st.lm.layout.shape, dtype=np.float32)
+    scatter(st.dram, x, machine.memory("DRAM"), src)
+    b = sim.ProgramBuilder(machine.params)
+    emit_download(b, st, dram=src, lm_mem="LM0", lm_word=0, transit=transit_for(mncore2))
+    machine.run(b.build())
+    got = gather(st.lm, machine.memory("LM0"), check_replicas=True)  # every copy holds the values
+    np.testing.assert_array_equal(got.view(np.float32), x)
+
+
+def test_partial_sums_over_a_groups_l2bs_are_added_on_upload(mncore2):
+    """An upload with `reduce`: the copies of each element on the L2Bs of a Group hold partial
+    sums (a product whose L2Bs split K); an MV reduce adds them on the way to DRAM."""
+    st = stage(Placement(parse("((4_L2B:2, 16:2), (4_PE:1, 2:1, 2_W:1); B@[2_L2B:1])"), mncore2, "LM0", "float32"))
+    machine = sim.Machine(mncore2)
+    src, dst = machine.alloc_dram(st.dram_lw), machine.alloc_dram(st.dram_lw)
+    x = np.random.default_rng(3).standard_normal(st.lm.layout.shape, dtype=np.float32)
+    scatter(st.dram, x, machine.memory("DRAM"), src)
+    b = sim.ProgramBuilder(machine.params)
+    emit_download(b, st, dram=src, lm_mem="LM0", lm_word=0, transit=transit_for(mncore2))
+    emit_upload(b, st, dram=dst, lm_mem="LM0", lm_word=0, transit=transit_for(mncore2), reduce=True)
+    machine.run(b.build())
+    np.testing.assert_allclose(gather(st.dram, machine.memory("DRAM"), dst).view(np.float32), 2 * x, rtol=1e-6)
+    plain = stage(Placement(parse("((4_L2B:2, 16:2), (4_PE:1, 2:1, 2_W:1))"), mncore2, "LM0", "float32"))
+    with pytest.raises(LayoutError, match="not copied over every L2B of a Group; there is nothing to reduce"):
+        emit_upload(sim.ProgramBuilder(machine.params), plain, dram=dst, lm_mem="LM0", lm_word=0,
+                    transit=transit_for(mncore2), reduce=True)
