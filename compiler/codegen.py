@@ -92,6 +92,8 @@ class CodeGen:
         self.refs: dict[Value, Ref] = {}
         self.wishes: dict[Value, Layout] = {}  # output layouts a constraint asks for
         self.pending: dict[Value, Callable[[Layout], Ref]] = {}  # views of not-yet-placed values
+        # for each pending view: its base and the map from a layout of the view to one of the base
+        self.view_bases: dict[Value, tuple[Value, Callable[[Layout], Layout | None]]] = {}
         self.lane_cache: dict[tuple, bool] = {}
         self.sources_cache: dict[tuple, LwSources] = {}
         l2, l1 = self.hw.memory_lw("L2BM") // 2, self.hw.memory_lw("L1BM") // 2

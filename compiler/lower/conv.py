@@ -78,7 +78,7 @@ def lower_conv(cg: CodeGen, node: Node) -> None:
     dtype = cg.device_dtype(x)
     b_value = _weights_as_b(cg, node, weight)
     problem = Problem(1, n * ho * wo, kh * kw * c, co)
-    tiling = plan_for(cg, problem, False, dtype, cg.device_dtype(weight), trans_b=False)
+    tiling = plan_for(cg, problem, False, dtype, cg.device_dtype(weight), trans_b=False, b=b_value)
     _, lb, _ = layouts_for(cg, tiling, problem, False, dtype == "float16" and cg.device_dtype(weight) == "float16")
     if x not in cg.refs:
         cg.refs[x] = cg.buffer("input" if x.kind == "input" else "const",

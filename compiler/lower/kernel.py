@@ -57,6 +57,23 @@ def ref_of(cg: CodeGen, v: Value, wanted: Layout) -> Ref:
     return ref
 
 
+def arrives_by_block_copies(cg: CodeGen, v: Value, wanted: Layout) -> bool:
+    """Whether a not-yet-placed graph input or constant (or a view of one) would be stored as the
+    DRAM image of LM layout `wanted`, so that it downloads by block copies rather than a gather
+    of short runs on every call: every view on the way must map `wanted` back to its base. Placed
+    values are where they are (True)."""
+    if v in cg.refs:
+        return True
+    if v in cg.view_bases:
+        base, to_base = cg.view_bases[v]
+        base_layout = to_base(wanted)
+        return base_layout is not None and arrives_by_block_copies(cg, base, base_layout)
+    try:
+        return stage(Placement(wanted, cg.hw, LM, cg.device_dtype(v), check_capacity=False)).fitted is not None
+    except LayoutError:
+        return False
+
+
 def compatible(cg: CodeGen, v: Value, layout: Layout) -> bool:
     """Can `v` be downloaded into LM `layout` from where it is (lane for lane)? Values not yet
     placed can be placed anywhere."""

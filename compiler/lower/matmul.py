@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from itertools import product
 from math import ceil, prod
+from typing import Callable
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from ..frontend.graph import Node, Value
 from ..layout import TIME_AXIS, W_AXIS, Broadcast, Factor, Layout, Placement
 from ..transfer.staging import Chain, emit_drain, emit_fetch, stage
 from . import lowering
-from .kernel import lm_placement, ref_of
+from .kernel import arrives_by_block_copies, lm_placement, ref_of
 
 ROLES = ("batch", "m", "n")
 OPERAND_ROLES = {"a": ("batch", "m", "k"), "b": ("batch", "k", "n"), "c": ("batch", "m", "n")}
@@ -248,7 +249,10 @@ def _axis_options(axis: str, size: int, roles: tuple[str, ...], chain: Chain) ->
 
 
 def plan(cg: CodeGen, p: Problem, *, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool,
-         in_bytes: int, out_half: bool = False) -> Tiling:
+         in_bytes: int, out_half: bool = False,
+         accept: Callable[[Layout, Layout], bool] = lambda la, lb: True) -> Tiling:
+    """The cheapest tiling that fits, whose product has a storable image, and whose operand
+    layouts `accept` takes (operands that views of inputs can reach by block copies)."""
     chain = Chain.of(cg.hw)
     axes = [a for a in cg.hw.axes if a != chain.pe_axis]
     sizes = cg.hw.axes
@@ -283,8 +287,8 @@ def plan(cg: CodeGen, p: Problem, *, batched: bool, trans_b: bool, half: bool, s
                 feasible.append(replace(t, cost=_cost(cg, t, in_bytes, staged_in_float32)))
                 break  # fewer rounds are always at least as good
     for t in sorted(feasible, key=lambda t: t.cost):
-        _, _, lc = layouts(t, p, chain, epl_in, cg.hw.elements_per_lw("float32"), batched)
-        if stage(Placement(lc, cg.hw, "LM0", "float32", check_capacity=False)).fitted is not None:
+        la, lb, lc = layouts(t, p, chain, epl_in, cg.hw.elements_per_lw("float32"), batched)
+        if stage(Placement(lc, cg.hw, "LM0", "float32", check_capacity=False)).fitted is not None and accept(la, lb):
             return t  # the product is stored in the image of its layout: that image needs notation
     raise CompileError(f"no tiling of a {p.batch}x{p.m}x{p.k}x{p.n} product fits the PE memories of {cg.hw.name}")
 
@@ -323,19 +327,24 @@ def lower_matmul(cg: CodeGen, node: Node) -> None:
     if {cg.device_dtype(a), cg.device_dtype(b)} - {"float32", "float16"}:
         raise UnsupportedOpError(node.op, [list(a.shape), list(b.shape)], node.source, "integer matrix products")
     p = Problem(a.shape[0] if batched else 1, a.shape[-2], a.shape[-1], b.shape[-1])
-    t = plan_for(cg, p, batched, cg.device_dtype(a), cg.device_dtype(b), _lanes_along_k(cg, b))
+    t = plan_for(cg, p, batched, cg.device_dtype(a), cg.device_dtype(b), _lanes_along_k(cg, b), a=a, b=b)
     la, lb, _ = layouts_for(cg, t, p, batched, cg.device_dtype(a) == "float16" and cg.device_dtype(b) == "float16")
     ref, lc = emit_product(cg, t, p, batched, Source(ref_of(cg, a, la)), Source(ref_of(cg, b, lb)),
                            cg.device_dtype(out), out.name)
     cg.refs[out] = ref
 
 
-def plan_for(cg: CodeGen, p: Problem, batched: bool, a_dtype: str, b_dtype: str, trans_b: bool) -> Tiling:
+def plan_for(cg: CodeGen, p: Problem, batched: bool, a_dtype: str, b_dtype: str, trans_b: bool, *,
+             a: Value | None = None, b: Value | None = None) -> Tiling:
+    """The tiling for a product of operands of these dtypes; `a` and `b`, when given, are values
+    the tiling's layouts should reach by block copies (see `arrives_by_block_copies`)."""
     half_in = a_dtype == "float16" and b_dtype == "float16"
     half = half_in or cg.options.get("float_dtype") == "mixed"
+
+    def accept(la: Layout, lb: Layout) -> bool:
+        return all(v is None or arrives_by_block_copies(cg, v, layout) for v, layout in ((a, la), (b, lb)))
     return plan(cg, p, batched=batched, trans_b=trans_b, half=half, staged_in_float32=half and not half_in,
-                out_half=half_in,
-                in_bytes=cg.hw.element_bytes("float16" if half_in else "float32"))
+                out_half=half_in, in_bytes=cg.hw.element_bytes("float16" if half_in else "float32"), accept=accept)
 
 
 def layouts_for(cg: CodeGen, t: Tiling, p: Problem, batched: bool, half_in: bool, out_dtype: str = "float32"):

@@ -54,8 +54,10 @@ def defer(cg: CodeGen, out: Value, base: Value, to_base, to_view) -> None:
             ref = to_view(ref_of(cg, base, base_layout))
         cg.refs[out] = ref
         cg.pending.pop(out, None)
+        cg.view_bases.pop(out, None)
         return ref
     cg.pending[out] = resolve
+    cg.view_bases[out] = (base, to_base)
 
 
 def alias(cg: CodeGen, out: Value, x: Value) -> None:

@@ -96,3 +96,16 @@ def test_the_data_engines_run_ahead_and_the_cost_model_agrees(mncore2):
     assert abs(stats.total_cycles - t.cost) <= 0.1 * stats.total_cycles
     busiest_engine = max(stats.engine_busy)
     assert stats.total_cycles < 0.75 * (stats.pe_busy + busiest_engine)  # they overlap
+
+
+def test_weights_behind_views_are_stored_so_that_they_arrive_by_block_copies(mncore2):
+    """A convolution's weight reaches the product through a permute and a reshape. The planner
+    only takes tilings whose B layout those views map back onto the weight; otherwise the weight
+    would be stored in some other layout and gathered in short runs on every call. A constant
+    weight is placed in whatever layout the tiling wants: an input must cost no more MVs."""
+    import torch.nn.functional as F
+    x, w = torch.randn(1, 64, 56, 56), torch.randn(64, 64, 3, 3)  # ResNet-50 conv2_x
+    as_input = compile_function(lambda d: {"y": F.conv2d(d["x"], d["w"], padding=1)}, {"x": x, "w": w}, mncore2)
+    as_constant = compile_function(lambda d: {"y": F.conv2d(d["x"], w, padding=1)}, {"x": x}, mncore2)
+    mvs = [int((c.program.code[:, 0] == isa.Op.MV).sum()) for c in (as_input, as_constant)]
+    assert mvs[0] <= mvs[1]
