@@ -251,8 +251,8 @@ def _axis_options(axis: str, size: int, roles: tuple[str, ...], chain: Chain) ->
 def plan(cg: CodeGen, p: Problem, *, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool,
          in_bytes: int, out_half: bool = False,
          accept: Callable[[Layout, Layout], bool] = lambda la, lb: True) -> Tiling:
-    """The cheapest tiling that fits, whose product has a storable image, and whose operand
-    layouts `accept` takes (operands that views of inputs can reach by block copies)."""
+    """The cheapest tiling that fits and whose product has a storable image, preferring those
+    whose operand layouts `accept` takes (operands that views of inputs reach by block copies)."""
     chain = Chain.of(cg.hw)
     axes = [a for a in cg.hw.axes if a != chain.pe_axis]
     sizes = cg.hw.axes
@@ -286,10 +286,17 @@ def plan(cg: CodeGen, p: Problem, *, batched: bool, trans_b: bool, half: bool, s
                     continue
                 feasible.append(replace(t, cost=_cost(cg, t, in_bytes, staged_in_float32)))
                 break  # fewer rounds are always at least as good
+    # the product is stored in the image of its layout: that image needs notation; operands that
+    # `accept` refuses still arrive, by a gather, when no tiling suits them
+    storable = []
     for t in sorted(feasible, key=lambda t: t.cost):
         la, lb, lc = layouts(t, p, chain, epl_in, cg.hw.elements_per_lw("float32"), batched)
-        if stage(Placement(lc, cg.hw, "LM0", "float32", check_capacity=False)).fitted is not None and accept(la, lb):
-            return t  # the product is stored in the image of its layout: that image needs notation
+        if stage(Placement(lc, cg.hw, "LM0", "float32", check_capacity=False)).fitted is not None:
+            if accept(la, lb):
+                return t
+            storable.append(t)
+    if storable:
+        return storable[0]
     raise CompileError(f"no tiling of a {p.batch}x{p.m}x{p.k}x{p.n} product fits the PE memories of {cg.hw.name}")
 
 
