@@ -225,8 +225,10 @@ def _cost(cg: CodeGen, t: Tiling, in_bytes: int, staged_in_float32: bool) -> flo
     steps = t.batch_local * t.rounds * t.chunks
     c_lw = t.mt * t.tiles("m", (chain.l1_axis, chain.unit_axis)) * t.nt * t.tiles("n", (chain.l1_axis, chain.unit_axis)) \
         * hw.element_bytes("float32") / hw.long_word_bytes * l2_in_group / t.tiles("k")  # partial sums reduce on the way
-    fill = hw.transfers["dram_to_l2bm"].latency_cycles + engine
-    return steps * max(stream, engine) + t.batch_local * t.rounds * (fill + c_lw / rate)
+    latency = hw.transfers["dram_to_l2bm"].latency_cycles
+    if 2 * sum(traffic.l2) > hw.memory_lw("L2BM"):  # no room to fetch ahead (see _Feed): in series
+        return steps * (stream + engine + latency) + t.batch_local * t.rounds * c_lw / rate
+    return steps * max(stream, engine) + t.batch_local * t.rounds * (latency + engine + c_lw / rate)
 
 
 def _axis_options(axis: str, size: int, roles: tuple[str, ...], chain: Chain) -> list[tuple[tuple[str, int, int], ...]]:

@@ -109,3 +109,22 @@ def test_weights_behind_views_are_stored_so_that_they_arrive_by_block_copies(mnc
     as_constant = compile_function(lambda d: {"y": F.conv2d(d["x"], w, padding=1)}, {"x": x}, mncore2)
     mvs = [int((c.program.code[:, 0] == isa.Op.MV).sum()) for c in (as_input, as_constant)]
     assert mvs[0] <= mvs[1]
+
+
+def test_without_room_to_fetch_ahead_each_chunk_downloads_on_its_own(mini, monkeypatch):
+    """When two steps' operands do not fit L2BM at once, each chunk is downloaded in pieces
+    before it is multiplied; the values are the same, the Data Engines only wait longer."""
+    inputs = {"a": torch.randn(64, 512), "b": torch.randn(512, 64)}
+    device = Device(mini)
+    ahead = compile_function(matmul_fn, inputs, mini)
+    init = matmul._Feed.__init__
+
+    def no_room(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.pipelined, self.depth = False, 1
+    monkeypatch.setattr(matmul._Feed, "__init__", no_room)
+    in_series = compile_function(matmul_fn, inputs, mini)
+    got = device.execute(in_series, inputs)["c"]
+    torch.testing.assert_close(got, matmul_fn(inputs)["c"], rtol=1e-5, atol=1e-5 * got.abs().max().item())
+    machine = Machine(mini)
+    assert machine.time(in_series.program.code).total_cycles > machine.time(ahead.program.code).total_cycles
