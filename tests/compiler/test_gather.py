@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import hwdesc
 import sim
 from compiler.layout import Placement, parse
 from compiler.layout.hostio import gather, scatter
