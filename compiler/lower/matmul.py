@@ -36,6 +36,7 @@ from . import lowering
 from .kernel import arrives_by_block_copies, lm_placement, ref_of
 
 ROLES = ("batch", "m", "n")
+ACCEPT_TRIES = 8  # storable tilings, cheapest first, whose operand layouts the planner checks
 OPERAND_ROLES = {"a": ("batch", "m", "k"), "b": ("batch", "k", "n"), "c": ("batch", "m", "n")}
 
 
@@ -288,15 +289,19 @@ def plan(cg: CodeGen, p: Problem, *, batched: bool, trans_b: bool, half: bool, s
                     continue
                 feasible.append(replace(t, cost=_cost(cg, t, in_bytes, staged_in_float32)))
                 break  # fewer rounds are always at least as good
-    # the product is stored in the image of its layout: that image needs notation; operands that
-    # `accept` refuses still arrive, by a gather, when no tiling suits them
+    # The product is stored in the image of its layout: that image needs notation. Operands that
+    # `accept` refuses still arrive, by a gather, when none of the cheapest few tilings suits them
+    # (each check stages layouts, which costs time on large tensors).
+    epl_staged = cg.hw.elements_per_lw("float32") if staged_in_float32 else epl_in
     storable = []
     for t in sorted(feasible, key=lambda t: t.cost):
-        la, lb, lc = layouts(t, p, chain, epl_in, cg.hw.elements_per_lw("float32"), batched)
+        la, lb, lc = layouts(t, p, chain, epl_staged, cg.hw.elements_per_lw("float32"), batched)
         if stage(Placement(lc, cg.hw, "LM0", "float32", check_capacity=False)).fitted is not None:
             if accept(la, lb):
                 return t
             storable.append(t)
+            if len(storable) == ACCEPT_TRIES:
+                break
     if storable:
         return storable[0]
     raise CompileError(f"no tiling of a {p.batch}x{p.m}x{p.k}x{p.n} product fits the PE memories of {cg.hw.name}")

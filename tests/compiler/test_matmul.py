@@ -128,3 +128,18 @@ def test_without_room_to_fetch_ahead_each_chunk_downloads_on_its_own(mini, monke
     torch.testing.assert_close(got, matmul_fn(inputs)["c"], rtol=1e-5, atol=1e-5 * got.abs().max().item())
     machine = Machine(mini)
     assert machine.time(in_series.program.code).total_cycles > machine.time(ahead.program.code).total_cycles
+
+
+def test_mixed_operands_are_checked_in_the_float32_layouts_they_are_staged_in(mncore2, monkeypatch):
+    """`mixed` multiplies in half but stages float32 operands: the planner must ask whether the
+    inputs reach the float32 layouts (four halves per long word would never stage as float32)."""
+    answers = []
+    check = matmul.arrives_by_block_copies
+
+    def recording(cg, v, layout):
+        answers.append(check(cg, v, layout))
+        return answers[-1]
+    monkeypatch.setattr(matmul, "arrives_by_block_copies", recording)
+    inputs = {"a": torch.randn(256, 256), "b": torch.randn(256, 256)}
+    compile_function(matmul_fn, inputs, mncore2, options={"float_dtype": "mixed"})
+    assert answers and all(answers)
