@@ -16,18 +16,11 @@ import pytest
 import torch
 
 import hwdesc
+from hwdesc.figures import dram_traffic_cycles, matrix_cycles
 from compiler.compile import compile_function
 from sim import Machine
 
 HW = hwdesc.load("mncore2")
-
-
-def dram_cycles(read_bytes: int, write_bytes: int) -> float:
-    groups = HW.instances("Group")
-    lw = HW.long_word_bytes
-    read = HW.transfers["dram_to_l2bm"].modes["individual"].src_lw_per_cycle * lw * groups
-    write = HW.transfers["l2bm_to_dram"].modes["individual"].dst_lw_per_cycle * lw * groups
-    return read_bytes / read + write_bytes / write
 
 
 def simulate(fn, inputs, options) -> tuple[int, float]:
@@ -55,10 +48,9 @@ def test_matmul_1024_roofline(benchmark, case):
     options = {"float_dtype": "mixed" if case == "mixed" else "float"}
     cycles, compile_s = benchmark.pedantic(simulate, args=(lambda d: {"c": d["a"] @ d["b"]}, {"a": a, "b": b},
                                                             options), rounds=1, iterations=1)
-    mode = HW.units["MAU"].matrix["float32" if case == "float" else "float16"]
-    compute = n ** 3 / (mode.rows * mode.cols * HW.instances("MAB"))
+    compute = matrix_cycles(HW, n ** 3, "float32" if case == "float" else "float16")
     size = HW.element_bytes("float16" if case == "half" else "float32")
-    record(benchmark, f"1024^3 {case}", cycles, compile_s, compute, dram_cycles(2 * n * n * size, n * n * size))
+    record(benchmark, f"1024^3 {case}", cycles, compile_s, compute, dram_traffic_cycles(HW, 2 * n * n * size, n * n * size))
 
 
 def test_elementwise_16m_roofline(benchmark):
@@ -68,4 +60,4 @@ def test_elementwise_16m_roofline(benchmark):
                                            rounds=1, iterations=1)
     lanes = HW.units[HW.pe_ops["add"].unit].vector["float32"].lanes_per_cycle
     compute = n * n * HW.pe_ops["add"].issues / (lanes * HW.instances("PE"))
-    record(benchmark, "16M-element add", cycles, compile_s, compute, dram_cycles(2 * n * n * 4, n * n * 4))
+    record(benchmark, "16M-element add", cycles, compile_s, compute, dram_traffic_cycles(HW, 2 * n * n * 4, n * n * 4))

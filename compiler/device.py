@@ -24,7 +24,8 @@ from .iospec import IOSpec
 from .layout import Placement
 from .layout.hostio import gather, scatter
 
-TAG_DMA, TAG_MV = (7, 8), (9, 10)  # tags of host transfer programs (kernels use lower ones)
+TAG_DMA, TAG_MV = (7, 8), (9, 10)  # tags of host transfer programs: programs run one after another and
+# each waits for its own transfers, so these may coincide with tags a kernel program uses
 
 
 @dataclass(eq=False)

@@ -16,6 +16,7 @@ from hwdesc import HwDesc
 
 from .errors import CompileError, LayoutError
 from .layout import ADDRESS, TIME_AXIS, W_AXIS, Broadcast, Factor, Layout, Placement
+from .layout.layout import spread
 from .layout.candidates import candidates
 from .transfer.staging import stage
 
@@ -85,11 +86,11 @@ def _replicas_after_drop(layout: Layout, dropped: list[Factor], kept: list[list[
     offsets: dict[str, set[int]] = {}
     for f in dropped:
         if f.axis in placed:
-            offsets[f.axis] = {p + i * f.stride for p in offsets.get(f.axis, {0}) for i in range(f.size)}
+            offsets[f.axis] = spread(offsets.get(f.axis, {0}), f.size, f.stride)
     out = []
     for b in layout.broadcast:
         if b.axis in offsets and layout.adds_copies(b):
-            offsets[b.axis] = {p + i * b.stride for p in offsets[b.axis] for i in range(b.size)}
+            offsets[b.axis] = spread(offsets[b.axis], b.size, b.stride)
         elif b.axis in placed or not layout.adds_copies(b):
             out.append(b)  # (copies on an axis nothing places any more: every position, implicitly)
     for axis, positions in offsets.items():

@@ -129,3 +129,19 @@ def summary(hw: HwDesc) -> dict[str, float | int]:
         out[f"bandwidth.{b.transfer}.{b.mode}"] = b.total_bytes_per_s
     out["bandwidth.dram_total"] = dram_bandwidth_total(hw)
     return out
+
+
+def matrix_cycles(hw: HwDesc, multiply_adds: int, dtype: str) -> float:
+    """Cycles for `multiply_adds` at the MAU matrix rate (rows x cols per cycle) of every MAB:
+    the compute side of a matrix product's roofline."""
+    mode = hw.units["MAU"].matrix[dtype]
+    return multiply_adds / (mode.rows * mode.cols * hw.instances(hw.units["MAU"].level))
+
+
+def dram_traffic_cycles(hw: HwDesc, read_bytes: int, write_bytes: int) -> float:
+    """Cycles to read and write these bytes between DRAM and L2BM once, every Group's Data Engine
+    at its individual-mode rate: the traffic side of a roofline."""
+    groups, lw = hw.instances(hw.memories["DRAM"].level), hw.long_word_bytes
+    read = hw.transfers["dram_to_l2bm"].modes["individual"].src_lw_per_cycle * lw * groups
+    write = hw.transfers["l2bm_to_dram"].modes["individual"].dst_lw_per_cycle * lw * groups
+    return read_bytes / read + write_bytes / write

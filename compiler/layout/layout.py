@@ -105,7 +105,7 @@ class Layout:
         out = {0}
         for _, f in self.factors:
             if f.axis == axis:
-                out = {p + i * f.stride for p in out for i in range(f.size)}
+                out = spread(out, f.size, f.stride)
         return out
 
     def adds_copies(self, b: Broadcast) -> bool:
@@ -113,10 +113,9 @@ class Layout:
         fall between the placed positions (`4_L2B:2` with `B@[2_L2B:1]` puts every element on two
         L2Bs). An item that only restates placed positions (PFN's `B@[4_L2B:2]` next to
         `4_L2B:2`) adds none; a bare item on a placed axis neither."""
-        if b.size is None or b.size == 1:
+        if b.size is None or b.size == 1 or b.axis == W_AXIS:  # lanes: only a bare or unplaced W copies
             return False
-        offsets = {i * b.stride for i in range(b.size)}
-        return not offsets <= self.positions(b.axis)
+        return not spread({0}, b.size, b.stride) <= self.positions(b.axis)
 
     # ---- canonical form ---------------------------------------------------------------------
 
@@ -178,6 +177,11 @@ class Layout:
     def permute(self, order: tuple[int, ...]) -> "Layout":
         """The layout of `tensor.permute(order)`: the same placement, dimensions reordered."""
         return Layout(tuple(self.dims[i] for i in order), tuple(self.shape[i] for i in order), self.broadcast)
+
+
+def spread(positions: set[int], size: int, stride: int) -> set[int]:
+    """Every position plus each of `size` offsets `stride` apart (a factor's or a B@ item's digit)."""
+    return {p + i * stride for p in positions for i in range(size)}
 
 
 def _coalesce(factors: list[Factor]) -> list[Factor]:

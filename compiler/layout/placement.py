@@ -37,7 +37,7 @@ import numpy as np
 from hwdesc import HwDesc
 
 from ..errors import LayoutError
-from .layout import TIME_AXIS, W_AXIS, Broadcast, Factor, Layout
+from .layout import TIME_AXIS, W_AXIS, Broadcast, Factor, Layout, spread
 
 # Exact injectivity checks materialise the offsets of every element; beyond this many elements
 # only the algebraic check runs, and a layout it cannot prove injective is rejected.
@@ -165,11 +165,11 @@ class Placement:
     def _check_partial_broadcast(self, b: Broadcast, limit: int) -> None:
         """A sized B@ item on an axis the factors also place: every placed position plus every
         copy offset must be a distinct position of the axis."""
-        positions = sorted(self.layout.positions(b.axis))
-        every = [p + i * b.stride for p in positions for i in range(b.size)]
-        if max(every) >= limit or len(set(every)) != len(every):
+        positions = self.layout.positions(b.axis)
+        every = spread(positions, b.size, b.stride)
+        if max(every) >= limit or len(every) != len(positions) * b.size:
             raise LayoutError(f"B@ item {b} puts copies on {b.axis} positions the factors already use "
-                              f"(placed at {positions}); the copies must fall between them")
+                              f"(placed at {sorted(positions)}); the copies must fall between them")
 
     # ---- coefficients -------------------------------------------------------------------------
 

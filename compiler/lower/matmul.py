@@ -31,6 +31,7 @@ from ..codegen import FIRST_FREE_TAG, Arena, CodeGen, Ref
 from ..errors import CompileError, UnsupportedOpError
 from ..frontend.graph import Node, Value
 from ..layout import TIME_AXIS, W_AXIS, Broadcast, Factor, Layout, Placement
+from ..layout.layout import spread
 from ..transfer.staging import Chain, emit_drain, emit_fetch, stage
 from . import lowering
 from .kernel import arrives_by_block_copies, lm_placement, ref_of
@@ -206,7 +207,7 @@ def _cost(cg: CodeGen, t: Tiling, in_bytes: int, staged_in_float32: bool) -> flo
     hw, params = cg.hw, cg.params
     chain = Chain.of(hw)
     traffic = _traffic(cg, t, in_bytes)
-    l2_in_group = min(chain.l2_per_group, prod(t.tiles(role, (chain.l2_axis,)) for role in ROLES + ("k",)))
+    l2_in_group = _l2_per_group_used(t, chain)
     rate = hw.transfers["dram_to_l2bm"].modes["individual"].src_lw_per_cycle
     engine = l2_in_group * sum(traffic.l2) / rate
     stream = 0.0
@@ -227,16 +228,26 @@ def _cost(cg: CodeGen, t: Tiling, in_bytes: int, staged_in_float32: bool) -> flo
     c_lw = t.mt * t.tiles("m", (chain.l1_axis, chain.unit_axis)) * t.nt * t.tiles("n", (chain.l1_axis, chain.unit_axis)) \
         * hw.element_bytes("float32") / hw.long_word_bytes * l2_in_group / t.tiles("k")  # partial sums reduce on the way
     latency = hw.transfers["dram_to_l2bm"].latency_cycles
-    if 2 * sum(traffic.l2) > hw.memory_lw("L2BM"):  # no room to fetch ahead (see _Feed): in series
+    if t.chunks == 1 or 2 * sum(traffic.l2) > hw.memory_lw("L2BM"):  # nothing to fetch ahead (see _Feed)
         return steps * (stream + engine + latency) + t.batch_local * t.rounds * c_lw / rate
     return steps * max(stream, engine) + t.batch_local * t.rounds * (latency + engine + c_lw / rate)
+
+
+def _l2_per_group_used(t: Tiling, chain: Chain) -> int:
+    """L2Bs of each Group the tiling feeds (each gets its own operand data from the Group's DRAM)."""
+    positions = {0}
+    for k in t.takes:
+        if k.axis == chain.l2_axis:
+            positions = spread(positions, k.n, k.stride)
+    groups = {p // chain.l2_per_group for p in positions}
+    return ceil(len(positions) / len(groups))
 
 
 def _axis_options(axis: str, size: int, roles: tuple[str, ...], chain: Chain) -> list[tuple[tuple[str, int, int], ...]]:
     """Ways one axis can serve the roles; each option lists (role, positions, stride) per part.
 
     L1B and MAB serve one role each. The L2B axis is cut at the Group boundary: the Groups take
-    one role or two (halves of the Groups), and the L2Bs inside each Group another, or K, their
+    one role or two (each over a factor of the Groups), and the L2Bs inside each Group another, or K, their
     partial sums added by the Data Engines on the way out. A Group's L2Bs then share one
     operand or split K: squarer tiles per Group and less Data Engine traffic."""
     inner = chain.l2_per_group
@@ -273,6 +284,8 @@ def plan(cg: CodeGen, p: Problem, *, batched: bool, trans_b: bool, half: bool, s
                 remaining[role] = ceil(remaining[role] / n)
                 takes.append(Take(axis, role, n, stride))
         t0 = Tiling(tuple(takes), 1, 1, 1, 1, 1, 1, trans_b, half)
+        if t0.tiles("k") > 1 and not t0.places("c", chain.l2_axis):
+            continue  # partial sums are added by an MV reduce into C's image, which must place L2B
         nb, nm, nn = t0.tiles("batch"), t0.tiles("m"), t0.tiles("n")
         bl = ceil((p.batch if batched else 1) / nb)
         m_tile = ceil(p.m / nm)
@@ -293,10 +306,11 @@ def plan(cg: CodeGen, p: Problem, *, batched: bool, trans_b: bool, half: bool, s
     # `accept` refuses still arrive, by a gather, when none of the cheapest few tilings suits them
     # (each check stages layouts, which costs time on large tensors).
     epl_staged = cg.hw.elements_per_lw("float32") if staged_in_float32 else epl_in
+    out_dtype = "float16" if out_half else "float32"
     storable = []
     for t in sorted(feasible, key=lambda t: t.cost):
-        la, lb, lc = layouts(t, p, chain, epl_staged, cg.hw.elements_per_lw("float32"), batched)
-        if stage(Placement(lc, cg.hw, "LM0", "float32", check_capacity=False)).fitted is not None:
+        la, lb, lc = layouts(t, p, chain, epl_staged, cg.hw.elements_per_lw(out_dtype), batched)
+        if stage(Placement(lc, cg.hw, "LM0", out_dtype, check_capacity=False)).fitted is not None:
             if accept(la, lb):
                 return t
             storable.append(t)

@@ -9,6 +9,8 @@ broadcasts:
 * L1B hop: the L1B axis broadcast -> broadcast (l2bmb); otherwise distribute (l2bmd);
 * Group hop: each L2B the layout places reads its own range of its Group's DRAM (MV individual);
   a layout broadcast over L2Bs reads one range, kept in every Group's DRAM (MV broadcast).
+  Copies on other L2Bs of the same Group (a sized `B@[2_L2B:1]`) are the same range sent to
+  each; copies in other Groups (`B@[2_L2B:4]`) are kept in those Groups' DRAMs too.
 
 Inverting those patterns gives, for every element, the place in its Group's DRAM from which
 plain block copies land it where the layout wants it: the layout's *DRAM image*, fitted to PFN
@@ -178,6 +180,10 @@ def _stage(lm: Placement) -> Staging:
     replicas = (0,)
     if offsets is not None and locals_ is not None:
         replicas = tuple(int(r) for r in np.unique(offsets % chain.l2_per_group))
+        if max(locals_) + max(replicas) >= chain.l2_per_group:
+            raise LayoutError(f"{lm.layout}: copies of the L2Bs at local positions {list(locals_)} by offsets "
+                              f"{sorted(set(offsets.tolist()))} cross a Group boundary; no MV pattern sends "
+                              f"them (copies must stay inside the Group or move by whole Groups)")
     lanes = np.arange(lm.epl) if "W" in lm.broadcast_axes else np.zeros(1, dtype=np.int64)
     n, g_copies, w_copies = len(loc.element), len(groups), len(lanes)
     rep = lambda a: np.repeat(a, g_copies * w_copies)  # noqa: E731

@@ -124,3 +124,11 @@ def test_partial_sums_over_a_groups_l2bs_are_added_on_upload(mncore2):
     with pytest.raises(LayoutError, match="not copied over every L2B of a Group; there is nothing to reduce"):
         emit_upload(sim.ProgramBuilder(machine.params), plain, dram=dst, lm_mem="LM0", lm_word=0,
                     transit=transit_for(mncore2), reduce=True)
+
+
+def test_copies_that_cross_a_group_boundary_are_refused(mncore2):
+    """Local L2B 1 copied by offset 3 lands on L2B 4, in another Group and at another local
+    position: neither an MV inside a Group nor a copy of the Group's DRAM image sends it there."""
+    with pytest.raises(LayoutError, match=r"copies of the L2Bs at local positions \[0, 1\] by offsets \[0, 3\] "
+                                          r"cross a Group boundary"):
+        stage(Placement(parse("((2_L2B:1, 16:2), (4_PE:1, 2:1, 2_W:1); B@[2_L2B:3])"), mncore2, "LM0", "float32"))

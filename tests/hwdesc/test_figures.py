@@ -68,3 +68,12 @@ def test_axis_helpers(mncore2):
     assert mncore2.axis_levels("L2B") == ("Group", "L2B")
     assert mncore2.level_axis_stride("Group") == 2 and mncore2.level_axis_stride("L2B") == 1
     assert mncore2.fanout("L1B", "PE") == 64
+
+
+def test_roofline_sides_of_a_1024_cubed_product(mncore2):
+    """Compute: 1024^3 multiply-adds over 1024 MABs at 8 x 4 (float32) or 16 x 16 (half) per
+    cycle. Traffic: A and B read and C written once, 4 Groups x 16 LW x 8 B per cycle each way."""
+    n = 1024
+    assert figures.matrix_cycles(mncore2, n ** 3, "float32") == n ** 3 / (8 * 4 * 1024) == 32768
+    assert figures.matrix_cycles(mncore2, n ** 3, "float16") == 4096
+    assert figures.dram_traffic_cycles(mncore2, 2 * n * n * 4, n * n * 4) == 3 * n * n * 4 / (4 * 16 * 8) == 24576
