@@ -145,8 +145,9 @@ def _output_ref(cg: CodeGen, v: Value, name: str, taken: set[str], spec: IOSpec 
         ref = cg.convert(ref, wanted, "output", name)
     elif shared:
         ref = cg.convert(ref, ref.placement, "output", name)
-    else:
-        cg.buffers[ref.symbol].role = "output"
+    else:  # the output is this buffer, read as the ref says (a view, such as a conv's NCHW, included)
+        buffer = cg.buffers[ref.symbol]
+        buffer.role, buffer.placement, buffer.lm = "output", ref.placement, ref.lm
     cg.refs[v] = ref
     return ref
 

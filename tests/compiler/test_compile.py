@@ -142,3 +142,12 @@ def test_broadcast_operand_keeps_copies_where_its_axis_is_still_placed():
     assert str(bias) == "(16,)/((2_L2B:1, 4_PE:1, 2_W:1); B@[4_L2B:2])"
     rows = restrict(product, (8, 1)).layout  # the N factor dropped: copies over the L2Bs of a Group
     assert set(rows.broadcast) == {Broadcast("L2B", 2, 1), Broadcast("W")}
+
+
+def test_outputs_that_are_views_of_a_kernels_result(device):
+    """A convolution's NCHW result is a view of its (N*H*W, C) product when the product's rows
+    split into images; returned as it is, the output must be read through the view."""
+    torch.manual_seed(4)
+    conv = torch.nn.Conv2d(8, 16, 3, padding=1, bias=False)
+    check(device, lambda d: {"y": conv(d["x"])}, {"x": torch.randn(1, 8, 12, 12)})
+    check(device, lambda d: {"y": (d["a"] @ d["b"]).t()}, {"a": torch.randn(16, 24), "b": torch.randn(24, 8)})
