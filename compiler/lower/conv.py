@@ -49,6 +49,16 @@ def nhwc_layout(cg: CodeGen, shape: tuple[int, ...], dtype: str) -> Layout:
     return Layout.of([[f for f in d if f.size > 1] or [Factor(1, None, 1)] for d in dims], shape)
 
 
+def _source_runs(index: np.ndarray, x_shape, epl: int) -> float:
+    """Average run, in long words, of im2col elements along K that are consecutive in x's NHWC
+    DRAM layout (or all padding): how long the MVs of the gather can be."""
+    n, c, h, w = x_shape
+    nn, cc, hh, ww = np.unravel_index(np.maximum(index, 0), x_shape)
+    nhwc = np.where(index >= 0, ((nn * h + hh) * w + ww) * c + cc, -1)
+    same = ((nhwc[:, 1:] == nhwc[:, :-1] + 1) & (nhwc[:, :-1] >= 0)) | ((nhwc[:, 1:] < 0) & (nhwc[:, :-1] < 0))
+    return index.size / (index.shape[0] + int((~same).sum())) / epl
+
+
 def im2col_index(x_shape, out_hw, kernel, stride, padding, dilation) -> np.ndarray:
     """For every element (m, kk) of the im2col matrix, the flat index into x, or -1 (padding)."""
     n, c, h, w = x_shape
@@ -78,13 +88,14 @@ def lower_conv(cg: CodeGen, node: Node) -> None:
     dtype = cg.device_dtype(x)
     b_value = _weights_as_b(cg, node, weight)
     problem = Problem(1, n * ho * wo, kh * kw * c, co)
-    tiling = plan_for(cg, problem, False, dtype, cg.device_dtype(weight), trans_b=False, b=b_value)
+    index = im2col_index(x.shape, (ho, wo), (kh, kw), stride, padding, dilation)
+    runs = _source_runs(index.reshape(problem.m, problem.k), x.shape, cg.hw.elements_per_lw(dtype))
+    tiling = plan_for(cg, problem, False, dtype, cg.device_dtype(weight), trans_b=False, b=b_value, a_runs=runs)
     _, lb, _ = layouts_for(cg, tiling, problem, False, dtype == "float16" and cg.device_dtype(weight) == "float16")
     if x not in cg.refs:
         cg.refs[x] = cg.buffer("input" if x.kind == "input" else "const",
                                Placement(nhwc_layout(cg, x.shape, dtype), cg.hw, DRAM, dtype), x.name,
                                data=x.data if x.kind == "const" else None)
-    index = im2col_index(x.shape, (ho, wo), (kh, kw), stride, padding, dilation)
     out_dtype = cg.device_dtype(out)
     c_ref, lc = emit_product(cg, tiling, problem, False, Source(cg.refs[x], index), Source(ref_of(cg, b_value, lb)),
                              out_dtype, out.name)

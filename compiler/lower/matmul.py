@@ -200,7 +200,27 @@ def _steps(cg: CodeGen, cycles: float) -> int:
     return ceil(cycles / cg.hw.step_cycles) * cg.hw.step_cycles
 
 
-def _cost(cg: CodeGen, t: Tiling, in_bytes: int, staged_in_float32: bool) -> float:
+def _gather_cycles(cg: CodeGen, t: Tiling, a_l2_lw: float, in_bytes: int, source_run: float) -> float:
+    """Data Engine cycles per step for an A gathered from runs of `source_run` long words on
+    average (im2col): one MV per run, the runs of every Group issued one after another. A run
+    also ends where A's L2BM image interleaves other rows: after the PEs of a MAB when the MABs
+    split M (l1bm distribute), after an l2bm chunk when the L1Bs do. Each MV is charged whole
+    units, and at most `queue_depth` are in flight, each `latency` long."""
+    hw, chain = cg.hw, Chain.of(cg.hw)
+    per_pe = t.kp * in_bytes / hw.long_word_bytes  # a row's long words in each PE per step
+    run = chain.pes_per_unit * (1 if t.places("a", chain.unit_axis) else per_pe)
+    if t.places("a", chain.l1_axis):
+        run = min(run, chain.l2_chunk)
+    run = 1 / (1 / run + 1 / source_run)  # either kind of boundary ends an MV
+    path = hw.transfers["dram_to_l2bm"]
+    mode = path.modes["individual"]
+    data = ceil(run / mode.unit_lw) * mode.unit_lw / mode.src_lw_per_cycle
+    per_mv = max(data, (path.latency_cycles + data) / hw.data_engine.queue_depth)
+    groups = ceil(prod(k.n for k in t.takes if k.axis == chain.l2_axis) / _l2_per_group_used(t, chain))
+    return groups * _l2_per_group_used(t, chain) * a_l2_lw / run * per_mv
+
+
+def _cost(cg: CodeGen, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None = None) -> float:
     """Cycles of a tiling from the YAML numbers. Each step (one K chunk) the Data Engines fetch
     the next chunk into L2BM while the PE stream moves this one down to the PEs and multiplies
     it, so a step costs the larger of the two; then the result goes back to DRAM."""
@@ -210,6 +230,8 @@ def _cost(cg: CodeGen, t: Tiling, in_bytes: int, staged_in_float32: bool) -> flo
     l2_in_group = _l2_per_group_used(t, chain)
     rate = hw.transfers["dram_to_l2bm"].modes["individual"].src_lw_per_cycle
     engine = l2_in_group * sum(traffic.l2) / rate
+    if a_runs is not None:  # A's long words come in short runs, not blocks
+        engine += _gather_cycles(cg, t, traffic.l2[0], in_bytes, a_runs) - l2_in_group * traffic.l2[0] / rate
     stream = 0.0
     for op, l2, l1, pe in zip(("a", "b"), traffic.l2, traffic.l1, traffic.pe):
         l1_mode = "distribute" if t.places(op, chain.l1_axis) else "broadcast"
@@ -263,7 +285,7 @@ def _axis_options(axis: str, size: int, roles: tuple[str, ...], chain: Chain) ->
 
 
 def plan(cg: CodeGen, p: Problem, *, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool,
-         in_bytes: int, out_half: bool = False,
+         in_bytes: int, out_half: bool = False, a_runs: float | None = None,
          accept: Callable[[Layout, Layout], bool] = lambda la, lb: True) -> Tiling:
     """The cheapest tiling that fits and whose product has a storable image, preferring those
     whose operand layouts `accept` takes (operands that views of inputs reach by block copies)."""
@@ -300,7 +322,7 @@ def plan(cg: CodeGen, p: Problem, *, batched: bool, trans_b: bool, half: bool, s
                 t = Tiling(tuple(takes), bl, rounds, mt, chunks, kp, nt, trans_b, half)
                 if not _fits(cg, t, staged_in_float32 and half, out_half):
                     continue
-                feasible.append(replace(t, cost=_cost(cg, t, in_bytes, staged_in_float32)))
+                feasible.append(replace(t, cost=_cost(cg, t, in_bytes, staged_in_float32, a_runs)))
                 break  # fewer rounds are always at least as good
     # The product is stored in the image of its layout: that image needs notation. Operands that
     # `accept` refuses still arrive, by a gather, when none of the cheapest few tilings suits them
@@ -363,16 +385,18 @@ def lower_matmul(cg: CodeGen, node: Node) -> None:
 
 
 def plan_for(cg: CodeGen, p: Problem, batched: bool, a_dtype: str, b_dtype: str, trans_b: bool, *,
-             a: Value | None = None, b: Value | None = None) -> Tiling:
+             a: Value | None = None, b: Value | None = None, a_runs: float | None = None) -> Tiling:
     """The tiling for a product of operands of these dtypes; `a` and `b`, when given, are values
-    the tiling's layouts should reach by block copies (see `arrives_by_block_copies`)."""
+    the tiling's layouts should reach by block copies (see `arrives_by_block_copies`); `a_runs`,
+    for an A gathered by the caller, is the average run of consecutive source long words along K."""
     half_in = a_dtype == "float16" and b_dtype == "float16"
     half = half_in or cg.options.get("float_dtype") == "mixed"
 
     def accept(la: Layout, lb: Layout) -> bool:
         return all(v is None or arrives_by_block_copies(cg, v, layout) for v, layout in ((a, la), (b, lb)))
     return plan(cg, p, batched=batched, trans_b=trans_b, half=half, staged_in_float32=half and not half_in,
-                out_half=half_in, in_bytes=cg.hw.element_bytes("float16" if half_in else "float32"), accept=accept)
+                out_half=half_in, in_bytes=cg.hw.element_bytes("float16" if half_in else "float32"),
+                a_runs=a_runs, accept=accept)
 
 
 def layouts_for(cg: CodeGen, t: Tiling, p: Problem, batched: bool, half_in: bool, out_dtype: str = "float32"):

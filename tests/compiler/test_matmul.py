@@ -168,3 +168,25 @@ def test_a_1024_cubed_product_reaches_half_of_the_roofline(mncore2, case):
     bound = max(matrix_cycles(mncore2, n ** 3, "float32" if case == "float" else "float16"),
                 dram_traffic_cycles(mncore2, 2 * n * n * size, n * n * size))
     assert Machine(mncore2).time(compiled.program.code).total_cycles <= 2 * bound
+
+
+def test_im2col_source_runs():
+    """A 3x3, padding-1 convolution of a one-row image of 5 pixels, 2 channels (one long word per
+    pixel). Each output pixel's 9 long words are 3 runs: padding, its row of pixels, padding
+    (at the ends the row's padding pixel joins a padding run): 15 runs of 90 elements, 3 LW."""
+    from compiler.lower.conv import _source_runs, im2col_index
+    index = im2col_index((1, 2, 1, 5), (1, 5), (3, 3), (1, 1), (1, 1), (1, 1)).reshape(5, 18)
+    assert _source_runs(index, (1, 2, 1, 5), 2) == 90 / 15 / 2
+
+
+def test_convolutions_gather_in_runs_longer_than_one_mab(mncore2):
+    """The im2col gather moves one MV per run of consecutive long words; the planner counts them
+    (each is charged a whole MV unit and waits in the Data Engine queue), so it picks a tiling
+    whose image keeps a pixel's kernel row together rather than one long word per PE."""
+    import torch.nn.functional as F
+    x, w = torch.randn(1, 64, 28, 28), torch.randn(64, 64, 3, 3)
+    compiled = compile_function(lambda d: {"y": F.conv2d(d["x"], w, padding=1)}, {"x": x}, mncore2)
+    code = compiled.program.code
+    mvs = int((code[:, 0] == isa.Op.MV).sum())
+    a_lw = 28 * 28 * 64 * 9 // mncore2.elements_per_lw("float32")
+    assert mvs < a_lw / (2 * Chain.of(mncore2).pes_per_unit)
