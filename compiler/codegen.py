@@ -22,7 +22,7 @@ from sim.alloc import Allocator
 from .errors import CompileError, LayoutError
 from .frontend.graph import DEVICE_DTYPE, Value
 from .layout import W_AXIS, Broadcast, Factor, Layout, Placement
-from .transfer.gather import ZERO, LaneMismatch, LwSources, emit_convert, lw_sources
+from .transfer.gather import ZERO, LaneMismatch, LwSources, emit_convert, lw_sources, run_arrays
 from .transfer.staging import Staging, Transit, emit_download, emit_upload, stage
 
 DRAM = "DRAM"
@@ -127,14 +127,13 @@ class CodeGen:
 
     def zeros_for(self, sources: LwSources) -> Sym | None:
         """The zero buffer, long enough for the longest zero run of a gather (None if it has none)."""
-        zero = sources.group == ZERO
-        if not zero.any():
+        if not (sources.group == ZERO).any():
             return None
         longest = 0
-        for row in zero:
-            edges = np.flatnonzero(np.diff(np.concatenate(([0], row.astype(np.int8), [0]))))
-            if len(edges):
-                longest = max(longest, int((edges[1::2] - edges[::2]).max()))
+        for g in range(sources.group.shape[0]):  # the runs the MVs will read, holes included
+            _, group, _, n, _ = run_arrays(sources, g, 0, sources.span)
+            if (group == ZERO).any():
+                longest = max(longest, int(n[group == ZERO].max()))
         return self.zeros(longest)
 
     @contextlib.contextmanager

@@ -49,10 +49,12 @@ def nhwc_layout(cg: CodeGen, shape: tuple[int, ...], dtype: str) -> Layout:
     return Layout.of([[f for f in d if f.size > 1] or [Factor(1, None, 1)] for d in dims], shape)
 
 
-def _source_runs(index: np.ndarray, x_shape, epl: int) -> float:
+def _source_runs(index: np.ndarray, x_shape, epl: int) -> float | None:
     """Average run, in long words, of im2col elements along K that are consecutive in x's NHWC
     DRAM layout (or all padding): how long the MVs of the gather can be."""
     n, c, h, w = x_shape
+    if index.size == 0:
+        return None
     nn, cc, hh, ww = np.unravel_index(np.maximum(index, 0), x_shape)
     nhwc = np.where(index >= 0, ((nn * h + hh) * w + ww) * c + cc, -1)
     same = ((nhwc[:, 1:] == nhwc[:, :-1] + 1) & (nhwc[:, :-1] >= 0)) | ((nhwc[:, 1:] < 0) & (nhwc[:, :-1] < 0))

@@ -216,8 +216,9 @@ def _gather_cycles(cg: CodeGen, t: Tiling, a_l2_lw: float, in_bytes: int, source
     mode = path.modes["individual"]
     data = ceil(run / mode.unit_lw) * mode.unit_lw / mode.src_lw_per_cycle
     per_mv = max(data, (path.latency_cycles + data) / hw.data_engine.queue_depth)
-    groups = ceil(prod(k.n for k in t.takes if k.axis == chain.l2_axis) / _l2_per_group_used(t, chain))
-    return groups * _l2_per_group_used(t, chain) * a_l2_lw / run * per_mv
+    # a gather runs in every Group (staging.emit_fetch), into each L2B that holds A there
+    targets = _l2_per_group_used(t, chain) if t.places("a", chain.l2_axis) else chain.l2_per_group
+    return chain.groups * targets * a_l2_lw / run * per_mv
 
 
 def _cost(cg: CodeGen, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None = None) -> float:
@@ -229,9 +230,12 @@ def _cost(cg: CodeGen, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs
     traffic = _traffic(cg, t, in_bytes)
     l2_in_group = _l2_per_group_used(t, chain)
     rate = hw.transfers["dram_to_l2bm"].modes["individual"].src_lw_per_cycle
-    engine = l2_in_group * sum(traffic.l2) / rate
+    unit = hw.transfers["dram_to_l2bm"].modes["individual"].unit_lw
+    block = [ceil(v / unit) * unit / rate for v in traffic.l2]  # one MV per operand, whole units
     if a_runs is not None:  # A's long words come in short runs, not blocks
-        engine += _gather_cycles(cg, t, traffic.l2[0], in_bytes, a_runs) - l2_in_group * traffic.l2[0] / rate
+        engine = _gather_cycles(cg, t, traffic.l2[0], in_bytes, a_runs) + l2_in_group * block[1]
+    else:
+        engine = l2_in_group * sum(block)
     stream = 0.0
     for op, l2, l1, pe in zip(("a", "b"), traffic.l2, traffic.l1, traffic.pe):
         l1_mode = "distribute" if t.places(op, chain.l1_axis) else "broadcast"

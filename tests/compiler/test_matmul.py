@@ -190,3 +190,31 @@ def test_convolutions_gather_in_runs_longer_than_one_mab(mncore2):
     mvs = int((code[:, 0] == isa.Op.MV).sum())
     a_lw = 28 * 28 * 64 * 9 // mncore2.elements_per_lw("float32")
     assert mvs < a_lw / (2 * Chain.of(mncore2).pes_per_unit)
+
+
+def test_gathers_read_zeros_only_from_the_zeros_written(mncore2_device, monkeypatch):
+    """A padded im2col gather reads long runs of zeros, holes included. The zeros buffer must be
+    as long as the longest such run, or the MVs read past it into whatever an earlier program
+    left in DRAM (here: forced to a tiling that needs a long zero run, run after another one)."""
+    hw = mncore2_device.hw
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False)
+    inputs = {"x": torch.randn(1, 16, 2, 2)}
+    fn = lambda d: {"y": conv(d["x"])}  # noqa: E731
+    other = compile_function(fn, inputs, hw)
+    takes = (matmul.Take("L2B", "m", 2, 4), matmul.Take("L2B", "n", 2, 2), matmul.Take("L2B", "k", 2, 1),
+             matmul.Take("L1B", "m", 2, 1), matmul.Take("MAB", "m", 1, 1))
+    monkeypatch.setattr(matmul, "plan", lambda *a, **k: matmul.Tiling(takes, 1, 1, 1, 1, 18, 8, False, False))
+    forced = compile_function(fn, inputs, hw)
+    with torch.no_grad():
+        want = fn(inputs)["y"]
+    for compiled in (other, forced):
+        got = mncore2_device.execute(compiled, inputs)["y"]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def test_an_empty_batch_is_refused_with_a_compile_error(mini):
+    from compiler.errors import CompileError
+    conv = torch.nn.Conv2d(8, 16, 3, padding=1, bias=False)
+    with pytest.raises(CompileError, match="no tiling of a 1x0x72x16 product"):
+        compile_function(lambda d: {"y": conv(d["x"])}, {"x": torch.randn(0, 8, 4, 4)}, mini)
