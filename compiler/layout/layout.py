@@ -113,7 +113,7 @@ class Layout:
         fall between the placed positions (`4_L2B:2` with `B@[2_L2B:1]` puts every element on two
         L2Bs). An item that only restates placed positions (PFN's `B@[4_L2B:2]` next to
         `4_L2B:2`) adds none; a bare item on a placed axis neither."""
-        if b.size is None or b.size == 1 or b.axis == W_AXIS:  # lanes: only a bare or unplaced W copies
+        if b.size is None or b.size == 1:
             return False
         return not spread({0}, b.size, b.stride) <= self.positions(b.axis)
 

@@ -160,6 +160,9 @@ class Placement:
             if b.size is not None and (b.size - 1) * b.stride >= limit:
                 raise LayoutError(f"B@ item {b} reaches position {(b.size - 1) * b.stride} but the axis has {limit}")
             if b.axis in reach and layout.adds_copies(b):
+                if b.axis == W_AXIS:
+                    raise LayoutError(f"B@ item {b}: lanes of a long word are either placed or all copies; copies "
+                                      f"between placed lanes are not supported")
                 self._check_partial_broadcast(b, limit)
 
     def _check_partial_broadcast(self, b: Broadcast, limit: int) -> None:

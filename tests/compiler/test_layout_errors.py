@@ -69,3 +69,8 @@ def test_unknown_memory_or_dtype(mncore2):
         Placement(parse("((4:1))"), mncore2, "LM2", "float32")
     with pytest.raises(LayoutError, match="dtype 'bfloat16' has no number format"):
         Placement(parse("((4:1))"), mncore2, "LM0", "bfloat16")
+
+
+def test_copies_between_placed_lanes_are_refused(mncore2):
+    with pytest.raises(LayoutError, match=r"B@ item 2_W:2: lanes of a long word are either placed or all copies"):
+        Placement(parse("((8:2), (2:1, 2_W:1); B@[2_W:2])"), mncore2, "LM0", "float16")
