@@ -31,6 +31,7 @@ ALLOWED = {
     ("compiler/layout/hostio.py", 8): "bits per byte",
     ("compiler/layout/placement.py", 24): "elements beyond 1 << 24 are checked algebraically only",
     ("compiler/layout/placement.py", 4): "the inverse map may be 4x the exact-check limit",
+    ("compiler/lower/conv.py", 4096): "im2col rows sampled to estimate gather runs (planning cost)",
     ("compiler/lower/matmul.py", 8): "storable tilings whose operand layouts the planner checks (compile-time budget)",
     ("mlsdk/cli.py", 120): "console width when writing to a pipe",
     ("mlsdk/commands.py", 140): "console width of a text report written to a file",

@@ -27,6 +27,7 @@ from .kernel import ref_of
 from .matmul import Problem, Source, emit_product, layouts_for, plan_for
 
 DRAM = "DRAM"
+SAMPLE_ROWS = 4096  # im2col rows the run estimate looks at (planning cost, not a hardware number)
 
 
 def nhwc_layout(cg: CodeGen, shape: tuple[int, ...], dtype: str) -> Layout:
@@ -51,10 +52,12 @@ def nhwc_layout(cg: CodeGen, shape: tuple[int, ...], dtype: str) -> Layout:
 
 def _source_runs(index: np.ndarray, x_shape, epl: int) -> float | None:
     """Average run, in long words, of im2col elements along K that are consecutive in x's NHWC
-    DRAM layout (or all padding): how long the MVs of the gather can be."""
+    DRAM layout (or all padding): how long the MVs of the gather can be. Estimated on at most
+    SAMPLE_ROWS evenly spaced rows, so that planning a large batch stays cheap."""
     n, c, h, w = x_shape
     if index.size == 0:
         return None
+    index = index[::max(1, index.shape[0] // SAMPLE_ROWS)]
     nn, cc, hh, ww = np.unravel_index(np.maximum(index, 0), x_shape)
     nhwc = np.where(index >= 0, ((nn * h + hh) * w + ww) * c + cc, -1)
     same = ((nhwc[:, 1:] == nhwc[:, :-1] + 1) & (nhwc[:, :-1] >= 0)) | ((nhwc[:, 1:] < 0) & (nhwc[:, :-1] < 0))
