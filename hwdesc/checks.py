@@ -95,6 +95,24 @@ def _check_units(hw: HwDesc) -> list[Problem]:
     for name, op in hw.pe_ops.items():
         if op.unit not in hw.units:
             problems.append((("pe_ops", name, "unit"), f"unit {op.unit!r} does not exist; {_known('units', hw.units)}"))
+        problems += _check_pe_op_dtypes(hw, name)
+    return problems
+
+
+def _check_pe_op_dtypes(hw: HwDesc, name: str) -> list[Problem]:
+    """A per-format override must name a format and a unit that has a vector mode for it: an
+    override the unit cannot execute would cost an op the chip cannot run."""
+    problems: list[Problem] = []
+    for dtype, cost in hw.pe_ops[name].dtypes.items():
+        path = ("pe_ops", name, "dtypes", dtype)
+        if dtype not in hw.formats:
+            problems.append((path, f"dtype {dtype!r} has no format; {_known('formats', hw.formats)}"))
+        elif cost.unit not in hw.units:
+            problems.append(((*path, "unit"), f"unit {cost.unit!r} does not exist; {_known('units', hw.units)}"))
+        elif dtype not in hw.units[cost.unit].vector:
+            able = [u for u, unit in hw.units.items() if dtype in unit.vector]
+            problems.append(((*path, "unit"), f"unit {cost.unit!r} has no vector mode for {dtype}; "
+                                              f"{_known('units with one', able)}"))
     return problems
 
 

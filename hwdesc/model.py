@@ -121,11 +121,27 @@ class Unit(_Frozen):
     vector: Table(VectorMode) = FrozenDict()
 
 
-class PeOp(_Frozen):
-    """An element-wise PE operation and its cost in issues per lane-group of its unit."""
+class PeOpCost(_Frozen):
+    """Where a PE operation runs and what it costs: `issues` PE instructions per lane-group of
+    `unit` (a lane-group is what the unit's vector mode for the dtype processes in one step)."""
 
     unit: Name
     issues: Count
+
+
+class PeOp(PeOpCost):
+    """An element-wise PE operation: its default cost, and the number formats that run elsewhere.
+
+    One op may be different instructions per format: a float32 add is the MAU's fvadd, an int32
+    add the ALU's iadd, and an int32 multiply a whole ALU sequence. `dtypes` maps a format name
+    to the unit and issues that replace the defaults for that format."""
+
+    dtypes: Table(PeOpCost) = FrozenDict()
+    """Per number format (e.g. int32): unit and issues that override the defaults above."""
+
+    def cost(self, dtype: str) -> PeOpCost:
+        """The unit and issues of this op on elements of format `dtype`."""
+        return self.dtypes.get(dtype, self)
 
 
 class TransferMode(_Frozen):

@@ -14,6 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from . import isa
+from .errors import SimError
 from .isa import ALL_GROUPS, FIELDS, IMM, DType, Dir, Mode, Op, Red, Scope, VOp
 from .params import MachineParams
 from .program import Program
@@ -36,6 +37,23 @@ Operand = tuple[str, int, int, int] | float | None  # (memory, element address, 
 
 def f32_bits(x: float) -> int:
     return int(np.array([x], dtype=np.float32).view(np.uint32)[0])
+
+
+def i32_bits(x: int | float) -> int:
+    """The two's-complement bits of an int32 immediate; a float is taken only when integral (the
+    compiler writes its scalars as floats), since truncating one silently would change a result."""
+    if isinstance(x, float) and not x.is_integer():
+        raise SimError(f"an int32 operand's immediate must be an integer, not {x!r}")
+    info = np.iinfo(np.int32)
+    if not info.min <= int(x) <= info.max:
+        raise SimError(f"immediate {x!r} does not fit an int32 ({info.min}..{info.max})")
+    return int(np.array([int(x)], dtype=np.int32).view(np.uint32)[0])
+
+
+def imm_bits(x: int | float | None, dtype: DType) -> int:
+    """The address field of an immediate operand of `dtype` (see `isa.IMM`): int32 bits for an
+    int32 operand, float32 bits otherwise; None (an operand the op does not read) is 0."""
+    return i32_bits(x or 0) if dtype == DType.int32 else f32_bits(float(x or 0.0))
 
 
 class ProgramBuilder:
@@ -149,12 +167,18 @@ class ProgramBuilder:
     def vop(self, op: str, dtype: str, n_outer: int, n_inner: int, dst: Operand, a: Operand, b: Operand = None,
             c: Operand = None, *, src_dtype: str | None = None) -> int:
         """Element-wise op on every PE: dst[i, j] = op(a[i, j], b[i, j], c[i, j]); an operand is
-        (memory, element address, outer stride, inner stride) or a float immediate."""
-        fields = {isa.V_OP: VOp[op], isa.V_DTYPE: DType[dtype], isa.V_N_OUTER: n_outer, isa.V_N_INNER: n_inner,
+        (memory, element address, outer stride, inner stride) or an immediate number.
+
+        An immediate is encoded in its operand's dtype (`isa.IMM`): as int32 bits when that is
+        int32 (a must then be an integer, or an integral float), else as float32 bits. The
+        operand dtype is `dtype`, except for a of a cvt, which is `src_dtype`."""
+        vop = isa.vop_named(op)
+        fields = {isa.V_OP: vop, isa.V_DTYPE: DType[dtype], isa.V_N_OUTER: n_outer, isa.V_N_INNER: n_inner,
                   isa.V_SRC_DTYPE: DType[src_dtype or dtype]}
         for base, operand in ((isa.V_DST, dst), (isa.V_A, a), (isa.V_B, b), (isa.V_C, c)):
             if operand is None or isinstance(operand, (int, float)):
-                fields.update({base: IMM, base + 1: f32_bits(float(operand or 0.0)), base + 2: 0, base + 3: 0})
+                kind = fields[isa.V_SRC_DTYPE] if base == isa.V_A and vop == VOp.cvt else fields[isa.V_DTYPE]
+                fields.update({base: IMM, base + 1: imm_bits(operand, kind), base + 2: 0, base + 3: 0})
             else:
                 mem, addr, so, si = operand
                 fields.update({base: self._mem(mem), base + 1: addr, base + 2: so, base + 3: si})

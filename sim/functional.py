@@ -12,7 +12,8 @@ layout_notation.md section 7.2, with fan-outs and chunk sizes from the hardware 
 * broadcast: every child gets the same n long words.
 
 MATMUL and HOST_DMA run in `sim.machine` with numpy (BLAS for the products); everything else is
-here. Element-wise operations use the PE's lanes: float32 words, or half words of a float16.
+here. Element-wise operations use the PE's lanes: float32 words, half words of a float16, or
+int32 words; each dtype has loops of its own, so the hot float32 loops carry no integer branch.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from numba import njit
 
 from . import isa
 from .isa import ALL_GROUPS, IMM, DType, Dir, Mode, Op, Red, Scope, VOp
-from .numerics import apply, half_from_f32_bits, half_to_f32
+from .numerics import apply, apply_i32, half_from_f32_bits, half_from_int, half_to_f32, i32_from_f32
 
 # `fmt`, passed to every kernel, holds the numbers from the YAML that data patterns depend on.
 FMT_WPL, FMT_HALF_E, FMT_HALF_M = 0, 1, 2  # words per long word, half exponent and mantissa bits
@@ -174,6 +175,12 @@ def _imm(bits: np.int64) -> np.float32:
     return np.array([bits & 0xFFFFFFFF], dtype=np.uint32).view(np.float32)[0]
 
 
+@njit(cache=True)
+def _imm_i32(bits: np.int64) -> np.int32:
+    """An int32 immediate: the low 32 bits of the address field, two's complement."""
+    return np.int32(bits & 0xFFFFFFFF)
+
+
 @njit(cache=True, inline="always")
 def _f_copy(a, b, c):
     return a
@@ -209,13 +216,23 @@ def _f_relu(a, b, c):
     return a if a > 0 else np.float32(0.0)
 
 
-def _make_loop(fn, arity):
+@njit(cache=True, inline="always")
+def _i_add(a, b, c):
+    return np.int32(np.int64(a) + np.int64(b))  # wraps around, as torch's int32
+
+
+@njit(cache=True, inline="always")
+def _i_sub(a, b, c):
+    return np.int32(np.int64(a) - np.int64(b))
+
+
+def _make_loop(fn, arity, zero=np.float32(0.0)):
     """The element loop of one op: numba compiles (and caches) one tight loop per op, inlining it;
-    operands beyond the op's arity are not read, so unit-stride loops vectorise."""
+    operands beyond the op's arity are not read, so unit-stride loops vectorise. `zero` (the
+    element type's zero) stands in for the operands not read."""
 
     @njit(cache=True)
     def loop(n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi):
-        zero = np.float32(0.0)
         unit = dsi == 1 and asi == 1 and (arity < 2 or bsi == 1) and (arity < 3 or csi == 1)
         for pe in range(n_pe):
             for i in range(n_outer):
@@ -237,6 +254,8 @@ def _make_loop(fn, arity):
 _loop_copy, _loop_add, _loop_sub, _loop_mul, _loop_fma, _loop_max, _loop_relu = (
     _make_loop(f, n) for f, n in ((_f_copy, 1), (_f_add, 2), (_f_sub, 2), (_f_mul, 2), (_f_fma, 3), (_f_max, 2),
                                   (_f_relu, 1)))
+_loop_i_copy, _loop_i_add, _loop_i_sub = (_make_loop(f, n, np.int32(0)) for f, n in ((_f_copy, 1), (_i_add, 2),
+                                                                                    (_i_sub, 2)))
 
 
 @njit(cache=True)
@@ -271,6 +290,71 @@ def _vop_f32(op, n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0
 
 
 @njit(cache=True)
+def _loop_any_i32(op, n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi):
+    for pe in range(n_pe):
+        for i in range(n_outer):
+            dd, aa, bb, cc = d0 + i * dso, a0 + i * aso, b0 + i * bso, c0 + i * cso
+            for j in range(n_inner):
+                d[pe, dd + j * dsi] = apply_i32(op, a[pe, aa + j * asi], b[pe, bb + j * bsi], c[pe, cc + j * csi])
+
+
+@njit(cache=True)
+def _vop_i32(op, n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi):
+    """int32 ops, on the int32 view of the words: the moves and adds in loops of their own."""
+    args = (n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi)
+    if op == VOp.copy or op == VOp.cvt:
+        _loop_i_copy(*args)
+    elif op == VOp.add:
+        _loop_i_add(*args)
+    elif op == VOp.sub:
+        _loop_i_sub(*args)
+    else:
+        _loop_any_i32(op, *args)
+
+
+@njit(cache=True)
+def _cvt_from_i32(n_pe, n_outer, n_inner, to_half, d16, d32, d0, dso, dsi, a, a0, aso, asi, he, hm):
+    """cvt int32 -> float32 or half, rounding to nearest even once (`a` is an int32 operand)."""
+    for pe in range(n_pe):
+        for i in range(n_outer):
+            for j in range(n_inner):
+                x = np.int64(a[pe, a0 + i * aso + j * asi])
+                idx = d0 + i * dso + j * dsi
+                if to_half:
+                    d16[pe, idx] = half_from_int(x, he, hm)
+                else:
+                    d32[pe, idx] = np.float32(x)
+
+
+@njit(cache=True)
+def _cvt_to_i32(n_pe, n_outer, n_inner, from_half, d, d0, dso, dsi, a16, a32, a0, aso, asi, he, hm):
+    """cvt float32 or half -> int32, toward zero with saturation (`a32` is a float32 operand)."""
+    for pe in range(n_pe):
+        for i in range(n_outer):
+            for j in range(n_inner):
+                at = a0 + i * aso + j * asi
+                x = half_to_f32(a16[pe, at], he, hm) if from_half else a32[pe, at]
+                d[pe, d0 + i * dso + j * dsi] = i32_from_f32(x)
+
+
+@njit(cache=True)
+def _f32_operand(f32, m, addr, so, si, n_pe):
+    """A float32 operand as (array, address, strides); an immediate is a [PEs, 1] array read at
+    stride 0, so the loops do not branch on it."""
+    if m == IMM:
+        return np.full((n_pe, 1), _imm(addr), dtype=np.float32), 0, 0, 0
+    return f32[m], addr, so, si
+
+
+@njit(cache=True)
+def _i32_operand(i32, m, addr, so, si, n_pe):
+    """An int32 operand, as `_f32_operand` (an immediate holds int32 bits)."""
+    if m == IMM:
+        return np.full((n_pe, 1), _imm_i32(addr), dtype=np.int32), 0, 0, 0
+    return i32[m], addr, so, si
+
+
+@njit(cache=True)
 def _vop_half(op, n_pe, n_outer, n_inner, dst_half, src_half, d16, d32, d0, dso, dsi, a16, a32, a_imm, a0, aso, asi,
               b16, b_imm, b0, bso, bsi, c16, c_imm, c0, cso, csi, he, hm):
     """Loop for VOPs with a float16 side: half operands are decoded, results encoded (1-6-9)."""
@@ -295,7 +379,7 @@ def _vop_half(op, n_pe, n_outer, n_inner, dst_half, src_half, d16, d32, d0, dso,
 
 
 @njit(cache=True)
-def _vop(row, words, f32, u16, n_pe, fmt):
+def _vop(row, f32, u16, i32, n_pe, fmt):
     op, dtype = row[isa.V_OP], row[isa.V_DTYPE]
     src_dtype = row[isa.V_SRC_DTYPE] if op == isa.VOp.cvt else dtype
     n_outer, n_inner = row[isa.V_N_OUTER], row[isa.V_N_INNER]
@@ -304,39 +388,44 @@ def _vop(row, words, f32, u16, n_pe, fmt):
     bm, b0, bso, bsi = row[isa.V_B], row[isa.V_B + 1], row[isa.V_B + 2], row[isa.V_B + 3]
     cm, c0, cso, csi = row[isa.V_C], row[isa.V_C + 1], row[isa.V_C + 2], row[isa.V_C + 3]
     ka, kb, kc = max(am, 0), max(bm, 0), max(cm, 0)  # an immediate reads no memory; any array will do
-    if dtype == DType.int32:  # integers are only moved (copy), bit for bit
-        dw, aw = words[dm], words[ka]
-        for pe in range(n_pe):
-            for i in range(n_outer):
-                for j in range(n_inner):
-                    dw[pe, d0 + i * dso + j * dsi] = aw[pe, a0 + i * aso + j * asi]
+    he, hm = fmt[FMT_HALF_E], fmt[FMT_HALF_M]
+    if dtype == DType.int32 and src_dtype == DType.int32:
+        a, a0, aso, asi = _i32_operand(i32, am, a0, aso, asi, n_pe)
+        b, b0, bso, bsi = _i32_operand(i32, bm, b0, bso, bsi, n_pe)
+        c, c0, cso, csi = _i32_operand(i32, cm, c0, cso, csi, n_pe)
+        _vop_i32(op, n_pe, n_outer, n_inner, i32[dm], d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi)
+        return
+    if src_dtype == DType.int32:  # cvt int32 -> float
+        a, a0, aso, asi = _i32_operand(i32, am, a0, aso, asi, n_pe)
+        _cvt_from_i32(n_pe, n_outer, n_inner, dtype == DType.float16, u16[dm], f32[dm], d0, dso, dsi, a, a0, aso,
+                      asi, he, hm)
+        return
+    if dtype == DType.int32:  # cvt float -> int32
+        a, a0, aso, asi = _f32_operand(f32, am, a0, aso, asi, n_pe)
+        _cvt_to_i32(n_pe, n_outer, n_inner, src_dtype == DType.float16 and am != IMM, i32[dm], d0, dso, dsi,
+                    u16[ka], a, a0, aso, asi, he, hm)
         return
     if dtype == DType.float32 and src_dtype == DType.float32:
-        a = f32[ka] if am != IMM else np.full((n_pe, 1), _imm(a0), dtype=np.float32)
-        b = f32[kb] if bm != IMM else np.full((n_pe, 1), _imm(b0), dtype=np.float32)
-        c = f32[kc] if cm != IMM else np.full((n_pe, 1), _imm(c0), dtype=np.float32)
-        if am == IMM:
-            a0, aso, asi = 0, 0, 0
-        if bm == IMM:
-            b0, bso, bsi = 0, 0, 0
-        if cm == IMM:
-            c0, cso, csi = 0, 0, 0
+        a, a0, aso, asi = _f32_operand(f32, am, a0, aso, asi, n_pe)
+        b, b0, bso, bsi = _f32_operand(f32, bm, b0, bso, bsi, n_pe)
+        c, c0, cso, csi = _f32_operand(f32, cm, c0, cso, csi, n_pe)
         _vop_f32(op, n_pe, n_outer, n_inner, f32[dm], d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi)
         return
     _vop_half(op, n_pe, n_outer, n_inner, dtype == DType.float16, src_dtype == DType.float16, u16[dm], f32[dm],
               d0, dso, dsi, u16[ka], f32[ka], am == IMM, a0, aso, asi, u16[kb], bm == IMM, b0, bso, bsi,
-              u16[kc], cm == IMM, c0, cso, csi, fmt[FMT_HALF_E], fmt[FMT_HALF_M])
+              u16[kc], cm == IMM, c0, cso, csi, he, hm)
 
 
 # ---- the block executor -----------------------------------------------------------------------
 
 @njit(cache=True)
-def execute_block(code, start, end, mems, f32, u16, mem_instances, lw_addressed, n_groups, path_of, path_group,
+def execute_block(code, start, end, mems, f32, u16, i32, mem_instances, lw_addressed, n_groups, path_of, path_group,
                   mode_chunk, n_pe, fmt):
     """Run instructions [start, end) that the numba engine handles (NOP, WAIT, MV, XFER, VOP).
 
-    `mems` are the uint32 rows of every memory; `f32` and `u16` the same rows viewed as float32
-    and as half words (made by the caller: numba cannot build tuples of views itself)."""
+    `mems` are the uint32 rows of every memory; `f32`, `u16` and `i32` the same rows viewed as
+    float32, as half words and as int32 (made by the caller: numba cannot build tuples of views
+    itself)."""
     for i in range(start, end):
         row = code[i]
         op = row[0]
@@ -350,4 +439,4 @@ def execute_block(code, start, end, mems, f32, u16, mem_instances, lw_addressed,
                 p = path_of[row[isa.X_LO_MEM], row[isa.X_UP_MEM]]
             _xfer(row, mems, mem_instances, lw_addressed, path_group[p], mode_chunk[p, row[isa.X_MODE]], fmt)
         elif op == Op.VOP:
-            _vop(row, mems, f32, u16, n_pe, fmt)
+            _vop(row, f32, u16, i32, n_pe, fmt)

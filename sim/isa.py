@@ -7,7 +7,7 @@ product over tiles), so simulation cost grows with instructions, not with PEs or
 
 Units of addresses: long words (LW) for LW-addressed memories (DRAM, PDM, L2BM, L1BM), words for
 word-addressed ones (LM0, LM1, GRF0, GRF1) as in the hardware; VOP operands count elements of
-their dtype (word for float32, half word for float16). Instance fields are global instance
+their dtype (word for float32 and int32, half word for float16). Instance fields are global instance
 indices of the memory's level; -1 means "in every Group at once" (with the local index within
 the Group in the matching *_local field).
 
@@ -22,7 +22,11 @@ from enum import IntEnum
 
 FIELDS = 24
 ALL_GROUPS = -1  # an instance field meaning: the same transfer in every Group at once
-IMM = -1  # a VOP operand memory meaning: an immediate float32, its bits in the address field
+# A VOP operand memory meaning: an immediate, its 32 bits in the address field, in the operand's
+# dtype: int32 bits (two's complement) for an int32 operand, float32 bits for every other (a half
+# operand's immediate is a float32, encoded to half where used). The operand's dtype is the VOP's,
+# except for operand a of a cvt, which has the source dtype.
+IMM = -1
 
 
 class Op(IntEnum):
@@ -101,16 +105,47 @@ class VOp(IntEnum):
     sigmoid = 26
     erf = 27
     pow = 28
+    # appended, so that programs written before keep their meaning
+    sin = 29
+    cos = 30
+    log1p = 31
+    expm1 = 32
+    ceil = 33
+    trunc = 34
+    round = 35  # half to even, as torch.round
+    sign = 36  # -1, 0 or 1 (0 for a NaN, as torch.sign)
+    floor_div = 37  # floor(a / b), as torch.div(rounding_mode="floor")
+    rem = 38  # a - b * floor_div(a, b): the sign of b, as torch.remainder
+    and_ = 39  # bitwise on int32; on floats nonzero is true and the result 1.0 or 0.0
+    or_ = 40
+    xor = 41
 
 
 ARITY = {VOp.copy: 1, VOp.neg: 1, VOp.relu: 1, VOp.abs: 1, VOp.cvt: 1, VOp.floor: 1, VOp.reciprocal: 1,
          VOp.rsqrt: 1, VOp.sqrt: 1, VOp.exp: 1, VOp.log: 1, VOp.tanh: 1, VOp.sigmoid: 1, VOp.erf: 1,
-         VOp.fma: 3, VOp.select: 3}
-COST_NAME = {op: ("cmp" if op.name.startswith("cmp_") else op.name) for op in VOp}
+         VOp.sin: 1, VOp.cos: 1, VOp.log1p: 1, VOp.expm1: 1, VOp.ceil: 1, VOp.trunc: 1, VOp.round: 1,
+         VOp.sign: 1, VOp.fma: 3, VOp.select: 3}
+# The op's name in programs, reports and the YAML: `and_` and `or_` are spelled so only because
+# `and` and `or` are Python keywords.
+OP_NAME = {op: op.name.rstrip("_") for op in VOp}
+COST_NAME = {op: ("cmp" if op.name.startswith("cmp_") else OP_NAME[op]) for op in VOp}
+# The ops defined on int32 operands (with two's-complement wraparound); cvt converts to and from
+# int32 besides. Every other op is floating point only.
+INT32_OPS = frozenset({VOp.copy, VOp.add, VOp.sub, VOp.mul, VOp.neg, VOp.abs, VOp.max, VOp.min, VOp.relu,
+                       VOp.cmp_lt, VOp.cmp_le, VOp.cmp_gt, VOp.cmp_ge, VOp.cmp_eq, VOp.cmp_ne, VOp.select,
+                       VOp.floor_div, VOp.rem, VOp.and_, VOp.or_, VOp.xor, VOp.sign, VOp.cvt})
 
 
 def arity(op: VOp) -> int:
     return ARITY.get(op, 2)
+
+
+def vop_named(name: str) -> VOp:
+    """The VOp called `name` in programs and the YAML (`and`, `or` as well as `and_`, `or_`)."""
+    for op, spelled in OP_NAME.items():
+        if name in (spelled, op.name):
+            return op
+    raise KeyError(f"no element-wise op {name!r}; the ops are {', '.join(OP_NAME.values())}")
 
 
 # Field positions per opcode. Operands of VOP come in groups of four: memory, address (elements),
@@ -156,9 +191,11 @@ TABLE: tuple[InstrDoc, ...] = (
              "PE stream (l2bm or l1bm slot)",
              "ceil(ceil(max(LW on the src side / src rate, LW per dst instance / dst rate)) / step_cycles) steps"),
     InstrDoc(Op.VOP, "op, dtype, n_outer, n_inner, dst(mem, addr, so, si), a(...), b(...), c(...), src_dtype",
-             "PE stream (ALU or MAU per pe_ops.<op>.unit)",
-             "ceil(n_outer * n_inner / lanes per PE per step) * pe_ops.<op>.issues steps; lanes per PE per step = "
-             "units.<unit>.vector.<dtype>.lanes_per_cycle * step_cycles / PEs per unit"),
+             "PE stream (ALU or MAU per pe_ops.<op>.unit, or pe_ops.<op>.dtypes.<dtype>.unit)",
+             "ceil(n_outer * n_inner / lanes per PE per step) * issues steps, with unit and issues those of "
+             "pe_ops.<op>.dtypes.<dtype> where given, else of pe_ops.<op>; lanes per PE per step = "
+             "units.<unit>.vector.<dtype>.lanes_per_cycle * step_cycles / PEs per unit; a cvt takes the fewer "
+             "lanes and the more issues of its two dtypes"),
     InstrDoc(Op.MATMUL, "dtype, M, K, N, a(mem, addr, pitch), b(mem, addr, pitch), c(mem, addr, pitch), flags",
              "PE stream (MAU of every MAB)",
              "ceil(ceil(M / rows) * ceil(K / cols) * max(N, rows / load_rows_per_cycle) / step_cycles) steps, from "

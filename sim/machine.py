@@ -124,7 +124,7 @@ class Machine:
         (start, end, unit, mask, path, nbytes, total, pe_busy, engine_busy, host_busy, wait_stall,
          queue_stall) = simulate(code, p.n_groups, p.step_cycles, p.queue_depth, p.tags, p.mem_instances, p.path_of,
                                  p.path_engine, p.path_latency, p.path_group, p.mode_src_rate, p.mode_dst_rate,
-                                 p.mode_cross_rate, p.mode_unit, p.vop_issues, p.vop_lanes, p.mm_rows, p.mm_cols,
+                                 p.mode_cross_rate, p.mode_unit, p.vop_dtype_issues, p.vop_lanes, p.mm_rows, p.mm_cols,
                                  p.mm_load_rows, p.host_path_in, p.host_path_out, p.lw_bytes)
         per_path = np.bincount(path[path >= 0], weights=nbytes[path >= 0], minlength=len(p.path_names))
         ops = np.bincount(code[:, 0], minlength=len(Op))
@@ -143,13 +143,14 @@ class Machine:
         mems = tuple(self.memories)
         f32 = tuple(m.view(np.float32) for m in mems)
         u16 = tuple(m.view(np.uint16) for m in mems)
+        i32 = tuple(m.view(np.int32) for m in mems)
         n_pe = int(p.mem_instances[p.pe_memories[0]])
         ops = code[:, 0]
         special = np.flatnonzero(np.isin(ops, PYTHON_OPS))
         start = 0
         for i in [*special.tolist(), len(code)]:
             if i > start:
-                execute_block(code, start, i, mems, f32, u16, p.mem_instances, p.mem_lw_addressed, p.n_groups,
+                execute_block(code, start, i, mems, f32, u16, i32, p.mem_instances, p.mem_lw_addressed, p.n_groups,
                               p.path_of, p.path_group, p.mode_chunk, n_pe, p.fmt)
             if i < len(code):
                 (self._matmul if ops[i] == Op.MATMUL else self._host_dma)(code[i], host)

@@ -10,9 +10,18 @@ How mnsim deviates from the hardware, exactly:
 * float32 arithmetic is IEEE single precision with round-to-nearest, as torch computes it;
   the hardware flushes float32 denormals to zero and has no NaN (a NaN result of ours is NaN).
 * A NaN encoded to half becomes +inf (the format has no NaN).
-* exp, log, tanh, sigmoid, erf, reciprocal, rsqrt, sqrt and pow are computed to float32 accuracy;
+* exp, expm1, log, log1p, sin, cos, tanh, sigmoid, erf, reciprocal, rsqrt, sqrt, pow, floor_div
+  and rem are computed to float32 accuracy (floor_div and rem exactly as torch computes them);
   the hardware runs them as instruction sequences (their step counts come from the YAML), whose
   rounding may differ in the last bits.
+* int32 arithmetic wraps around in two's complement, as torch's int32 does (INT32_MIN // -1 is
+  INT32_MIN, abs and neg of INT32_MIN are INT32_MIN). An int32 division by zero gives
+  floor_div 0 and rem a, so that a == b * floor_div(a, b) + rem(a, b) still holds; torch
+  raises instead.
+* cvt from float to int32 truncates toward zero like torch's `.to(torch.int32)`; values beyond
+  the int32 range saturate to INT32_MIN / INT32_MAX and NaN becomes 0, where torch's result is
+  undefined (INT32_MIN on x86). cvt from int32 rounds to nearest even, once (to half directly,
+  not through float32, which would round twice).
 * Matrix products in half use each element's own exponent; the hardware's block-float operands
   share one exponent per block of 16, which loses low bits of small elements in a block.
 """
@@ -31,6 +40,7 @@ from .isa import VOp
 # single (formats.float32 in the YAML) has the same field widths; `HalfCodec` checks that.
 F32_EXP_BITS, F32_MAN_BITS = 8, 23
 F32_BIAS = (1 << (F32_EXP_BITS - 1)) - 1
+I32_MIN, I32_MAX = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
 
 
 @njit(cache=True)
@@ -82,6 +92,49 @@ def half_to_f32(h: np.uint16, e_bits: int, m_bits: int) -> np.float32:
 @njit(cache=True)
 def f32_to_half(x: np.float32, e_bits: int, m_bits: int) -> np.uint16:
     return half_from_f32_bits(np.array([x], dtype=np.float32).view(np.uint32)[0], e_bits, m_bits)
+
+
+@njit(cache=True)
+def half_from_int(x: np.int64, e_bits: int, m_bits: int) -> np.uint16:
+    """An integer -> half bits, rounded once to nearest even; beyond the largest half: infinity."""
+    if x == 0:
+        return np.uint16(0)
+    sign = np.int64(1) if x < 0 else np.int64(0)
+    mag = -np.int64(x) if x < 0 else np.int64(x)
+    e = 0
+    while mag >> (e + 1):
+        e += 1
+    shift = e - m_bits
+    if shift > 0:
+        m = mag >> shift
+        rest = mag & ((np.int64(1) << shift) - 1)
+        half_way = np.int64(1) << (shift - 1)
+        if rest > half_way or (rest == half_way and (m & 1) == 1):
+            m += 1
+            if m == np.int64(1) << (m_bits + 1):
+                m >>= 1
+                e += 1
+    else:
+        m = mag << -shift
+    e_max = (1 << e_bits) - 1
+    biased = e + (1 << (e_bits - 1)) - 1
+    sign_bit = sign << (e_bits + m_bits)
+    if biased >= e_max:
+        return np.uint16(sign_bit | (e_max << m_bits))
+    return np.uint16(sign_bit | (biased << m_bits) | (m & ((1 << m_bits) - 1)))
+
+
+@njit(cache=True)
+def i32_from_f32(x: np.float32) -> np.int32:
+    """float -> int32 toward zero, as torch's `.to(torch.int32)`; out of range saturates and NaN
+    is 0 (torch leaves both undefined)."""
+    if x != x:
+        return np.int32(0)
+    if x >= I32_MAX:
+        return np.int32(I32_MAX)
+    if x <= I32_MIN:
+        return np.int32(I32_MIN)
+    return np.int32(np.int64(x))
 
 
 class HalfCodec:
@@ -143,6 +196,50 @@ def _erf(x: float) -> float:
 
 
 @njit(cache=True)
+def _ieee_div(a: np.float32, b: np.float32) -> np.float32:
+    """a / b with IEEE results for a zero divisor (numba would raise): +-inf, or NaN for 0 / 0."""
+    if b != 0:
+        return np.float32(a / b)
+    if a != a or a == 0:
+        return np.float32(np.nan)
+    return np.float32(np.copysign(np.inf, a) * np.copysign(1.0, b))
+
+
+@njit(cache=True)
+def _floor_div(a: np.float32, b: np.float32) -> np.float32:
+    """floor(a / b) step for step as torch's div_floor_floating, in float32: the quotient of
+    a - fmod(a, b), corrected to the floor, so that it agrees with torch.remainder."""
+    if b == 0:
+        return _ieee_div(a, b)
+    mod = np.float32(np.fmod(a, b))
+    div = np.float32(np.float32(a - mod) / b)
+    if mod != 0 and (b < 0) != (mod < 0):
+        div = np.float32(div - np.float32(1.0))
+    if div == 0:
+        return np.float32(np.copysign(0.0, np.float32(a / b)))
+    q = np.float32(np.floor(div))
+    if np.float32(div - q) > np.float32(0.5):
+        q = np.float32(q + np.float32(1.0))
+    return q
+
+
+@njit(cache=True)
+def _rem(a: np.float32, b: np.float32) -> np.float32:
+    """a mod b with the sign of b, as torch.remainder: fmod, moved by b when the signs differ."""
+    if b == 0:
+        return np.float32(np.nan)
+    mod = np.float32(np.fmod(a, b))
+    if mod != 0 and (b < 0) != (mod < 0):
+        mod = np.float32(mod + b)
+    return mod
+
+
+@njit(cache=True)
+def _truth(x: bool) -> np.float32:
+    return np.float32(1.0) if x else np.float32(0.0)
+
+
+@njit(cache=True)
 def apply(op: int, a: np.float32, b: np.float32, c: np.float32) -> np.float32:
     """One element of a VOP, in float32 (half operands are decoded before and encoded after)."""
     if op == VOp.copy or op == VOp.cvt:
@@ -154,7 +251,7 @@ def apply(op: int, a: np.float32, b: np.float32, c: np.float32) -> np.float32:
     if op == VOp.mul:
         return np.float32(a * b)
     if op == VOp.div:
-        return np.float32(a / b) if b != 0 else np.float32(np.copysign(np.inf, a) if a != 0 else np.nan)
+        return _ieee_div(a, b)
     if op == VOp.fma:
         return np.float32(np.float32(a * b) + c)
     if op == VOp.neg:
@@ -182,7 +279,7 @@ def apply(op: int, a: np.float32, b: np.float32, c: np.float32) -> np.float32:
     if op == VOp.select:
         return b if a != 0 else c
     if op == VOp.floor:
-        return np.float32(math.floor(a))
+        return np.float32(np.floor(a))  # not math.floor: an int64 in numba, wrong beyond 2^63 and for inf
     if op == VOp.reciprocal:
         return np.float32(1.0) / a if a != 0 else np.float32(np.copysign(np.inf, a))
     if op == VOp.rsqrt:
@@ -204,4 +301,97 @@ def apply(op: int, a: np.float32, b: np.float32, c: np.float32) -> np.float32:
         return np.float32(_erf(float(a)))
     if op == VOp.pow:
         return np.float32(float(a) ** float(b)) if (a > 0 or b == math.floor(b)) else np.float32(np.nan)
+    return _apply_more(op, a, b, c)
+
+
+@njit(cache=True)
+def _apply_more(op: int, a: np.float32, b: np.float32, c: np.float32) -> np.float32:
+    """The float ops added after the first set (VOp 29 on), kept apart so `apply` stays short."""
+    if op == VOp.sin:
+        return np.float32(math.sin(float(a))) if abs(a) < np.inf else np.float32(np.nan)
+    if op == VOp.cos:
+        return np.float32(math.cos(float(a))) if abs(a) < np.inf else np.float32(np.nan)
+    if op == VOp.log1p:
+        if a > -1:
+            return np.float32(math.log1p(float(a)))
+        return np.float32(-np.inf) if a == -1 else np.float32(np.nan)
+    if op == VOp.expm1:
+        return np.float32(np.inf) if a >= _EXP_OVERFLOW else np.float32(math.expm1(float(a)))
+    if op == VOp.ceil:
+        return np.float32(np.ceil(a))
+    if op == VOp.trunc:
+        return np.float32(np.trunc(a))
+    if op == VOp.round:
+        return np.float32(np.rint(a))  # half to even
+    if op == VOp.sign:
+        return np.float32(1.0) if a > 0 else (np.float32(-1.0) if a < 0 else np.float32(0.0))
+    if op == VOp.floor_div:
+        return _floor_div(a, b)
+    if op == VOp.rem:
+        return _rem(a, b)
+    if op == VOp.and_:
+        return _truth(a != 0 and b != 0)
+    if op == VOp.or_:
+        return _truth(a != 0 or b != 0)
+    if op == VOp.xor:
+        return _truth((a != 0) != (b != 0))
     return np.float32(np.nan)
+
+
+@njit(cache=True)
+def apply_i32(op: int, a: np.int32, b: np.int32, c: np.int32) -> np.int32:
+    """One element of an int32 VOP: computed in int64, wrapped to 32 bits (two's complement, as
+    torch's int32); comparisons give 1 or 0. Division by zero: floor_div 0, rem a (see above)."""
+    x, y = np.int64(a), np.int64(b)
+    if op == VOp.copy:
+        return a
+    if op == VOp.add:
+        return np.int32(x + y)
+    if op == VOp.sub:
+        return np.int32(x - y)
+    if op == VOp.mul:
+        return np.int32(x * y)
+    if op == VOp.neg:
+        return np.int32(-x)
+    if op == VOp.abs:
+        return np.int32(abs(x))
+    if op == VOp.max:
+        return a if x >= y else b
+    if op == VOp.min:
+        return a if x <= y else b
+    if op == VOp.relu:
+        return a if x > 0 else np.int32(0)
+    if op == VOp.sign:
+        return np.int32(1) if x > 0 else (np.int32(-1) if x < 0 else np.int32(0))
+    if op == VOp.select:
+        return b if x != 0 else c
+    if op == VOp.floor_div:
+        return np.int32(x // y) if y != 0 else np.int32(0)  # Python's // is the floor
+    if op == VOp.rem:
+        return np.int32(x % y) if y != 0 else a  # Python's % has the sign of y
+    if op == VOp.and_:
+        return np.int32(x & y)
+    if op == VOp.or_:
+        return np.int32(x | y)
+    if op == VOp.xor:
+        return np.int32(x ^ y)
+    return _compare_i32(op, x, y)
+
+
+@njit(cache=True)
+def _compare_i32(op: int, x: np.int64, y: np.int64) -> np.int32:
+    if op == VOp.cmp_lt:
+        r = x < y
+    elif op == VOp.cmp_le:
+        r = x <= y
+    elif op == VOp.cmp_gt:
+        r = x > y
+    elif op == VOp.cmp_ge:
+        r = x >= y
+    elif op == VOp.cmp_eq:
+        r = x == y
+    elif op == VOp.cmp_ne:
+        r = x != y
+    else:  # not an int32 op: the validator rejects it before it gets here
+        r = False
+    return np.int32(1) if r else np.int32(0)

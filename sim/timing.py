@@ -37,18 +37,30 @@ def _ceil_div(a: float, b: float) -> int:
 
 
 @njit(cache=True)
-def _pe_cycles(row, step, vop_issues, vop_lanes, path_of, path_group, mode_src_rate, mode_dst_rate,
+def vop_cycles(vop, dtype, src_dtype, n, step, vop_dtype_issues, vop_lanes):
+    """Cycles of a VOP over n elements (the rule of `isa.TABLE`), from `MachineParams`'
+    vop_dtype_issues and vop_lanes; a planner costing a VOP calls this, not a copy of it.
+
+    A cvt runs at the fewer lanes and the more issues of its two dtypes (an int32 side is the
+    ALU's, a float side may be the MAU's); `src_dtype` is read only for cvt."""
+    lanes = vop_lanes[vop, dtype]
+    issues = vop_dtype_issues[vop, dtype]
+    if vop == isa.VOp.cvt:
+        lanes = min(lanes, vop_lanes[vop, src_dtype])
+        issues = max(issues, vop_dtype_issues[vop, src_dtype])
+    return max(1, _ceil_div(n, lanes)) * issues * step
+
+
+@njit(cache=True)
+def _pe_cycles(row, step, vop_dtype_issues, vop_lanes, path_of, path_group, mode_src_rate, mode_dst_rate,
                mem_instances, mm_rows, mm_cols, mm_load):
     op = row[0]
     if op == Op.NOP:
         return row[isa.NOP_STEPS] * step
     if op == Op.VOP:
-        vop, dtype = row[isa.V_OP], row[isa.V_DTYPE]
-        lanes = vop_lanes[vop, dtype]
-        if vop == isa.VOp.cvt:
-            lanes = min(lanes, vop_lanes[vop, row[isa.V_SRC_DTYPE]])
         n = row[isa.V_N_OUTER] * row[isa.V_N_INNER]
-        return max(1, _ceil_div(n, lanes)) * vop_issues[vop] * step
+        return vop_cycles(row[isa.V_OP], row[isa.V_DTYPE], row[isa.V_SRC_DTYPE], n, step, vop_dtype_issues,
+                          vop_lanes)
     if op == Op.XFER:
         mode, n = row[isa.X_MODE], row[isa.X_N]
         um, lm = row[isa.X_UP_MEM], row[isa.X_LO_MEM]
@@ -121,8 +133,8 @@ def _mv_cost(row, n_groups, mem_instances, path_of, path_latency, mode_src_rate,
 
 @njit(cache=True)
 def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, path_engine, path_latency, path_group,
-             mode_src_rate, mode_dst_rate, mode_cross_rate, mode_unit, vop_issues, vop_lanes, mm_rows, mm_cols,
-             mm_load, host_path_in, host_path_out, lw_bytes):
+             mode_src_rate, mode_dst_rate, mode_cross_rate, mode_unit, vop_dtype_issues, vop_lanes, mm_rows,
+             mm_cols, mm_load, host_path_in, host_path_out, lw_bytes):
     """Start and end cycle, unit and bytes of every instruction, plus busy cycles per unit."""
     n = code.shape[0]
     start = np.zeros(n, dtype=np.int64)
@@ -205,8 +217,8 @@ def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, 
                 tag_done[tag] = finish
             start[i], end[i], unit[i], path[i], nbytes[i] = begin, finish, UNIT_HOST, p, row[isa.DMA_N] * lw_bytes
         else:
-            cycles = _pe_cycles(row, step, vop_issues, vop_lanes, path_of, path_group, mode_src_rate, mode_dst_rate,
-                                mem_instances, mm_rows, mm_cols, mm_load)
+            cycles = _pe_cycles(row, step, vop_dtype_issues, vop_lanes, path_of, path_group, mode_src_rate,
+                                mode_dst_rate, mem_instances, mm_rows, mm_cols, mm_load)
             start[i] = t
             t += cycles
             end[i] = t

@@ -14,7 +14,7 @@ import numpy as np
 from . import isa
 from .errors import SimError
 from .isa import ALL_GROUPS, IMM, DType, Dir, Mode, Op, Red, Scope, VOp, arity
-from .params import HOST, MachineParams
+from .params import DTYPE_FORMAT, HOST, MachineParams
 
 
 def disassemble(row: np.ndarray, params: MachineParams) -> str:
@@ -47,13 +47,21 @@ def disassemble(row: np.ndarray, params: MachineParams) -> str:
         for base in (isa.V_DST, isa.V_A, isa.V_B, isa.V_C):
             m = row[base]
             ops.append("imm" if m == IMM else f"{mem(m)}[{row[base + 1]}:{row[base + 2]},{row[base + 3]}]")
-        return (f"VOP {_name(VOp, row[isa.V_OP])}.{_name(DType, row[isa.V_DTYPE])} {row[isa.V_N_OUTER]}x{row[isa.V_N_INNER]} "
+        return (f"VOP {_vop_name(row[isa.V_OP])}.{_name(DType, row[isa.V_DTYPE])} {row[isa.V_N_OUTER]}x{row[isa.V_N_INNER]} "
                 + " ".join(ops[: 1 + arity(VOp(int(row[isa.V_OP])))]))
     if op == Op.MATMUL:
         return (f"MATMUL.{_name(DType, row[isa.MM_DTYPE])} M={row[isa.MM_M]} K={row[isa.MM_K]} N={row[isa.MM_N]} "
                 f"A={mem(row[isa.MM_A_MEM])}+{row[isa.MM_A_ADDR]} B={mem(row[isa.MM_B_MEM])}+{row[isa.MM_B_ADDR]} "
                 f"C={mem(row[isa.MM_C_MEM])}+{row[isa.MM_C_ADDR]} flags={row[isa.MM_FLAGS]}")
     return f"op {int(row[0])}"
+
+
+def _vop_name(value: int) -> str:
+    """A VOP's op as programs spell it (`and`, not the enum's `and_`)."""
+    try:
+        return isa.OP_NAME[VOp(int(value))]
+    except ValueError:
+        return f"?{int(value)}"
 
 
 def _name(enum, value: int) -> str:
@@ -233,13 +241,7 @@ class _Checker:
         op = self.enum(i, VOp, row[isa.V_OP], "op")
         dtype = self.enum(i, DType, row[isa.V_DTYPE], "dtype")
         src_dtype = self.enum(i, DType, row[isa.V_SRC_DTYPE], "source dtype") if op == VOp.cvt else dtype
-        if self.p.vop_issues[op] == 0:
-            raise self.fail(i, f"{self.p.hw.name} has no cost for PE op {op.name} (pe_ops.{isa.COST_NAME[op]} is missing)")
-        for dt in {dtype, src_dtype}:
-            if self.p.vop_lanes[op, dt] == 0:
-                raise self.fail(i, f"the unit of PE op {op.name} has no vector mode for {dt.name}")
-        if dtype == DType.int32 and op != VOp.copy:
-            raise self.fail(i, "int32 element-wise ops other than copy are not modelled")
+        self._vop_offered(i, op, dtype, src_dtype)
         no, ni = int(row[isa.V_N_OUTER]), int(row[isa.V_N_INNER])
         if no <= 0 or ni <= 0:
             raise self.fail(i, f"{no}x{ni}: a VOP covers at least one element")
@@ -264,6 +266,25 @@ class _Checker:
             if addr < 0 or last >= cap:
                 raise self.fail(i, f"operand {'dst a b c'.split()[k]} elements {addr}..{last} are outside "
                                    f"{self.p.memory_names[m]} (0..{cap - 1} {dt.name} elements)")
+
+    def _vop_offered(self, i: int, op: VOp, dtype: DType, src_dtype: DType) -> None:
+        """The chip costs the op for each of its dtypes on a unit that has a vector mode for the
+        dtype, and the op is defined on those dtypes (int32 has its own, smaller op set)."""
+        name = isa.OP_NAME[op]
+        cost = isa.COST_NAME[op]
+        if cost not in self.p.hw.pe_ops:
+            raise self.fail(i, f"{self.p.hw.name} has no cost for PE op {name} (pe_ops.{cost} is missing)")
+        for dt in dict.fromkeys((src_dtype, dtype)):
+            if self.p.vop_lanes[op, dt] == 0:
+                fmt = DTYPE_FORMAT[dt]
+                unit = self.p.hw.pe_ops[cost].cost(fmt).unit
+                modes = ", ".join(self.p.hw.units[unit].vector) or "none"
+                raise self.fail(i, f"PE op {name} has no unit with a vector mode for {dt.name}: pe_ops.{cost} runs "
+                                   f"{fmt} on {unit}, whose vector modes are {modes} (pe_ops.{cost}.dtypes.{fmt} "
+                                   f"may name another unit)")
+            if dt == DType.int32 and op not in isa.INT32_OPS:
+                ops = ", ".join(isa.OP_NAME[o] for o in sorted(isa.INT32_OPS))
+                raise self.fail(i, f"PE op {name} is not defined on int32; the int32 ops are {ops}")
 
     def _matmul(self, i, row):
         dtype = self.enum(i, DType, row[isa.MM_DTYPE], "dtype")

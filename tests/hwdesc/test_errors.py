@@ -182,3 +182,63 @@ def test_all_problems_are_listed(tmp_path):
 def test_unknown_builtin_name_lists_known_ones():
     with pytest.raises(HwDescError, match="built-in descriptions: mncore2, mini"):
         hwdesc.load("mncore3")
+
+
+def test_pe_op_dtype_override_with_an_unknown_unit(tmp_path):
+    path, line = write(tmp_path, "badunit.yaml", """
+        extends: mncore2
+        name: badunit
+        pe_ops:
+          add:
+            dtypes:
+              int32:
+                unit: IPU  # <-
+                issues: 1
+        """)
+    e = load_error(path)
+    assert (e.file, e.line, e.key_path) == (str(path), line, "pe_ops.add.dtypes.int32.unit")
+    assert "unit 'IPU' does not exist; expected one of the units: MAU, ALU" in str(e)
+
+
+def test_pe_op_dtype_override_for_an_unknown_format(tmp_path):
+    path, line = write(tmp_path, "badfmt.yaml", """
+        extends: mncore2
+        name: badfmt
+        pe_ops:
+          add:
+            dtypes:
+              int8: {unit: ALU, issues: 1}  # <-
+        """)
+    e = load_error(path)
+    assert (e.file, e.line, e.key_path) == (str(path), line, "pe_ops.add.dtypes.int8")
+    assert "dtype 'int8' has no format" in str(e)
+
+
+def test_pe_op_dtype_override_on_a_unit_without_that_vector_mode(tmp_path):
+    path, line = write(tmp_path, "nomode.yaml", """
+        extends: mncore2
+        name: nomode
+        pe_ops:
+          mul:
+            dtypes:
+              int32:
+                unit: MAU  # <-
+        """)
+    e = load_error(path)
+    assert (e.line, e.key_path) == (line, "pe_ops.mul.dtypes.int32.unit")
+    assert "unit 'MAU' has no vector mode for int32; expected one of the units with one: ALU" in str(e)
+
+
+def test_pe_op_dtype_override_rejects_unknown_keys(tmp_path):
+    path, line = write(tmp_path, "extra.yaml", """
+        extends: mncore2
+        name: extra
+        pe_ops:
+          add:
+            dtypes:
+              int32:
+                lanes: 4  # <-
+        """)
+    e = load_error(path)
+    assert (e.line, e.key_path) == (line, "pe_ops.add.dtypes.int32.lanes")
+    assert "unknown key 'lanes'; expected one of: unit, issues" in str(e)
