@@ -24,13 +24,14 @@ from hwdesc import HwDesc
 from hwdesc.dump import dump
 from sim import Machine, Program
 
-from .codegen import Buffer
+from .kernels.context import Buffer
+from .chain import Chain
 from .compile import Compiled
 from .errors import CompileError
 from .iospec import IOSpec
 from .layout import Placement, parse
 
-FORMAT = "mnsim-codegen/1"
+FORMAT = "mnsim-codegen/2"  # 2: temporaries share one scratch region (offsets)
 
 
 class ArtifactError(CompileError):
@@ -56,14 +57,15 @@ def save(compiled: Compiled, directory: str | Path) -> Path:
     np.savez_compressed(d / "program.npz", **arrays)
     buffers = [{"symbol": b.symbol, "role": b.role, "layout": str(b.placement.layout), "dtype": b.placement.dtype,
                 "value": b.value, "lm": str(b.lm) if b.lm is not None else None, "reach": b.reach,
-                "data": f"const_{i}" if b.data is not None else None}
+                "offset": b.offset, "data": f"const_{i}" if b.data is not None else None}
                for i, b in enumerate(compiled.buffers.values())]
     specs = {"inputs": {k: s.to_json() for k, s in compiled.inputs.items()},
              "outputs": {k: s.to_json() for k, s in compiled.outputs.items()},
              "input_symbols": compiled.input_symbols, "output_symbols": compiled.output_symbols,
              "output_shapes": {k: list(v) for k, v in compiled.output_shapes.items()},
              "out_spec": pytree.treespec_dumps(compiled.out_spec) if compiled.out_spec is not None else None,
-             "resident": list(compiled.resident), "symbols": list(p.symbols), "labels": [list(x) for x in p.labels], "buffers": buffers}
+             "resident": list(compiled.resident), "symbols": list(p.symbols), "labels": [list(x) for x in p.labels],
+             "buffers": buffers, "scratch_lw": compiled.scratch_lw}
     (d / "specs.json").write_text(json.dumps(specs, indent=1))
     summary = dict(compiled.summary)
     summary.setdefault("estimated_cycles", estimate_cycles(compiled))
@@ -104,18 +106,20 @@ def load(directory: str | Path, hw: HwDesc | None = None) -> Compiled:
     if manifest["chip_fingerprint"] != hw.fingerprint:
         raise ArtifactError(f"{d} was compiled for chip {manifest['chip']!r}; the device is {hw.name!r} (recompile, "
                             f"or load it on the chip it was compiled for)")
+    dram = Chain.of(hw).dram
     try:
         program = Program(arrays["code"], [tuple(x) for x in specs["labels"]], arrays["relocs"], tuple(specs["symbols"]))
         buffers = {}
         for b in specs["buffers"]:
             data = torch.from_numpy(arrays[b["data"]]) if b["data"] else None
-            buffers[b["symbol"]] = Buffer(b["symbol"], b["role"], Placement(parse(b["layout"]), hw, "DRAM", b["dtype"]),
-                                          b["value"], data, parse(b["lm"]) if b["lm"] else None, b["reach"])
+            buffers[b["symbol"]] = Buffer(b["symbol"], b["role"], Placement(parse(b["layout"]), hw, dram, b["dtype"]),
+                                          b["value"], data, parse(b["lm"]) if b["lm"] else None, b["reach"],
+                                          b["offset"])
         compiled = Compiled(hw, program, buffers, {k: IOSpec.from_json(v) for k, v in specs["inputs"].items()},
                             {k: IOSpec.from_json(v) for k, v in specs["outputs"].items()}, specs["input_symbols"],
                             specs["output_symbols"], {k: tuple(v) for k, v in specs["output_shapes"].items()},
                             pytree.treespec_loads(specs["out_spec"]) if specs["out_spec"] else None,
-                            json.loads((d / "summary.json").read_text()))
+                            json.loads((d / "summary.json").read_text()), scratch_lw=specs["scratch_lw"])
         compiled.resident = {name: torch.from_numpy(arrays[f"resident_{name}"]) for name in specs.get("resident", [])}
     except (KeyError, ValueError, TypeError) as e:
         raise ArtifactError(f"{d} is corrupt: {type(e).__name__}: {e}") from None

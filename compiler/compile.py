@@ -1,6 +1,9 @@
 """`compile_function`: torch function + sample inputs -> a Program with IOSpecs, for one chip.
 
-    trace -> constraints -> lower every node (kernels) -> outputs into buffers of their own -> Program
+    trace (frontend: make_fx, decompositions, legalization to primitives)
+    -> capacity check -> rewrite (primitives in the kernels' forms)
+    -> plan (the whole graph: layouts, tilings, relayouts, each choice timed)
+    -> emit (the plan's kernels, in order) -> schedule (temporaries share one scratch region)
 
 The result, `Compiled`, is everything the runtime needs to run the function: the program with
 relocatable buffer symbols, each buffer's role and layout, constants (placed on the device at
@@ -11,21 +14,23 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from math import prod
 from typing import Any, Callable
 
 import torch
 
 from hwdesc import HwDesc
-from sim import Program
-from sim.validate import symbol_extents
+from sim import DeviceMemoryError, Program
 
-from .codegen import Buffer, CodeGen, Ref
-from .errors import SpecMismatchError
-from .frontend import Graph, Value, trace
+from .emit import emit
+from .frontend.tracing import trace
 from .iospec import IOSpec
-from .lower import lower
-from .lower.kernel import lshape, ref_of
-from .plan import choose
+from .ir import Graph, Value
+from .kernels.base import device_dtype
+from .kernels.context import Buffer
+from .planner.rewrite import rewrite
+from .planner.search import Planner
+from .schedule import schedule
 
 
 @dataclass
@@ -44,6 +49,7 @@ class Compiled:
     resident: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     """Device-resident inputs (registered tensors) and their values at compile time: a codegen_dir
     carries them so that a loader need not register the model again."""
+    scratch_lw: int = 0  # long words per Group of the region the temporaries share
 
 
 def compile_function(fn: Callable, inputs: Any, hw: HwDesc, *, options: dict | None = None,
@@ -68,7 +74,7 @@ def compile_traced(graph: Graph, hw: HwDesc, *, options: dict | None = None,
             name = resident(value.origin)
             if name is not None:
                 graph.promote(value, name)
-                promoted[name] = value.data
+                promoted[name] = value.origin.detach()
     compiled = compile_graph(graph, hw, options=options or {}, constraints=constraints or {})
     compiled.graph = graph
     compiled.resident = promoted
@@ -76,82 +82,61 @@ def compile_traced(graph: Graph, hw: HwDesc, *, options: dict | None = None,
     return compiled
 
 
+def check_capacity(graph: Graph, hw: HwDesc) -> None:
+    """Refuse, before any per-element work, a program whose tensors cannot fit the chip's DRAM."""
+    from .chain import Chain
+    chain = Chain.of(hw)
+    capacity = hw.memory_lw(chain.dram) * chain.groups  # long words on the chip
+    values = [*graph.inputs.values(), *graph.constants, *(v for n in graph.nodes for v in n.outputs)]
+
+    def lw(v: Value) -> int:
+        return -(-prod(v.shape) // hw.elements_per_lw(device_dtype(v)))
+    for v in values:
+        if lw(v) > capacity:
+            raise DeviceMemoryError(chain.dram, lw(v), capacity, capacity, "long words",
+                                    what=f"tensor {v.name!r} ({v.dtype}{list(v.shape)})")
+    io = sum(lw(v) for v in [*graph.inputs.values(), *graph.constants, *set(graph.outputs.values())])
+    if io > capacity:
+        raise DeviceMemoryError(chain.dram, io, capacity, capacity, "long words",
+                                what="the function's inputs, constants and outputs together")
+
+
 def compile_graph(graph: Graph, hw: HwDesc, *, options: dict, constraints: dict[str, IOSpec]) -> Compiled:
-    cg = CodeGen(hw, options)
-    _apply_constraints(cg, graph, constraints)
-    for node in graph.nodes:
-        lower(cg, node)
-    in_symbols = {name: _input_ref(cg, v).symbol for name, v in graph.inputs.items()}
-    out_symbols: dict[str, str] = {}
-    taken: set[str] = set(in_symbols.values())
-    for name, v in graph.outputs.items():
-        ref = _output_ref(cg, v, name, taken, constraints.get(name))
-        out_symbols[name] = ref.symbol
-        taken.add(ref.symbol)
-    program = cg.b.build()
-    for symbol, (_, extent) in symbol_extents(cg.params, program.code, program.relocs, program.symbols).items():
-        cg.buffers[symbol].reach = extent
-    used = set(program.symbols)
-    for symbol in list(cg.buffers):  # drop buffers no instruction touches (a view's base, say)
-        if symbol not in used and symbol not in taken:
-            del cg.buffers[symbol]
-    inputs = {name: _spec(cg, name, graph.inputs[name], cg.buffers[sym]) for name, sym in in_symbols.items()}
-    outputs = {name: _spec(cg, name, graph.outputs[name], cg.buffers[sym], cg.refs[graph.outputs[name]])
-               for name, sym in out_symbols.items()}
-    summary = {"chip": hw.name, "ops": [n.op for n in graph.nodes], "instructions": len(program),
-               "layouts": {b.symbol: str(b.placement.layout) for b in cg.buffers.values()}}
-    return Compiled(hw, program, cg.buffers, inputs, outputs, in_symbols, out_symbols,
-                    {name: graph.outputs[name].shape for name in graph.outputs}, graph.out_spec, summary)
+    check_capacity(graph, hw)
+    rewrite(graph, hw)
+    plan = Planner(graph, hw, options, constraints).plan()
+    emitted = emit(plan)
+    buffers = emitted.buffers
+    from .chain import Chain
+    scratch_lw = schedule(buffers, emitted.touched, plan_params(hw), hw.memory_lw(Chain.of(hw).dram))
+    program = emitted.program
+    _check_dram(hw, buffers, scratch_lw)
+    inputs = {name: _spec(name, graph.inputs[name], buffers[sym]) for name, sym in plan.input_symbols.items()}
+    outputs = {name: _spec(name, graph.outputs[name], buffers[sym]) for name, sym in plan.output_symbols.items()}
+    summary = {"chip": hw.name, "ops": [n.label for n in graph.nodes], "instructions": len(program),
+               "steps": plan.describe(), "planned_cycles": plan.cycles,
+               "layouts": {b.symbol: str(b.placement.layout) for b in buffers.values()}}
+    return Compiled(hw, program, buffers, inputs, outputs, plan.input_symbols, plan.output_symbols,
+                    {name: graph.outputs[name].shape for name in graph.outputs}, graph.out_spec, summary,
+                    scratch_lw=scratch_lw)
 
 
-def _apply_constraints(cg: CodeGen, graph: Graph, constraints: dict[str, IOSpec]) -> None:
-    for name, spec in constraints.items():
-        if not isinstance(spec, IOSpec):
-            raise SpecMismatchError(f"io_spec_constraints[{name!r}] is a {type(spec).__name__}, not an IOSpec")
-        value = graph.inputs.get(name) or graph.outputs.get(name)
-        if value is None:
-            known = ", ".join([*graph.inputs, *graph.outputs])
-            raise SpecMismatchError(f"io_spec_constraints names {name!r}, which is neither an input nor an output; "
-                                    f"the function has {known}")
-        if tuple(spec.shape) != value.shape or spec.dtype != value.dtype:
-            raise SpecMismatchError(f"io_spec_constraints[{name!r}] is {spec.dtype}{list(spec.shape)} (from "
-                                    f"{spec.name!r}) but {name!r} is {value.dtype}{list(value.shape)}")
-        if spec.chip_fingerprint != cg.hw.fingerprint:
-            raise SpecMismatchError(f"io_spec_constraints[{name!r}] was compiled for chip {spec.chip!r}; this compile "
-                                    f"targets {cg.hw.name!r}")
-        placement = spec.placement(cg.hw, cg.device_dtype(value))
-        if name in graph.inputs:
-            cg.refs[value] = cg.buffer("input", placement, value.name, lm=spec.lm_layout)
-        elif spec.lm_layout is not None:
-            cg.wishes[value] = spec.lm_layout
+def plan_params(hw: HwDesc):
+    from sim import MachineParams
+    return MachineParams.from_hw(hw)
 
 
-def _input_ref(cg: CodeGen, v: Value) -> Ref:
-    """An input no kernel read (an unused or directly returned input) still gets a buffer."""
-    if v not in cg.refs:
-        layout = choose(lshape(v), cg.device_dtype(v), cg.hw, budget_lw=cg.hw.memory_lw("LM0"))
-        ref_of(cg, v, layout)
-    return cg.refs[v]
+def _check_dram(hw: HwDesc, buffers: dict[str, Buffer], scratch_lw: int) -> None:
+    from .chain import Chain
+    dram = Chain.of(hw).dram
+    capacity = hw.memory_lw(dram)
+    need = scratch_lw + sum(b.lw for b in buffers.values() if b.role != "temp")
+    if need > capacity:
+        largest = max((b for b in buffers.values() if b.role != "temp"), key=lambda b: b.lw, default=None)
+        what = f"the program's buffers (largest: {largest.symbol}, {largest.lw} long words; scratch {scratch_lw})" \
+            if largest else f"the program's scratch region ({scratch_lw} long words)"
+        raise DeviceMemoryError(dram, need, capacity, capacity, "long words per Group", what=what)
 
 
-def _output_ref(cg: CodeGen, v: Value, name: str, taken: set[str], spec: IOSpec | None) -> Ref:
-    """Each output in a buffer of its own, in the constrained layout if there is one."""
-    if v not in cg.refs:
-        _input_ref(cg, v)
-    ref = cg.refs[v]
-    wanted = spec.placement(cg.hw, cg.device_dtype(v)) if spec is not None else None
-    shared = ref.symbol in taken or cg.buffers[ref.symbol].role in ("input", "const")
-    if wanted is not None and not ref.placement.same_placement(wanted):
-        ref = cg.convert(ref, wanted, "output", name)
-    elif shared:
-        ref = cg.convert(ref, ref.placement, "output", name)
-    else:  # the output is this buffer, read as the ref says (a view, such as a conv's NCHW, included)
-        buffer = cg.buffers[ref.symbol]
-        buffer.role, buffer.placement, buffer.lm = "output", ref.placement, ref.lm
-    cg.refs[v] = ref
-    return ref
-
-
-def _spec(cg: CodeGen, name: str, v: Value, buf: Buffer, ref: Ref | None = None) -> IOSpec:
-    placement = ref.placement if ref is not None else buf.placement
-    return IOSpec.in_dram(name, v.shape, v.dtype, placement, ref.lm if ref is not None else buf.lm)
+def _spec(name: str, v: Value, buf: Buffer) -> IOSpec:
+    return IOSpec.in_dram(name, v.shape, v.torch_dtype or v.dtype, buf.placement, buf.lm)

@@ -1,32 +1,40 @@
 """DRAM-to-DRAM layout conversion between two IOSpecs of one tensor.
 
 When a producer's output spec is not memcopyable to a consumer's input spec, the runtime runs
-this program between them: the Data Engines gather the producer's long words into the
-consumer's layout through L2BM (compiler.transfer.gather). Built once per spec pair.
+this program between them. It is the compiler's own relayout (kernels.relayout): the Data
+Engines gather long words when no element changes lanes, the PEs move lanes otherwise, so every
+pair of layouts of a tensor converts on the device. Built once per spec pair. Buffers the
+relayout needs in between live in a scratch region of `scratch_lw` long words per Group.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hwdesc import HwDesc
-from sim import Program, ProgramBuilder, Sym
+from sim import Program
 from sim.validate import symbol_extents
 
+from .dtypes import DEVICE_DTYPE
 from .errors import CompileError
-from .frontend.graph import DEVICE_DTYPE
 from .iospec import IOSpec
-from .transfer.gather import LaneMismatch, emit_convert, lw_sources
-
-TAGS = (5, 6)
+from .ir import Value
+from .kernels.context import EmitContext, Ref
+from .kernels.relayout import RelayoutKernel
+from .schedule import schedule
 
 
 @dataclass(frozen=True)
 class Conversion:
-    program: Program  # symbols "src" and "dst"
+    program: Program  # symbols "src", "dst" and the scratch buffers
     src: IOSpec
     dst: IOSpec
     dst_lw: int  # long words per Group the destination buffer needs
+    scratch_lw: int = 0
+    offsets: dict[str, int] = field(default_factory=dict)  # scratch buffer symbol -> long words into the region
+
+    def bases(self, src: int, dst: int, scratch: int = 0) -> dict[str, int]:
+        return {"src": src, "dst": dst, **{s: scratch + off for s, off in self.offsets.items()}}
 
 
 def build_conversion(src: IOSpec, dst: IOSpec, hw: HwDesc) -> Conversion:
@@ -35,15 +43,17 @@ def build_conversion(src: IOSpec, dst: IOSpec, hw: HwDesc) -> Conversion:
                            f"({dst.dtype}{list(dst.shape)}): shapes and dtypes must match")
     dtype = DEVICE_DTYPE[src.dtype]
     source, target = src.placement(hw, dtype), dst.placement(hw, dtype)
-    try:
-        sources = lw_sources(target, source)
-    except LaneMismatch as e:
-        raise CompileError(f"converting {src.layout} to {dst.layout} needs elements to change lanes: {e}") from None
-    from sim import MachineParams
-    b = ProgramBuilder(MachineParams.from_hw(hw))
-    with b.label(f"convert {src.name} -> {dst.name}"):
-        emit_convert(b, sources, dst=Sym("dst"), src=Sym("src"), zeros=None, l2_addr=0,
-                     l2_room=hw.memory_lw("L2BM") // 2, tags=TAGS)
-    program = b.build()
-    extents = symbol_extents(MachineParams.from_hw(hw), program.code, program.relocs, program.symbols)
-    return Conversion(program, src, dst, max(target.span_lw, extents.get("dst", (0, 0))[1]))
+    ctx = EmitContext(hw)
+    value = Value(src.name, tuple(src.shape), "bool" if src.dtype == "bool" else dtype, "input")
+    kernel = RelayoutKernel.copy(value, Ref("src", source), target)
+    with ctx.label(f"convert {src.name} -> {dst.name}"):
+        kernel.emit(ctx, {value: Ref("src", source), kernel.out: Ref("dst", target)})
+    program = ctx.b.build()
+    extents = symbol_extents(ctx.params, program.code, program.relocs, program.symbols)
+    for symbol, (_, reach) in extents.items():
+        if symbol in ctx.buffers:
+            ctx.buffers[symbol].reach = reach
+    temps = {s: b for s, b in ctx.buffers.items() if b.role == "temp"}
+    scratch = schedule(temps, [set(temps)], ctx.params, hw.memory_lw(ctx.chain.dram)) if temps else 0
+    return Conversion(program, src, dst, max(target.span_lw, extents.get("dst", (0, 0))[1]), scratch,
+                      {s: b.offset for s, b in temps.items()})

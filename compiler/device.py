@@ -16,16 +16,15 @@ import numpy as np
 import torch
 
 from hwdesc import HwDesc
-from sim import Machine, ProgramBuilder, RunStats, Sym
+from sim import Machine, RunStats
 
 from .compile import Compiled
-from .frontend.graph import DEVICE_DTYPE
+from .dtypes import DEVICE_DTYPE, INT32_MAX, INT32_MIN
 from .iospec import IOSpec
 from .layout import Placement
 from .layout.hostio import gather, scatter
+from .transfer.host import host_transfer
 
-TAG_DMA, TAG_MV = (7, 8), (9, 10)  # tags of host transfer programs: programs run one after another and
-# each waits for its own transfers, so these may coincide with tags a kernel program uses
 
 
 @dataclass(eq=False)
@@ -38,9 +37,15 @@ class DeviceBuffer:
     freed: bool = False
 
 
-def to_bits(tensor: torch.Tensor, device_dtype: str, hw: HwDesc) -> np.ndarray:
-    """Host tensor -> the raw bits of its elements in the device's formats."""
+def to_bits(tensor: torch.Tensor, device_dtype: str, hw: HwDesc, name: str = "tensor") -> np.ndarray:
+    """Host tensor -> the raw bits of its elements in the device's formats. Integers must fit the
+    device's int32 (class labels held as int64 by torch do)."""
     t = tensor.detach().cpu()
+    if device_dtype == "int32" and t.dtype == torch.int64 and t.numel():
+        low, high = int(t.min()), int(t.max())
+        if low < INT32_MIN or high > INT32_MAX:
+            raise ValueError(f"{name} holds integers from {low} to {high}; the device's integers are int32 "
+                             f"({INT32_MIN} .. {INT32_MAX})")
     if device_dtype == "float16":
         from sim.numerics import HalfCodec
         return HalfCodec.of(hw).encode(t.float().numpy())
@@ -56,7 +61,8 @@ def from_bits(bits: np.ndarray, dtype: str, hw: HwDesc) -> torch.Tensor:
     if dtype in ("float32", "bool"):
         t = torch.from_numpy(bits.view(np.float32).copy())
         return t != 0 if dtype == "bool" else t
-    return torch.from_numpy(bits.view(np.int32).copy())
+    t = torch.from_numpy(bits.view(np.int32).copy())
+    return t.to(torch.int64) if dtype == "int64" else t
 
 
 @dataclass
@@ -66,6 +72,8 @@ class Loaded:
     compiled: Compiled
     resident: dict[str, DeviceBuffer] = field(default_factory=dict)
     load_stats: list[RunStats] = field(default_factory=list)
+    bases: dict[str, int] = field(default_factory=dict)  # symbol -> DRAM address (constants, temporaries)
+    scratch: DeviceBuffer | None = None
 
 
 class Device:
@@ -73,7 +81,6 @@ class Device:
         self.hw = hw
         self.machine = Machine(hw)
         self.params = self.machine.params
-        self._transfer_programs: dict[tuple, object] = {}
 
     # ---- buffers ----------------------------------------------------------------------------
 
@@ -93,56 +100,19 @@ class Device:
 
     # ---- host transfers ---------------------------------------------------------------------
 
-    def _window(self) -> int:
-        return int(self.hw.host_link.window_bytes) // self.hw.long_word_bytes // 2
-
     def transfer_program(self, placement: Placement, upload: bool):
-        key = (str(placement.layout), placement.dtype, upload)
-        program = self._transfer_programs.get(key)
-        if program is None:
-            program = self._build_transfer(placement, upload)
-            self._transfer_programs[key] = program
-        return program
-
-    def _build_transfer(self, placement: Placement, upload: bool):
-        p = self.params
-        b = ProgramBuilder(p)
-        span, chunk = placement.span_lw, self._window()
-        pdm, host_inst = p.memory_names[p.host_memory], p.host_instance
-        groups = [int(g) for g in placement.instances_used]
-        k = 0
-        for g in groups:
-            for offset in range(0, span, chunk):
-                n, half = min(chunk, span - offset), k % 2
-                at, host_off = half * chunk, g * span + offset
-                if upload:
-                    if k >= 2:
-                        b.wait(TAG_MV[half])  # the MV that last read this half of the window is done
-                    b.host_dma(True, at, 0, host_off, n, tag=TAG_DMA[half])
-                    b.wait(TAG_DMA[half])
-                    b.mv("individual", pdm, at, "DRAM", Sym("tensor") + offset, n, tag=TAG_MV[half],
-                         src_inst=host_inst, dst_inst=g)
-                else:
-                    if k >= 2:
-                        b.wait(TAG_DMA[half])
-                    b.mv("individual", "DRAM", Sym("tensor") + offset, pdm, at, n, tag=TAG_MV[half], src_inst=g,
-                         dst_inst=host_inst)
-                    b.wait(TAG_MV[half])
-                    b.host_dma(False, at, 0, host_off, n, tag=TAG_DMA[half])
-                k += 1
-        for tag in (TAG_MV if upload else TAG_DMA)[: min(k, 2)]:
-            b.wait(tag)
-        return b.build()
+        return host_transfer(placement, upload)
 
     def _image(self, placement: Placement) -> np.ndarray:
         return np.zeros((placement.instance_count, max(1, placement.span_lw) * self.params.words_per_lw),
                         dtype=np.uint32)
 
-    def upload(self, buf: DeviceBuffer, values: torch.Tensor | np.ndarray, *, dtype: str | None = None) -> RunStats:
+    def upload(self, buf: DeviceBuffer, values: torch.Tensor | np.ndarray, *, dtype: str | None = None,
+               name: str = "tensor") -> RunStats:
         """Host tensor -> device buffer, over the host link. `values` may already be raw bits."""
         placement = buf.placement
         image = self._image(placement)
-        bits = values if isinstance(values, np.ndarray) else to_bits(values, placement.dtype, self.hw)
+        bits = values if isinstance(values, np.ndarray) else to_bits(values, placement.dtype, self.hw, name)
         scatter(placement, bits.reshape(placement.layout.shape), image)
         program = self.transfer_program(placement, upload=True)
         return self.machine.run(program, host=[image], bases={"tensor": buf.address})
@@ -159,11 +129,19 @@ class Device:
     # ---- programs ---------------------------------------------------------------------------
 
     def load(self, compiled: Compiled) -> Loaded:
-        """Allocate a program's constants and temporaries and upload its constants."""
+        """Allocate a program's constants and its scratch region (where its temporaries live, each
+        at the offset compiler.schedule gave it) and upload the constants."""
         loaded = Loaded(compiled)
+        scratch = None
+        if compiled.scratch_lw:
+            scratch = DeviceBuffer(self.machine.alloc_dram(compiled.scratch_lw), None, compiled.scratch_lw)
+            loaded.scratch = scratch
         for symbol, buf in compiled.buffers.items():
-            if buf.role in ("const", "temp", "zeros"):
+            if buf.role == "temp":
+                loaded.bases[symbol] = scratch.address + buf.offset
+            elif buf.role in ("const", "fill"):
                 loaded.resident[symbol] = self.alloc(buf.placement, buf.lw)
+                loaded.bases[symbol] = loaded.resident[symbol].address
                 if buf.data is not None:
                     data = buf.data
                     bits = data if isinstance(data, np.ndarray) else to_bits(data, buf.placement.dtype, self.hw)
@@ -173,11 +151,13 @@ class Device:
     def unload(self, loaded: Loaded) -> None:
         for buf in loaded.resident.values():
             self.free(buf)
+        if loaded.scratch is not None:
+            self.free(loaded.scratch)
 
     def call(self, loaded: Loaded, inputs: dict[str, DeviceBuffer]) -> tuple[dict[str, DeviceBuffer], RunStats]:
         """Run a loaded program on bound input buffers; outputs get fresh buffers."""
         compiled = loaded.compiled
-        bases = {s: b.address for s, b in loaded.resident.items()}
+        bases = dict(loaded.bases)
         for name, symbol in compiled.input_symbols.items():
             need = compiled.buffers[symbol].lw
             if inputs[name].lw < need:
@@ -198,7 +178,7 @@ class Device:
         for name, spec in compiled.inputs.items():
             bufs[name] = self.alloc(spec.placement(self.hw, DEVICE_DTYPE[spec.dtype]),
                                     compiled.buffers[compiled.input_symbols[name]].lw)
-            self.upload(bufs[name], inputs[name])
+            self.upload(bufs[name], inputs[name], name=name)
         outputs, _ = self.call(loaded, bufs)
         result = {}
         for name, buf in outputs.items():

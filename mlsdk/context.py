@@ -26,7 +26,7 @@ from compiler.convert import Conversion, build_conversion
 from compiler.device import DeviceBuffer, Loaded, spec_placement
 from compiler.errors import CompileError
 from compiler.frontend import trace as trace_graph
-from compiler.frontend.graph import DEVICE_DTYPE, DTYPES
+from compiler.dtypes import DEVICE_DTYPE, DTYPES
 from compiler.iospec import IOSpec
 from compiler.layout import Factor, Layout, Placement
 from compiler.layout.candidates import candidates
@@ -369,7 +369,12 @@ class Context:
                                 proxy.producer, None, host)
         conv = self._conversion(proxy.spec, spec)
         buf = board.alloc(spec_placement(spec, self.device.hw), max(need, conv.dst_lw))
-        stats = board.machine.run(conv.program, bases={"src": proxy._buffer.address, "dst": buf.address})
+        scratch = board.machine.alloc_dram(conv.scratch_lw) if conv.scratch_lw else 0
+        try:
+            stats = board.machine.run(conv.program, bases=conv.bases(proxy._buffer.address, buf.address, scratch))
+        finally:
+            if conv.scratch_lw:
+                board.machine.free_dram(scratch)
         self._record(BINDING, f"convert {where}", stats, conv.program.labels)
         advice = None
         if proxy._origin is not None:
@@ -432,15 +437,10 @@ def _cache_key(graph: Any, opts: dict, constraints: dict, fingerprint: str, resi
     h = hashlib.sha256()
     h.update(json.dumps([fingerprint, opts, sorted((k, v.to_json()) for k, v in constraints.items())],
                         sort_keys=True, default=str).encode())
-    for name, v in graph.inputs.items():
-        h.update(f"in {name} {v.shape} {v.dtype}".encode())
-    for n in graph.nodes:
-        h.update(f"{n.op} {n.args} {n.kwargs}".encode())
+    h.update(graph.signature().encode())
     for c in graph.constants:
         h.update(f"const {c.shape} {c.dtype} {resident(c.origin)}".encode())
         if resident(c.origin) is None:
             h.update(c.data.detach().cpu().contiguous().numpy().tobytes())
-    for name, v in graph.outputs.items():
-        h.update(f"out {name} {v.name}".encode())
     return h.hexdigest()[:24]
 

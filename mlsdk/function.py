@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 
 from compiler.compile import Compiled
 from compiler.device import DeviceBuffer, Loaded
-from compiler.frontend.trace import key_name
+from compiler.frontend import key_name
 from compiler.iospec import IOSpec
 
 from . import trace

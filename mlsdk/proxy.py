@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from compiler.device import DeviceBuffer
-from compiler.frontend.graph import DTYPES
+from compiler.dtypes import DTYPES
 from compiler.iospec import IOSpec
 
 from .errors import InputError, InvalidatedError

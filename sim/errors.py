@@ -19,7 +19,12 @@ class SimError(MnsimError):
 class DeviceMemoryError(MnsimError):
     """A memory has no free region large enough; names the memory, the request and what is free."""
 
-    def __init__(self, memory: str, requested: int, free_total: int, largest_free: int, unit: str) -> None:
+    def __init__(self, memory: str, requested: int, free_total: int, largest_free: int, unit: str, *,
+                 what: str | None = None) -> None:
         self.memory, self.requested, self.free_total, self.largest_free = memory, requested, free_total, largest_free
-        super().__init__(f"{memory}: cannot allocate {requested} {unit}; {free_total} {unit} free in all, "
-                         f"largest free region {largest_free} {unit}")
+        self.what = what
+        if what is not None:  # a compile that cannot fit: what does not, and the room there is
+            super().__init__(f"{what} needs {requested} {unit} of {memory}; the chip has {free_total} {unit}")
+        else:
+            super().__init__(f"{memory}: cannot allocate {requested} {unit}; {free_total} {unit} free in all, "
+                             f"largest free region {largest_free} {unit}")

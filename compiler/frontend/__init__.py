@@ -1,6 +1,5 @@
-"""Tracing torch functions into mnsim's graph."""
+"""The frontend: a torch function traced into the compiler's primitive graph (compiler.ir)."""
 
-from .graph import Graph, Node, Value
-from .trace import trace
+from .tracing import key_name, trace, user_line
 
-__all__ = ["Graph", "Node", "Value", "trace"]
+__all__ = ["key_name", "trace", "user_line"]

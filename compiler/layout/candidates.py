@@ -3,11 +3,8 @@
 The planner scores candidates with the simulator's timing model; this module only proposes
 legal ones, built from the chip's own axes so that a different chip gets different candidates:
 
-* per-PE memories (LM0, LM1): each hardware axis either splits one tensor dimension (taking the
-  largest divisor of what is left of it that fits the axis) or is broadcast; a dimension's split
-  is blocked (axes outside the address) or cyclic (axes inside it); W packs the innermost
-  elements of the last dimension, or is broadcast (one element per long word) when they do not
-  divide evenly.
+* per-PE memories (LM0, LM1): the padded spreads of compiler.layout.spread (every shape has
+  some: each hardware axis takes a dimension, padded where sizes do not divide);
 * DRAM: row-major rows with a pitch of whole long words, split into one block of rows per
   Group's DRAM (the educational compiler's rule, from the chip's Group count), or all in DRAM 0
   for small tensors.
@@ -22,14 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import product
 from math import ceil, prod
 
 from hwdesc import HwDesc
 
 from ..errors import LayoutError
-from .layout import W_AXIS, Broadcast, Factor, Layout
+from .layout import W_AXIS, Factor, Layout
 from .placement import Placement
+from .spread import lm_layouts
 
 MAX_CANDIDATES = 24
 SINGLE_DRAM_MAX_ELEMENTS = 16  # the educational compiler's convention (layout_notation.md 5.2)
@@ -74,72 +71,10 @@ def _candidates(shape: tuple[int, ...], dtype: str, hw: HwDesc, memory: str, lim
     return tuple(sorted(out.values(), key=lambda c: c.hint)[:limit])
 
 
-def _largest_divisor(n: int, cap: int) -> int:
-    for d in range(min(n, cap), 0, -1):
-        if n % d == 0:
-            return d
-    return 1
-
-
 def _pe_layouts(shape: tuple[int, ...], dtype: str, hw: HwDesc):
-    """(hint rank, layout) pairs for per-PE memories; lanes pack the last dimension, else another
-    one (channels of an NHWC-packed activation), else nothing (W broadcast)."""
-    epl = hw.elements_per_lw(dtype)
-    axes = list(hw.axes.items())  # root to leaf
-    rank = len(shape)
-    choices = [list(range(rank)) + [None]] * len(axes)
-    w_dims = [rank - 1] + [d for d in range(rank - 1) if shape[d] % epl == 0 and epl > 1]
-    for assignment in product(*choices):
-        for cyclic in (False, True):
-            for k, w_dim in enumerate(w_dims):
-                layout = _pe_layout(shape, epl, axes, assignment, cyclic, True, w_dim)
-                if layout is not None:
-                    yield (int(cyclic), int(k > 0)), layout
-            layout = _pe_layout(shape, epl, axes, assignment, cyclic, False, rank - 1)
-            if layout is not None:
-                yield (int(cyclic), 2), layout
-
-
-def _pe_layout(shape, epl, axes, assignment, cyclic: bool, pack_w: bool, w_dim: int) -> Layout | None:
-    rank = len(shape)
-    remaining = list(shape)
-    inner: list[list[Factor]] = [[] for _ in range(rank)]  # minor factors: W then (cyclic) axes
-    outer: list[list[Factor]] = [[] for _ in range(rank)]
-    w_size = 1
-    if pack_w and epl > 1:
-        w_size = _largest_divisor(shape[w_dim], epl)
-        if w_size == 1:
-            return None
-        remaining[w_dim] //= w_size
-    axis_factors: list[list[Factor]] = [[] for _ in range(rank)]
-    # Leaf axes take the innermost part of their dimension, so go leaf to root.
-    for (name, size), dim in reversed(list(zip(axes, assignment))):
-        if dim is None:
-            continue
-        take = _largest_divisor(remaining[dim], size)
-        if take == 1:
-            return None  # this assignment adds nothing; another one covers it
-        axis_factors[dim].insert(0, Factor(take, name, 1))
-        remaining[dim] //= take
-    for d in range(rank):
-        if cyclic:
-            inner[d] = axis_factors[d]
-        else:
-            outer[d] = axis_factors[d]
-    # Address factors, row-major over dimensions: strides are suffix products.
-    address_sizes = [remaining[d] for d in range(rank)]
-    strides = [prod(address_sizes[d + 1:]) for d in range(rank)]
-    dims = []
-    for d in range(rank):
-        factors = list(outer[d])
-        if address_sizes[d] > 1:
-            factors.append(Factor(address_sizes[d], None, strides[d]))
-        factors += inner[d]
-        if d == w_dim and w_size > 1:
-            factors.append(Factor(w_size, W_AXIS, 1))
-        dims.append(factors or [Factor(1, None, 1)])
-    broadcast = () if pack_w or epl == 1 else (Broadcast(W_AXIS),)
-    return Layout.of(dims, shape, broadcast)
+    """(hint rank, layout) pairs for per-PE memories: the padded spreads of compiler.layout.spread."""
+    for k, layout in enumerate(lm_layouts(shape, dtype, hw)):
+        yield (0, k), layout
 
 
 def _dram_layouts(shape: tuple[int, ...], dtype: str, hw: HwDesc, memory: str):

@@ -323,6 +323,25 @@ class Placement:
             total = np.add.outer(total, part).ravel()
         return total
 
+    def _dim_terms(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per dimension, what its index adds to (instance, long word, W) of an element, for each
+        index value: a linear placement's locations are sums of these terms."""
+        out, k = [], 0
+        for d, size in enumerate(self.layout.shape):
+            factors = self.layout.dims[d]
+            idx = np.arange(size, dtype=np.int64)
+            terms = [np.zeros(size, dtype=np.int64) for _ in range(3)]
+            rest = idx.copy()
+            for j in reversed(range(len(factors))):
+                digit = rest % factors[j].size
+                rest //= factors[j].size
+                for t, coef in zip(terms, (self.inst_coef, self.lw_coef, self.wpos)):
+                    if coef[k + j]:
+                        t += coef[k + j] * digit
+            k += len(factors)
+            out.append(tuple(terms))
+        return out
+
     def locate(self, elements: np.ndarray | None = None, *, first_copy_only: bool = False) -> Location:
         """Locations of the given flat element indices (default: all), one row per copy."""
         if elements is None:  # every element: each quantity is a sum of per-dimension terms
@@ -429,7 +448,15 @@ class Placement:
             return False
         if self.layout == other.layout:
             return True
-        if self.span_lw != other.span_lw or self.copies != other.copies:
+        if self.copies != other.copies:
+            return False
+        if self.linear and other.linear:  # locations are sums of per-dimension terms: compare those
+            for mine, theirs in zip(self._dim_terms(), other._dim_terms()):
+                if any(not np.array_equal(a, b) for a, b in zip(mine, theirs)):
+                    return False
+            ours = sorted(zip(self.copy_inst.tolist(), self.copy_slot.tolist()))
+            return ours == sorted(zip(other.copy_inst.tolist(), other.copy_slot.tolist()))
+        if self.span_lw != other.span_lw:
             return False
 
         def keys(p: "Placement") -> np.ndarray:

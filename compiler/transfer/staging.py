@@ -28,45 +28,15 @@ from math import gcd
 
 import numpy as np
 
-from hwdesc import HwDesc
 from sim import ProgramBuilder, Sym
 
 from ..errors import LayoutError
-from ..layout import Broadcast, Placement
-from ..layout.fit import fit_layout
-from ..layout.placement import Location
+from ..chain import Chain
+from ..layout import Broadcast, Factor, Layout, Placement
 from .gather import Destination, LwSources, emit_runs
 
 DRAM, L2BM, L1BM = "DRAM", "L2BM", "L1BM"
 Address = int | Sym
-
-
-@dataclass(frozen=True)
-class Chain:
-    """The memories between DRAM and the PEs, their fan-outs and axes, from a chip's YAML."""
-
-    hw: HwDesc
-    groups: int  # DRAMs (one per Group)
-    l2_per_group: int  # L2Bs per Group (C)
-    l1_per_l2: int  # L1Bs per L2B (F)
-    pes_per_l1: int  # PEs per L1B (Q)
-    pes_per_unit: int  # PEs a 16x1 mode treats as one unit (the MAB's P)
-    l2_chunk: int  # round-robin chunk of l2bm distribute/collect
-    l2_axis: str
-    l1_axis: str
-    unit_axis: str
-    pe_axis: str
-
-    @staticmethod
-    def of(hw: HwDesc) -> "Chain":
-        l2_level, l1_level = hw.memories[L2BM].level, hw.memories[L1BM].level
-        unit_level = hw.transfers["l1bm_to_pe"].group_level or hw.leaf_level
-        top_level = hw.memories[DRAM].level
-        return Chain(hw, hw.instances(top_level), hw.fanout(top_level, l2_level), hw.fanout(l2_level, l1_level),
-                     hw.fanout(l1_level, hw.leaf_level), hw.fanout(unit_level, hw.leaf_level),
-                     hw.transfers["l2bm_to_l1bm"].modes["distribute"].chunk_lw or 1,
-                     hw.levels[l2_level].axis, hw.levels[l1_level].axis, hw.levels[unit_level].axis,
-                     hw.levels[hw.leaf_level].axis)
 
 
 @dataclass(frozen=True)
@@ -84,8 +54,7 @@ class Staging:
     n_l2: int  # L2BM long words per slice
     image_lw: int  # DRAM long words per Group per slice
     slices: int
-    destination: Destination  # every element's place in the image, as numbers
-    fitted: Placement | None  # the image as a PFN layout, when there is one
+    fitted: Placement | None  # the image as a PFN layout
     why_not: str = ""
     l2_replicas: tuple[int, ...] = (0,)  # local L2B offsets each slot is also sent to (a sized B@ on L2B)
 
@@ -100,6 +69,11 @@ class Staging:
             raise LayoutError(f"the DRAM image of {self.lm.layout} is not a PFN layout ({self.why_not}); it can be "
                               f"gathered into but not stored")
         return self.fitted
+
+    @cached_property
+    def destination(self) -> Destination:
+        """Every element's place in the image, as numbers (for gathers into it)."""
+        return Destination.of(self.dram)
 
     @property
     def dram_lw(self) -> int:
@@ -125,9 +99,53 @@ def _stage_cached(layout, hw, memory: str, dtype: str) -> Staging:
     return _stage(Placement(layout, hw, memory, dtype, check_capacity=False))
 
 
+@dataclass
+class _Digit:
+    """One digit of an LM layout, refined where a hop's chunk boundary cuts a factor, with its
+    coefficient on every quantity the staging derives (see `_stage`)."""
+
+    dim: int
+    size: int
+    coef: dict[str, int]
+    outer: bool  # the most significant digit of its dimension: its range may be padded
+
+    def split(self, low: int) -> tuple["_Digit", "_Digit"]:
+        """(major, minor) digits: the minor one takes `low` positions, the major the rest (rounded
+        up: an outermost digit's extra positions lie past the dimension's extent, holding nothing)."""
+        major = _Digit(self.dim, -(-self.size // low), {k: v * low for k, v in self.coef.items()}, self.outer)
+        return major, _Digit(self.dim, low, dict(self.coef), False)
+
+
+def _cut(digits: list[_Digit], key: str, unit: int, layout) -> tuple[list[_Digit], list[bool]]:
+    """Refine the digits so that quantity `key` splits at multiples of `unit`: each digit is then
+    either below (contributes key mod unit) or above (a multiple of unit). Returns the digits and
+    which are below. Raises LayoutError when a factor straddles the boundary unevenly."""
+    out: list[_Digit] = []
+    for d in digits:
+        k = d.coef.get(key, 0)
+        if k == 0 or k % unit == 0 or k * (d.size - 1) < unit:
+            out.append(d)
+        elif unit % k == 0 and (d.size % (unit // k) == 0 or d.outer):
+            out += list(d.split(unit // k))
+        else:
+            raise LayoutError(f"{layout}: a factor of dimension {d.dim} ({d.size} positions, step {k}) straddles the "
+                              f"{unit}-long-word chunks of a transfer mode unevenly")
+    below = [d.coef.get(key, 0) != 0 and d.coef[key] < unit for d in out]
+    if sum(d.coef[key] * (d.size - 1) for d, b in zip(out, below) if b) >= unit:
+        raise LayoutError(f"{layout}: the digits below the {unit}-long-word chunk boundary overlap it")
+    return out, below
+
+
 def _stage(lm: Placement) -> Staging:
+    """The staging of an LM placement, computed on the layout's digits (no per-element arrays).
+
+    Every quantity along the chain is linear in the digits of the LM layout: the L1BM position
+    q1 (the PE hop's pattern), the L2BM position q2 (the L1B hop's round-robin over chunks, once
+    digits are cut at the chunk boundary), the Group and the slot of the L2B inside it, and the
+    DRAM address of the image. So the image is itself a layout, with one factor per digit."""
     chain = Chain.of(lm.hw)
-    placed = set(lm.layout.placed_axes)
+    layout = lm.layout
+    placed = set(layout.placed_axes)
     if chain.unit_axis not in placed and chain.pe_axis in placed:
         pe_mode, per_lm = "mab_broadcast", chain.pes_per_unit
     elif chain.unit_axis not in placed:
@@ -135,79 +153,102 @@ def _stage(lm: Placement) -> Staging:
     elif chain.pe_axis in placed or chain.pes_per_unit == 1:
         pe_mode, per_lm = "distribute", chain.pes_per_l1
     else:
-        raise LayoutError(f"{lm.layout}: broadcast over {chain.pe_axis} but placed over {chain.unit_axis}; no "
+        raise LayoutError(f"{layout}: broadcast over {chain.pe_axis} but placed over {chain.unit_axis}; no "
                           f"l1bm mode feeds that (use mab_broadcast layouts or place {chain.pe_axis})")
+    for b in layout.broadcast:
+        if b.axis in (chain.l1_axis, chain.unit_axis, chain.pe_axis) and layout.adds_copies(b):
+            raise LayoutError(f"{layout}: copies between placed {b.axis} positions (B@ item {b}); the transfer modes "
+                              f"broadcast over whole {b.axis} axes only")
     l1_mode = "distribute" if chain.l1_axis in placed else "broadcast"
     span = lm.slice_span
     n_l1 = span * per_lm
+    c = chain.l2_chunk
     if l1_mode == "distribute":
-        n_l1 = -(-n_l1 // chain.l2_chunk) * chain.l2_chunk
+        n_l1 = -(-n_l1 // c) * c
         n_l2 = n_l1 * chain.l1_per_l2
     else:
         n_l2 = n_l1
-    # Broadcast copies over MAB, PE and L1B come from one image place (the modes broadcast them on
-    # the way down); copies over L2B come from every Group's DRAM, copies over W from every lane.
-    loc = lm.locate(first_copy_only=True)
-    coords = loc.coords
-    l2b = coords.get(chain.l2_axis, np.zeros_like(loc.lw))
-    local = l2b % chain.l2_per_group
-    if chain.l2_axis in placed:
-        locals_ = tuple(int(c) for c in np.unique(local))
-        slot = np.searchsorted(np.array(locals_), local)
-    else:
-        locals_, slot = None, np.zeros_like(local)
-    image_lw = n_l2 * (len(locals_) if locals_ else 1)
-    lw = loc.lw - loc.time * lm.slice_span
-    unit = coords.get(chain.unit_axis, 0)
-    pe = coords.get(chain.pe_axis, 0)
-    if pe_mode == "distribute":
-        q1 = lw * per_lm + unit * chain.pes_per_unit + pe
-    elif pe_mode == "mab_broadcast":
-        q1 = lw * per_lm + pe
-    else:
-        q1 = lw
+    digits = []
+    seen_dims: set[int] = set()
+    for d, f in layout.factors:
+        if f.size == 1:
+            continue
+        outer = d not in seen_dims
+        seen_dims.add(d)
+        coef = {"addr": f.stride if f.axis is None else 0, "time": f.stride if f.axis == "Time" else 0,
+                "w": f.stride if f.axis == "W" else 0}
+        for axis in (chain.l2_axis, chain.l1_axis, chain.unit_axis, chain.pe_axis):
+            coef[axis] = f.stride if f.axis == axis else 0
+        if pe_mode == "distribute":
+            coef["q1"] = coef["addr"] * per_lm + coef[chain.unit_axis] * chain.pes_per_unit + coef[chain.pe_axis]
+        elif pe_mode == "mab_broadcast":
+            coef["q1"] = coef["addr"] * per_lm + coef[chain.pe_axis]
+        else:
+            coef["q1"] = coef["addr"]
+        digits.append(_Digit(d, f.size, coef, outer))
     if l1_mode == "distribute":
-        c = chain.l2_chunk
-        q2 = (q1 // c) * (c * chain.l1_per_l2) + coords[chain.l1_axis] * c + q1 % c
+        digits, below = _cut(digits, "q1", c, layout)
+        for dg, low in zip(digits, below):
+            dg.coef["q2"] = dg.coef["q1"] if low else dg.coef["q1"] * chain.l1_per_l2
+            dg.coef["q2"] += dg.coef[chain.l1_axis] * c
     else:
-        q2 = q1
-    address = loc.time * image_lw + slot * n_l2 + q2
-    group = l2b // chain.l2_per_group
+        for dg in digits:
+            dg.coef["q2"] = dg.coef["q1"]
+    # the L2B coordinate: local L2B in the Group (below l2_per_group) and the Group (above)
+    g2 = chain.l2_per_group
+    digits, local = _cut(digits, chain.l2_axis, g2, layout) if chain.l2_axis in placed else (digits, [False] * len(digits))
+    local_digits = [(dg, dg.coef[chain.l2_axis]) for dg, low in zip(digits, local) if low]
+    if chain.l2_axis in placed:
+        positions = {0}
+        for dg, k in local_digits:
+            positions = {p + i * k for p in positions for i in range(dg.size)}
+        locals_ = tuple(sorted(positions))
+        step = locals_[1] if len(locals_) > 1 else 1
+        if locals_ != tuple(range(0, len(locals_) * step, step)):
+            raise LayoutError(f"{layout}: it uses the L2Bs {list(locals_)} of each Group, which are not evenly spaced")
+    else:
+        locals_, step = None, 1
+    image_lw = n_l2 * (len(locals_) if locals_ else 1)
+    dims: list[list[Factor]] = [[] for _ in layout.shape]
+    for dg, low in zip(digits, local):
+        k_l2 = dg.coef[chain.l2_axis]
+        address = dg.coef["q2"] + dg.coef["time"] * image_lw + (k_l2 // step * n_l2 if low else 0)
+        targets = [(None, address), ("W", dg.coef["w"]), (chain.l2_axis, 0 if low else k_l2)]
+        used = [(axis, k) for axis, k in targets if k]
+        if len(used) != 1:
+            raise LayoutError(f"internal: digit of dimension {dg.dim} of {layout} maps to {used}")
+        dims[dg.dim].append(Factor(dg.size, used[0][0], used[0][1]))
     # Copies over L2B: those in other Groups come from every Group's DRAM (the image is kept in
     # each); those on other L2Bs of the same Group are the same DRAM range sent to each of them.
     offsets = lm.copy_coords.get(chain.l2_axis)
-    groups = np.unique(offsets // chain.l2_per_group) if offsets is not None else np.zeros(1, dtype=np.int64)
+    groups = np.unique(offsets // g2) if offsets is not None else np.zeros(1, dtype=np.int64)
     replicas = (0,)
     if offsets is not None and locals_ is not None:
-        replicas = tuple(int(r) for r in np.unique(offsets % chain.l2_per_group))
-        if max(locals_) + max(replicas) >= chain.l2_per_group:
-            raise LayoutError(f"{lm.layout}: copies of the L2Bs at local positions {list(locals_)} by offsets "
+        replicas = tuple(int(r) for r in np.unique(offsets % g2))
+        if max(locals_) + max(replicas) >= g2:
+            raise LayoutError(f"{layout}: copies of the L2Bs at local positions {list(locals_)} by offsets "
                               f"{sorted(set(offsets.tolist()))} cross a Group boundary; no MV pattern sends "
                               f"them (copies must stay inside the Group or move by whole Groups)")
-    lanes = np.arange(lm.epl) if "W" in lm.broadcast_axes else np.zeros(1, dtype=np.int64)
-    n, g_copies, w_copies = len(loc.element), len(groups), len(lanes)
-    rep = lambda a: np.repeat(a, g_copies * w_copies)  # noqa: E731
-    want = Location(rep(loc.element), rep(group) + np.tile(np.repeat(groups, w_copies), n),
-                    rep(address), rep(loc.w) + np.tile(lanes, n * g_copies), {}, np.zeros(n * g_copies * w_copies,
-                                                                                          dtype=np.int64))
-    destination = Destination(want, chain.groups, image_lw * lm.time_slices, lm.epl, f"the DRAM image of {lm.layout}")
-    targets = {chain.l2_axis: group * chain.l2_per_group, None: address, "W": loc.w}
-    everywhere = g_copies == chain.groups and chain.groups * chain.l2_per_group > 1
-    broadcast: tuple[Broadcast, ...] = (Broadcast(chain.l2_axis),) if everywhere else ()
-    step = int(groups[1]) if g_copies > 1 else 1
-    if 1 < g_copies < chain.groups:  # copies in some Groups: every `step`-th one from each placed Group
-        broadcast = (Broadcast(chain.l2_axis, g_copies, step * chain.l2_per_group),)
-    fitted, why = None, ""
-    if groups.tolist() != list(range(0, g_copies * step, step)):
-        why = f"its copies are in Groups {groups.tolist()}, which are not evenly spaced"
-    else:
-        try:
-            fitted = Placement(fit_layout(lm.layout.shape, targets, lm.hw, DRAM, lm.dtype, broadcast), lm.hw, DRAM,
-                               lm.dtype)
-        except LayoutError as e:
-            why = str(e)
+    g_copies = len(groups)
+    g_step = int(groups[1]) if g_copies > 1 else 1
+    if groups.tolist() != list(range(0, g_copies * g_step, g_step)):
+        raise LayoutError(f"{layout}: its copies are in Groups {groups.tolist()}, which are not evenly spaced")
+    broadcast: tuple[Broadcast, ...] = ()
+    if g_copies == chain.groups and chain.groups * g2 > 1:
+        broadcast = (Broadcast(chain.l2_axis),)
+    elif g_copies > 1:
+        broadcast = (Broadcast(chain.l2_axis, g_copies, g_step * g2),)
+    image = Layout.of([_major_first(dim) for dim in dims], layout.shape, broadcast)
+    fitted = Placement(image, lm.hw, chain.dram, lm.dtype, check_capacity=False)
     return Staging(lm, chain, pe_mode, l1_mode, locals_, span, per_lm, n_l1, n_l2, image_lw, lm.time_slices,
-                   destination, fitted, why, replicas)
+                   fitted, "", replicas)
+
+
+def _major_first(factors: list[Factor]) -> list[Factor]:
+    """A dimension's digits, major to minor as the LM layout lists them (a refined factor's major
+    part comes first), or a size-1 placeholder."""
+    real = [f for f in factors if f.size > 1]
+    return real or [Factor(1, None, 1)]
 
 
 @dataclass(frozen=True)

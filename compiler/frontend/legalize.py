@@ -1,0 +1,453 @@
+"""Legalization: ATen (and the few prims torch's decompositions emit) -> primitives (compiler.ir).
+
+Every rule receives a `Builder` (which labels what it makes with the user's line), the fx node's
+result (a FakeTensor or a tuple of them: shapes and torch dtypes as torch computed them) and the
+op's arguments with tensors replaced by `Value`s, and returns a Value or a tuple of Values.
+Rules are registered per ATen overload packet name in `RULES`; the element-wise, reduction,
+movement and network rules live in this module and in `legalize_movement` / `legalize_nn`.
+
+dtypes: torch's promotion is made explicit (casts), so a primitive's tensor operands share one
+dtype. int64 is held as int32; float64 (which torch's decompositions sometimes use for a
+scalar) computes in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+from ..errors import CompileError, UnsupportedOpError
+from ..ir import FLOAT_DTYPES, Value
+from .build import Builder, norm_dim
+
+Rule = Callable[..., Any]
+RULES: dict[str, Rule] = {}
+
+IR_DTYPE = {torch.float32: "float32", torch.float16: "float16", torch.float64: "float32", torch.int64: "int32",
+            torch.int32: "int32", torch.int16: "int32", torch.int8: "int32", torch.uint8: "int32",
+            torch.bool: "bool"}
+
+
+def ir_dtype(dtype: torch.dtype) -> str:
+    try:
+        return IR_DTYPE[dtype]
+    except KeyError:
+        raise CompileError(f"dtype {dtype} has no device representation; the device holds float32, float16, "
+                           f"int32 (and int64 as int32) and bool") from None
+
+
+def rule(*names: str) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        for name in names:
+            RULES[name] = fn
+        return fn
+    return register
+
+
+def out_dtype(out: Any) -> str:
+    return ir_dtype(out.dtype)
+
+
+def is_float(v: Any) -> bool:
+    return isinstance(v, Value) and v.dtype in FLOAT_DTYPES
+
+
+def promote(*operands: Any) -> str:
+    """torch's type promotion over tensors and Python scalars, in device dtypes: tensors decide
+    within a category (a float16 tensor times 2.0 stays float16), a higher category of scalar
+    lifts it (an int tensor times 0.5 is float32)."""
+    tensors = [a for a in operands if isinstance(a, Value)]
+    scalars = [a for a in operands if not isinstance(a, Value) and a is not None]
+    floats = [t.dtype for t in tensors if t.dtype in FLOAT_DTYPES]
+    if floats:
+        return "float32" if "float32" in floats else "float16"
+    if any(isinstance(s, float) for s in scalars):
+        return "float32"
+    if any(t.dtype == "int32" for t in tensors) or any(isinstance(s, int) and not isinstance(s, bool) for s in scalars):
+        return "int32"
+    return "bool"
+
+
+def as_dtype(b: Builder, a: Any, dtype: str) -> Any:
+    """A tensor cast to `dtype`; a Python scalar as that dtype wants it."""
+    if isinstance(a, Value):
+        return b.cast(a, dtype)
+    if dtype == "bool":
+        return bool(a)
+    return int(a) if dtype == "int32" else float(a)
+
+
+def arith(b: Builder, op: str, out: Any, *args: Any) -> Value:
+    """An arithmetic op computed in the result's dtype (operands cast to it)."""
+    dtype = out_dtype(out)
+    return b.cast(b.ew(op, *[as_dtype(b, a, dtype) for a in args], dtype=dtype), dtype)
+
+
+def compare(b: Builder, op: str, x: Any, y: Any) -> Value:
+    dtype = promote(x, y)
+    return b.ew(op, as_dtype(b, x, dtype), as_dtype(b, y, dtype))
+
+
+# ---- element-wise -------------------------------------------------------------------------
+
+UNARY_FLOAT = {"exp": "exp", "log": "log", "log1p": "log1p", "expm1": "expm1", "sqrt": "sqrt", "rsqrt": "rsqrt",
+               "reciprocal": "reciprocal", "sigmoid": "sigmoid", "tanh": "tanh", "erf": "erf", "sin": "sin",
+               "cos": "cos"}
+UNARY_SAME = {"neg": "neg", "abs": "abs", "relu": "relu", "sign": "sign"}
+ROUNDING = {"floor": "floor", "ceil": "ceil", "trunc": "trunc", "round": "round"}
+
+
+def _unary(name: str, op: str) -> None:
+    @rule(name)
+    def fn(b: Builder, out: Any, x: Value, *rest: Any) -> Value:
+        dtype = out_dtype(out)
+        if name in ROUNDING and x.dtype in ("int32", "bool"):
+            return b.cast(x, dtype)
+        return b.ew(op, b.cast(x, dtype), dtype=dtype)
+
+
+for _name, _op in {**UNARY_FLOAT, **UNARY_SAME, **ROUNDING}.items():
+    _unary(_name, _op)
+
+
+@rule("exp2")
+def _exp2(b, out, x):
+    return b.ew("exp", b.ew("mul", b.cast(x, out_dtype(out)), math.log(2.0)))
+
+
+@rule("log2", "log10")
+def _log_base(b, out, x):
+    base = 2.0 if "log2" in b.aten else 10.0
+    return b.ew("mul", b.ew("log", b.cast(x, out_dtype(out))), 1.0 / math.log(base))
+
+
+@rule("square")
+def _square(b, out, x):
+    x = b.cast(x, out_dtype(out))
+    return b.ew("mul", x, x)
+
+
+@rule("logical_not", "bitwise_not")
+def _not(b, out, x):
+    if "bitwise" in b.aten and x.dtype != "bool":
+        raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, "bitwise operations on integers")
+    return b.ew("not", x)
+
+
+@rule("add", "sub")
+def _add_sub(b, out, x, y, alpha=1):
+    op = "add" if b.aten.startswith("aten.add") else "sub"
+    if alpha != 1:
+        y = b.ew("mul", y, alpha) if isinstance(y, Value) else y * alpha
+    return arith(b, op, out, x, y)
+
+
+@rule("rsub")
+def _rsub(b, out, x, y, alpha=1):
+    """y - alpha * x."""
+    if alpha != 1:
+        x = b.ew("mul", x, alpha) if isinstance(x, Value) else x * alpha
+    return arith(b, "sub", out, y, x)
+
+
+@rule("mul")
+def _mul(b, out, x, y):
+    return arith(b, "mul", out, x, y)
+
+
+@rule("div", "true_divide")
+def _div(b, out, x, y, rounding_mode=None):
+    dtype = out_dtype(out)
+    if rounding_mode is None:
+        return arith(b, "div", out, x, y)
+    if rounding_mode == "floor":
+        return arith(b, "floor_div", out, x, y)
+    if dtype in FLOAT_DTYPES:  # trunc
+        return b.ew("trunc", arith(b, "div", out, x, y))
+    return _trunc_div(b, as_dtype(b, x, dtype), as_dtype(b, y, dtype))
+
+
+def _trunc_div(b: Builder, x: Any, y: Any) -> Value:
+    """Integer division rounding toward zero, exactly: floor division, plus one where the
+    operands' signs differ and the division is not exact."""
+    q = b.ew("floor_div", x, y)
+    inexact = b.ew("ne", b.ew("rem", x, y), 0)
+    signs = b.ew("ne", b.ew("lt", x, 0) if isinstance(x, Value) else b.full(q.shape, x < 0, "bool"),
+                 b.ew("lt", y, 0) if isinstance(y, Value) else b.full(q.shape, y < 0, "bool"))
+    return b.ew("add", q, b.cast(b.ew("and", inexact, signs), "int32"))
+
+
+@rule("floor_divide")
+def _floor_divide(b, out, x, y):
+    return arith(b, "floor_div", out, x, y)
+
+
+@rule("remainder")
+def _remainder(b, out, x, y):
+    return arith(b, "rem", out, x, y)
+
+
+@rule("fmod")
+def _fmod(b, out, x, y):
+    dtype = out_dtype(out)
+    x, y = as_dtype(b, x, dtype), as_dtype(b, y, dtype)
+    q = b.ew("trunc", b.ew("div", x, y)) if dtype in FLOAT_DTYPES else _trunc_div(b, x, y)
+    return b.ew("sub", x, b.ew("mul", q, y))
+
+
+@rule("pow")
+def _pow(b, out, x, y):
+    dtype = out_dtype(out)
+    if not isinstance(x, Value):  # scalar ** tensor
+        if x <= 0:
+            raise UnsupportedOpError(b.aten, [list(y.shape)], b.source, f"{x} ** tensor (the base must be > 0)")
+        return b.ew("exp", b.ew("mul", b.cast(y, dtype), math.log(x)))
+    x = b.cast(x, dtype)
+    if isinstance(y, Value):
+        return b.ew("pow", x, b.cast(y, dtype))
+    special = {2: lambda: b.ew("mul", x, x), 1: lambda: x, 0.5: lambda: b.ew("sqrt", x),
+               -0.5: lambda: b.ew("rsqrt", x), -1: lambda: b.ew("reciprocal", x),
+               3: lambda: b.ew("mul", b.ew("mul", x, x), x), 0: lambda: b.full(x.shape, 1, dtype)}
+    if y in special:
+        return special[y]()
+    if dtype == "int32":
+        raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"integer power {y}")
+    return b.ew("pow", x, float(y))
+
+
+@rule("maximum", "fmax")
+def _maximum(b, out, x, y):
+    return arith(b, "max", out, x, y)
+
+
+@rule("minimum", "fmin")
+def _minimum(b, out, x, y):
+    return arith(b, "min", out, x, y)
+
+
+@rule("clamp", "clamp_min", "clamp_max")
+def _clamp(b, out, x, lo=None, hi=None):
+    if b.aten.startswith("aten.clamp_max"):
+        lo, hi = None, lo
+    dtype = out_dtype(out)
+    y = b.cast(x, dtype)
+    if lo is not None:
+        y = b.ew("max", y, as_dtype(b, lo, dtype))
+    if hi is not None:
+        y = b.ew("min", y, as_dtype(b, hi, dtype))
+    return y if y is not x else b.ew("copy", y)
+
+
+for _cmp in ("lt", "le", "gt", "ge", "eq", "ne"):
+    rule(_cmp)(lambda b, out, x, y, _op=_cmp: compare(b, _op, x, y))
+
+
+@rule("logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor")
+def _logical(b, out, x, y):
+    op = b.aten.split(".")[1].split("_")[-1]
+    if "bitwise" in b.aten and out.dtype != torch.bool:
+        raise UnsupportedOpError(b.aten, [list(v.shape) for v in (x, y) if isinstance(v, Value)], b.source,
+                                 "bitwise operations on integers")
+    x = b.ew("ne", x, 0) if isinstance(x, Value) and x.dtype != "bool" else x
+    y = b.ew("ne", y, 0) if isinstance(y, Value) and y.dtype != "bool" else y
+    return b.ew(op, x, y)
+
+
+@rule("where")
+def _where(b, out, cond, x, y):
+    dtype = out_dtype(out)
+    if cond.dtype != "bool":
+        cond = b.ew("ne", cond, 0)
+    return b.ew("where", cond, as_dtype(b, x, dtype), as_dtype(b, y, dtype), dtype=dtype)
+
+
+@rule("_to_copy", "to", "type_as", "_convert_element_type")
+def _to_copy(b, out, x, *args, **kwargs):
+    return b.cast(x, out_dtype(out))
+
+
+@rule("clone", "alias", "detach", "lift_fresh_copy", "contiguous", "_assert_tensor_metadata", "view_as",
+      "alias_copy", "detach_copy", "lift_fresh")
+def _identity(b, out, x, *args, **kwargs):
+    return x
+
+
+@rule("scalar_tensor")
+def _scalar_tensor(b, out, value, **kwargs):
+    return b.full((), value, out_dtype(out))
+
+
+@rule("full", "new_full")
+def _full(b, out, *args, **kwargs):
+    value = args[-1] if b.aten.startswith("aten.full.") else args[-1]
+    return b.full(tuple(out.shape), value, out_dtype(out))
+
+
+@rule("full_like")
+def _full_like(b, out, x, value, **kwargs):
+    return b.full(tuple(out.shape), value, out_dtype(out))
+
+
+@rule("zeros", "zeros_like", "new_zeros", "empty", "empty_like", "new_empty", "empty_strided", "empty_permuted")
+def _zeros(b, out, *args, **kwargs):
+    return b.full(tuple(out.shape), 0, out_dtype(out))
+
+
+@rule("ones", "ones_like", "new_ones")
+def _ones(b, out, *args, **kwargs):
+    return b.full(tuple(out.shape), 1, out_dtype(out))
+
+
+@rule("arange")
+def _arange(b, out, *args, **kwargs):
+    numbers = [a for a in args if isinstance(a, (int, float))]
+    start, step = (0, 1)
+    if len(numbers) >= 2:
+        start = numbers[0]
+    if len(numbers) >= 3:
+        step = numbers[2]
+    start, step = kwargs.get("start", start), kwargs.get("step", step)
+    return b.iota(tuple(out.shape), 0, out_dtype(out), start, step)
+
+
+@rule("rand", "randn", "rand_like", "randn_like", "bernoulli", "randint", "randperm", "native_dropout",
+      "normal", "uniform", "exponential", "multinomial")
+def _random(b, out, *args, **kwargs):
+    shapes = [list(a.shape) for a in args if isinstance(a, Value)]
+    raise UnsupportedOpError(b.aten, shapes, b.source, "random numbers (the device program is deterministic; "
+                             "use dropout only in eval mode, or pass random tensors as inputs)")
+
+
+# ---- reductions ---------------------------------------------------------------------------
+
+def _dims_arg(x: Value, dims: Any) -> list[int] | None:
+    if dims is None or dims == []:
+        return None
+    return [dims] if isinstance(dims, int) else list(dims)
+
+
+@rule("sum")
+def _sum(b, out, x, dims=None, keepdim=False, dtype=None):
+    result = out_dtype(out)
+    x = b.cast(x, result if result != "bool" else "int32")
+    return b.reduce("sum", x, _dims_arg(x, dims), keepdim)
+
+
+@rule("amax", "amin")
+def _amax(b, out, x, dims=None, keepdim=False):
+    return b.reduce("max" if "amax" in b.aten else "min", x, _dims_arg(x, dims), keepdim)
+
+
+@rule("mean")
+def _mean(b, out, x, dims=None, keepdim=False, dtype=None):
+    dtype = out_dtype(out)
+    x = b.cast(x, dtype)
+    reduced = _dims_arg(x, dims)
+    n = math.prod(x.shape[norm_dim(d, x.rank)] for d in reduced) if reduced is not None and x.rank else x.numel
+    return b.ew("mul", b.reduce("sum", x, reduced, keepdim), 1.0 / n if n else float("nan"))
+
+
+@rule("prod")
+def _prod(b, out, x, *args, **kwargs):
+    raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, "products over a dimension")
+
+
+@rule("max", "min")
+def _max_dim(b, out, x, dim=None, keepdim=False):
+    op = "max" if b.aten.startswith("aten.max") else "min"
+    if dim is None:  # max.default: the whole tensor
+        return b.reduce(op, x, None)
+    values = b.reduce(op, x, [dim], keepdim)
+    return values, _arg_index(b, x, dim, keepdim, op, values if keepdim else b.reduce(op, x, [dim], True))
+
+
+@rule("argmax", "argmin")
+def _argmax(b, out, x, dim=None, keepdim=False):
+    op = "max" if "argmax" in b.aten else "min"
+    if dim is None:
+        flat = b.reshape(x, (x.numel,))
+        found = _arg_index(b, flat, 0, False, op, b.reduce(op, flat, [0], True))
+        return b.reshape(found, (1,) * x.rank) if keepdim else found
+    return _arg_index(b, x, dim, keepdim, op, b.reduce(op, x, [dim], True))
+
+
+def _arg_index(b: Builder, x: Value, dim: int, keepdim: bool, op: str, extreme: Value) -> Value:
+    """The first index along `dim` where x reaches `extreme` (kept dim): the smallest index among
+    the positions equal to it, as torch returns."""
+    dim = norm_dim(dim, x.rank)
+    index = b.iota(x.shape, dim, "int32")
+    hit = b.ew("eq", x, extreme)
+    candidates = b.ew("where", hit, index, x.shape[dim], dtype="int32")
+    return b.reduce("min", candidates, [dim], keepdim)
+
+
+@rule("any", "all")
+def _any(b, out, x, dim=None, keepdim=False):
+    op = "max" if b.aten.startswith("aten.any") else "min"
+    truth = x if x.dtype == "bool" else b.ew("ne", x, 0)
+    dims = None if dim is None else _dims_arg(truth, dim)
+    return b.reduce(op, truth, dims, keepdim)
+
+
+@rule("var", "std", "var_mean", "std_mean")
+def _var(b, out, x, dims=None, correction=None, keepdim=False, **kwargs):
+    """torch.var's definition: the mean of squared deviations, divided by n - correction."""
+    name = b.aten.split(".")[1]
+    correction = kwargs.get("correction", correction)
+    correction = 1 if correction is None else correction
+    dtype = "float32" if x.dtype != "float16" else "float16"
+    x = b.cast(x, dtype)
+    reduced = _dims_arg(x, dims)
+    n = math.prod(x.shape[norm_dim(d, x.rank)] for d in reduced) if reduced is not None else x.numel
+    mean = b.ew("mul", b.reduce("sum", x, reduced, True), 1.0 / n)
+    centred = b.ew("sub", x, mean)
+    var = b.ew("mul", b.reduce("sum", b.ew("mul", centred, centred), reduced, keepdim),
+               1.0 / max(n - correction, 0) if n - correction > 0 else float("inf"))
+    result = b.ew("sqrt", var) if name.startswith("std") else var
+    if name.endswith("_mean"):
+        return result, mean if keepdim else b.reshape(mean, var.shape)
+    return result
+
+
+# ---- prims that torch's decompositions emit -----------------------------------------------
+
+@rule("prims.sum")
+def _prims_sum(b, out, x, dims, output_dtype=None):
+    return b.reduce("sum", x, list(dims))
+
+
+@rule("prims.amax", "prims.amin")
+def _prims_amax(b, out, x, dims):
+    return b.reduce("max" if "amax" in b.aten else "min", x, list(dims))
+
+
+@rule("prims.var")
+def _prims_var(b, out, x, dims, correction=1, output_dtype=None, **kwargs):
+    correction = kwargs.get("correction", correction)
+    return _var(b, out, x, list(dims), correction, False)
+
+
+@rule("prims.broadcast_in_dim")
+def _broadcast_in_dim(b, out, x, shape, broadcast_dimensions):
+    view = [1] * len(shape)
+    for src, dst in enumerate(broadcast_dimensions):
+        view[dst] = x.shape[src]
+    return b.expand(b.reshape(x, view), tuple(shape))
+
+
+@rule("prims.convert_element_type")
+def _prims_convert(b, out, x, dtype):
+    return b.cast(x, ir_dtype(dtype))
+
+
+for _p, _op in {"prims.div": "div", "prims.mul": "mul", "prims.add": "add", "prims.sub": "sub"}.items():
+    rule(_p)(lambda b, out, x, y, _op=_op: arith(b, _op, out, x, y))
+
+
+def ensure_float(b: Builder, x: Value, dtype: str = "float32") -> Value:
+    return x if x.dtype in FLOAT_DTYPES else b.cast(x, dtype)
+
+
+from . import legalize_movement, legalize_nn  # noqa: E402,F401  (register their rules)

@@ -1,0 +1,258 @@
+"""Legalization of views, data movement and indexing.
+
+Views become reshape / permute / expand / slice primitives (the planner decides whether they
+move data). Indexing by a tensor of indices (embedding, index_select, torch.gather, x[idx]) is
+computed on the device as a one-hot selection: the index is compared with an iota of the indexed
+dimension and the matching entries are summed (a matrix product for float tables, so an
+embedding runs on the MAUs). mnsim does not model the Data Engine's indirect (DAR) addressing,
+which would move only the selected rows; the one-hot form computes the same values with
+instructions the simulator times.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from ..errors import UnsupportedOpError
+from ..ir import FLOAT_DTYPES, Value
+from .build import Builder, broadcast_shapes, norm_dim
+from .legalize import out_dtype, rule
+
+
+@rule("view", "_unsafe_view", "reshape", "view_copy", "_reshape_alias", "_reshape_alias_copy", "flatten",
+      "unflatten", "squeeze", "squeeze_copy", "unsqueeze", "unsqueeze_copy")
+def _view(b, out, x, *args, **kwargs):
+    return b.reshape(x, tuple(out.shape))
+
+
+@rule("permute", "permute_copy")
+def _permute(b, out, x, order):
+    return b.permute(x, order)
+
+
+@rule("transpose", "transpose_copy", "swapaxes", "swapdims")
+def _transpose(b, out, x, d0, d1):
+    order = list(range(x.rank))
+    d0, d1 = norm_dim(d0, x.rank), norm_dim(d1, x.rank)
+    order[d0], order[d1] = order[d1], order[d0]
+    return b.permute(x, order)
+
+
+@rule("t", "t_copy", "numpy_T")
+def _t(b, out, x):
+    return b.permute(x, list(reversed(range(x.rank))))
+
+
+@rule("expand", "expand_copy", "broadcast_to", "expand_as")
+def _expand(b, out, x, *args, **kwargs):
+    return b.expand(x, tuple(out.shape))
+
+
+@rule("repeat")
+def _repeat(b, out, x, repeats):
+    """x.repeat(r): tile; each dimension d becomes (r_d, x_d) before flattening."""
+    lead = len(repeats) - x.rank
+    x = b.reshape(x, (1,) * lead + x.shape)
+    shape = []
+    for r, s in zip(repeats, x.shape):
+        shape += [r, s]
+    tiled = b.expand(b.reshape(x, [v for s in x.shape for v in (1, s)]), shape)
+    return b.reshape(tiled, tuple(out.shape))
+
+
+@rule("slice", "slice_copy")
+def _slice(b, out, x, dim=0, start=None, end=None, step=1):
+    return b.slice(x, dim, start, end, step)
+
+
+@rule("select", "select_copy")
+def _select(b, out, x, dim, index):
+    dim = norm_dim(dim, x.rank)
+    index = index + x.shape[dim] if index < 0 else index
+    part = b.slice(x, dim, index, index + 1)
+    return b.reshape(part, tuple(out.shape))
+
+
+@rule("narrow", "narrow_copy")
+def _narrow(b, out, x, dim, start, length):
+    return b.slice(x, dim, start, start + length)
+
+
+@rule("split", "split_copy", "split_with_sizes", "split_with_sizes_copy", "chunk", "tensor_split", "unsafe_split")
+def _split(b, out, x, sizes, dim=0):
+    return b.split(x, [tuple(o.shape)[norm_dim(dim, x.rank)] for o in out], dim)
+
+
+@rule("unbind", "unbind_copy")
+def _unbind(b, out, x, dim=0):
+    dim = norm_dim(dim, x.rank)
+    parts = b.split(x, [1] * x.shape[dim], dim)
+    return tuple(b.reshape(p, tuple(o.shape)) for p, o in zip(parts, out))
+
+
+@rule("cat", "concat", "concatenate")
+def _cat(b, out, tensors, dim=0):
+    dtype = out_dtype(out)
+    keep = [b.cast(t, dtype) for t in tensors if t.numel or t.rank == len(out.shape)]
+    keep = [t for t in keep if t.rank == len(out.shape)] or keep
+    return b.cat(keep, dim)
+
+
+@rule("stack")
+def _stack(b, out, tensors, dim=0):
+    dim = norm_dim(dim, tensors[0].rank + 1)
+    shape = list(tensors[0].shape)
+    shape.insert(dim, 1)
+    dtype = out_dtype(out)
+    return b.cat([b.reshape(b.cast(t, dtype), shape) for t in tensors], dim)
+
+
+@rule("constant_pad_nd", "pad")
+def _pad(b, out, x, pad, value=0, *rest):
+    pads = [(0, 0)] * x.rank
+    for k in range(len(pad) // 2):  # torch lists the last dimension first
+        pads[x.rank - 1 - k] = (pad[2 * k], pad[2 * k + 1])
+    return b.pad(x, pads, value if value is not None else 0)
+
+
+@rule("flip")
+def _flip(b, out, x, dims):
+    dims = {norm_dim(d, x.rank) for d in dims}
+    a = [[(-1 if d in dims else 1) if c == d else 0 for c in range(x.rank)] for d in range(x.rank)]
+    offset = [x.shape[d] - 1 if d in dims else 0 for d in range(x.rank)]
+    return b.window(x, x.shape, a, offset)
+
+
+@rule("roll")
+def _roll(b, out, x, shifts, dims=()):
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if not dims:
+        flat = b.reshape(x, (x.numel,))
+        return b.reshape(_roll_dim(b, flat, shifts[0], 0), x.shape)
+    for s, d in zip(shifts, dims):
+        x = _roll_dim(b, x, s, norm_dim(d, x.rank))
+    return x
+
+
+def _roll_dim(b: Builder, x: Value, shift: int, dim: int) -> Value:
+    n = x.shape[dim]
+    shift %= n
+    if shift == 0:
+        return x
+    return b.cat([b.slice(x, dim, n - shift, n), b.slice(x, dim, 0, n - shift)], dim)
+
+
+@rule("tril", "triu")
+def _tri(b, out, x, diagonal=0):
+    rows, cols = x.shape[-2:]
+    shape = (rows, cols)
+    r = b.iota(shape, 0, "int32")
+    c = b.iota(shape, 1, "int32")
+    offset = b.ew("sub", c, r)  # column - row
+    keep = b.ew("le" if "tril" in b.aten else "ge", offset, diagonal)
+    return b.ew("where", keep, x, 0 if x.dtype != "bool" else False, dtype=x.dtype)
+
+
+# ---- indexing by tensors: one-hot selections --------------------------------------------------
+
+def take(b: Builder, x: Value, dim: int, index: Value) -> Value:
+    """x.index_select(dim, index) for an index tensor of any shape: the result has x's shape with
+    dimension `dim` replaced by index's shape. Negative indices count from the end."""
+    dim = norm_dim(dim, x.rank)
+    size = x.shape[dim]
+    idx = b.cast(index, "int32")
+    idx = b.ew("where", b.ew("lt", idx, 0), b.ew("add", idx, size), idx, dtype="int32")
+    flat = b.reshape(idx, (idx.numel, 1))
+    onehot = b.ew("eq", flat, b.iota((1, size), 1, "int32"))  # (n, size)
+    lead, tail = x.shape[:dim], x.shape[dim + 1:]
+    if x.dtype in FLOAT_DTYPES:
+        table = b.reshape(x, (prod(lead), size, prod(tail)))  # (A, size, B)
+        picked = b.matmul(b.reshape(b.cast(onehot, x.dtype), (1, idx.numel, size)), table, dtype=x.dtype)
+        b.graph.nodes[-1].attrs["exact"] = True  # a selection: never in reduced precision
+        return b.reshape(picked, lead + index.shape + tail)
+    table = b.reshape(x, (prod(lead), 1, size, prod(tail)))
+    mask = b.reshape(onehot, (1, idx.numel, size, 1))
+    chosen = b.ew("where", mask, table, 0 if x.dtype != "bool" else False, dtype=x.dtype)
+    summed = b.reduce("max" if x.dtype == "bool" else "sum", chosen, [2])
+    return b.reshape(summed, lead + index.shape + tail)
+
+
+@rule("embedding")
+def _embedding(b, out, weight, indices, *args):
+    return take(b, weight, 0, indices)
+
+
+@rule("index_select")
+def _index_select(b, out, x, dim, index):
+    return take(b, x, dim, index)
+
+
+@rule("index")
+def _index(b, out, x, indices):
+    """x[i0, i1, ...] with index tensors (None = the whole dimension). Index tensors on adjacent
+    dimensions are combined into one flat index over those dimensions."""
+    used = [d for d, i in enumerate(indices) if i is not None]
+    if not used:
+        return x
+    if used != list(range(used[0], used[-1] + 1)):
+        raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, "index tensors on non-adjacent dimensions")
+    first, last = used[0], used[-1]
+    if any(i.dtype == "bool" for i in indices if i is not None):
+        raise UnsupportedOpError(b.aten, [list(x.shape)], b.source,
+                                 "boolean mask indexing (its result's shape depends on the data)")
+    shape = broadcast_shapes(*[indices[d].shape for d in used])
+    flat = None
+    for d in used:
+        idx = b.cast(indices[d], "int32")
+        idx = b.ew("where", b.ew("lt", idx, 0), b.ew("add", idx, x.shape[d]), idx, dtype="int32")
+        idx = b.expand(idx, shape) if idx.shape != shape else idx
+        flat = idx if flat is None else b.ew("add", b.ew("mul", flat, x.shape[d]), idx)
+    merged = b.reshape(x, x.shape[:first] + (prod(x.shape[first:last + 1]),) + x.shape[last + 1:])
+    return b.reshape(take(b, merged, first, flat), tuple(out.shape))
+
+
+@rule("gather")
+def _gather(b, out, x, dim, index, sparse_grad=False):
+    """torch.gather: out[..., j, ...] = x[..., index[..., j, ...], ...] along `dim`."""
+    dim = norm_dim(dim, x.rank)
+    if any(index.shape[d] > x.shape[d] for d in range(x.rank) if d != dim):
+        raise UnsupportedOpError(b.aten, [list(x.shape), list(index.shape)], b.source, "an index larger than x")
+    for d in range(x.rank):
+        if d != dim and index.shape[d] < x.shape[d]:
+            x = b.slice(x, d, 0, index.shape[d])
+    size = x.shape[dim]
+    idx = b.cast(index, "int32")
+    idx = b.ew("where", b.ew("lt", idx, 0), b.ew("add", idx, size), idx, dtype="int32")
+    idx = b.reshape(idx, idx.shape[:dim + 1] + (1,) + idx.shape[dim + 1:])  # (..., J, 1, ...)
+    table = b.reshape(x, x.shape[:dim] + (1, size) + x.shape[dim + 1:])  # (..., 1, size, ...)
+    iota_shape = (1,) * (dim + 1) + (size,) + (1,) * (x.rank - dim - 1)
+    hit = b.ew("eq", idx, b.iota(iota_shape, dim + 1, "int32"))
+    chosen = b.ew("where", hit, table, 0 if x.dtype != "bool" else False, dtype=x.dtype)
+    return b.reduce("max" if x.dtype == "bool" else "sum", chosen, [dim + 1])
+
+
+@rule("scatter", "scatter_add", "index_put", "index_add", "index_copy", "masked_scatter", "scatter_reduce",
+      "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive", "argwhere", "bincount",
+      "repeat_interleave", "_local_scalar_dense", "item")
+def _data_dependent(b, out, x, *args, **kwargs):
+    shapes = [list(x.shape)] if isinstance(x, Value) else []
+    why = {"_local_scalar_dense": "it reads a tensor's value on the host (.item(), a Python condition on a "
+                                  "tensor); keep the value a tensor"}
+    raise UnsupportedOpError(b.aten, shapes, b.source,
+                             why.get(b.aten.split(".")[1], "its result depends on the data's values or it writes "
+                                                             "by data-dependent addresses"))
+
+
+
+@rule("as_strided", "as_strided_copy")
+def _as_strided(b, out, x, size, stride, storage_offset=0):
+    """out[o] = x.flatten()[offset + sum(o * stride)]: the operand is contiguous (functionalized
+    graphs materialize views), so its storage is its row-major order."""
+    size = tuple(size)
+    contiguous = tuple(prod(size[d + 1:]) for d in range(len(size)))
+    offset = storage_offset or 0
+    if offset == 0 and prod(size) == x.numel and all(s == c for s, c, n in zip(stride, contiguous, size) if n > 1):
+        return b.reshape(x, size)
+    flat = b.reshape(x, (x.numel,))
+    return b.window(flat, size, [list(stride)], [offset])

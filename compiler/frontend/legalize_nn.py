@@ -1,0 +1,129 @@
+"""Legalization of the network ops kept whole by the decompositions: matrix products,
+convolutions, pooling and nearest upsampling.
+
+Pooling is a `window` (each output position sees its kh x kw input patch, with padding reading
+the reduction's identity) followed by a reduction over the patch, so it runs as data movement
+plus a vector reduction; an average divides by the count torch divides by.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..dtypes import INT32_MIN
+from ..errors import UnsupportedOpError
+from ..ir import CONV_RANK, Value
+from .build import Builder
+from .legalize import ensure_float, out_dtype, rule
+
+
+@rule("mm", "bmm", "matmul")
+def _mm(b, out, x, y):
+    dtype = out_dtype(out)
+    compute = "float16" if x.dtype == y.dtype == "float16" else "float32"
+    result = b.matmul(ensure_float(b, x, compute), ensure_float(b, y, compute))
+    return b.cast(result, dtype)
+
+
+@rule("convolution", "_convolution", "conv2d")
+def _convolution(b, out, x, w, bias, stride, padding, dilation, transposed=False, output_padding=(0, 0),
+                 groups=1, *rest):
+    if transposed:
+        raise UnsupportedOpError(b.aten, [list(x.shape), list(w.shape)], b.source, "transposed convolutions")
+    one_d = x.rank == 3
+    if one_d:  # (N, C, L): a 2-D convolution of height 1
+        x = b.reshape(x, (x.shape[0], x.shape[1], 1, x.shape[2]))
+        w = b.reshape(w, (w.shape[0], w.shape[1], 1, w.shape[2]))
+        stride, padding, dilation = (1, stride[0]), (0, padding[0]), (1, dilation[0])
+    elif x.rank != CONV_RANK:
+        raise UnsupportedOpError(b.aten, [list(x.shape), list(w.shape)], b.source, f"{x.rank - 2}-D convolutions")
+    dtype = out_dtype(out)
+    compute = "float16" if x.dtype == w.dtype == "float16" else "float32"
+    y = b.conv(ensure_float(b, x, compute), ensure_float(b, w, compute), tuple(stride), tuple(padding),
+               tuple(dilation), groups)
+    if bias is not None:
+        y = b.ew("add", y, b.reshape(b.cast(bias, y.dtype), (1, bias.numel, 1, 1)))
+    if one_d:
+        y = b.reshape(y, (y.shape[0], y.shape[1], y.shape[3]))
+    return b.cast(y, dtype)
+
+
+def _pool_geometry(x: Value, kernel, stride, padding, dilation, ceil_mode: bool):
+    kh, kw = (kernel * 2 if len(kernel) == 1 else kernel)
+    stride = stride or (kh, kw)
+    sh, sw = (stride * 2 if len(stride) == 1 else stride)
+    ph, pw = (padding * 2 if len(padding) == 1 else padding) if padding else (0, 0)
+    dh, dw = (dilation * 2 if len(dilation) == 1 else dilation) if dilation else (1, 1)
+    h, w = x.shape[-2:]
+
+    def out_size(size, k, s, p, d):
+        span = size + 2 * p - d * (k - 1) - 1
+        n = (math.ceil(span / s) if ceil_mode else span // s) + 1
+        if ceil_mode and (n - 1) * s >= size + p:  # torch: the last window must start inside the input
+            n -= 1
+        return n
+    return (kh, kw), (sh, sw), (ph, pw), (dh, dw), (out_size(h, kh, sh, ph, dh), out_size(w, kw, sw, pw, dw))
+
+
+def _patches(b: Builder, x: Value, geometry, fill) -> Value:
+    """(..., H, W) -> (..., Ho, Wo, kh, kw): every output position's input patch."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw), (ho, wo) = geometry
+    lead = x.rank - 2
+    shape = x.shape[:lead] + (ho, wo, kh, kw)
+    a = [[1 if c == d else 0 for c in range(len(shape))] for d in range(lead)]
+    a.append([0] * lead + [sh, 0, dh, 0])
+    a.append([0] * lead + [0, sw, 0, dw])
+    return b.window(x, shape, a, [0] * lead + [-ph, -pw], fill)
+
+
+@rule("max_pool2d_with_indices", "max_pool2d")
+def _max_pool(b, out, x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    geometry = _pool_geometry(x, kernel, stride, padding, dilation, ceil_mode)
+    lowest = float("-inf") if x.dtype != "int32" else INT32_MIN
+    patches = _patches(b, x, geometry, lowest)
+    last = (patches.rank - 2, patches.rank - 1)
+    values = b.reduce("max", patches, last)
+    if b.aten.startswith("aten.max_pool2d_with_indices") and b.wants_output(1):
+        h, w = x.shape[-2:]
+        flat = b.ew("add", b.ew("mul", b.iota((h, w), 0, "int32"), w), b.iota((h, w), 1, "int32"))
+        where = _patches(b, b.expand(flat, x.shape), geometry, h * w)
+        hit = b.ew("eq", patches, b.reduce("max", patches, last, True))
+        indices = b.reduce("min", b.ew("where", hit, where, h * w, dtype="int32"), last)
+        return values, indices
+    return (values, None) if b.aten.startswith("aten.max_pool2d_with_indices") else values
+
+
+@rule("avg_pool2d")
+def _avg_pool(b, out, x, kernel, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+              divisor_override=None):
+    geometry = _pool_geometry(x, kernel, stride, padding, (1,), ceil_mode)
+    (kh, kw), _, (ph, pw), _, (ho, wo) = geometry
+    x = ensure_float(b, x)
+    patches = _patches(b, x, geometry, 0.0)
+    total = b.reduce("sum", patches, (patches.rank - 2, patches.rank - 1))
+    if divisor_override:
+        return b.ew("mul", total, 1.0 / divisor_override)
+    h, w = x.shape[-2:]
+    if count_include_pad:  # patches clipped to the padded input count
+        ones = b.full((h + 2 * ph, w + 2 * pw), 1.0, x.dtype)
+        unpadded = ((kh, kw), geometry[1], (0, 0), (1, 1), (ho, wo))
+        counts = b.reduce("sum", _patches(b, ones, unpadded, 0.0), (2, 3))
+    else:
+        counts = b.reduce("sum", _patches(b, b.full((h, w), 1.0, x.dtype), geometry, 0.0), (2, 3))
+    if not ceil_mode and (count_include_pad or (ph, pw) == (0, 0)):
+        return b.ew("mul", total, 1.0 / (kh * kw))
+    return b.ew("div", total, counts)
+
+
+@rule("upsample_nearest2d")
+def _upsample_nearest(b, out, x, output_size=None, *scales: Any):
+    """Integer scale factors: every pixel repeated s_h x s_w times (reshape, expand, reshape)."""
+    n, c, h, w = x.shape
+    ho, wo = out.shape[-2:]
+    if ho % h or wo % w:
+        raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"nearest upsampling from {h}x{w} to {ho}x{wo} "
+                                 f"(only integer scale factors)")
+    sh, sw = ho // h, wo // w
+    grown = b.expand(b.reshape(x, (n, c, h, 1, w, 1)), (n, c, h, sh, w, sw))
+    return b.reshape(grown, (n, c, ho, wo))

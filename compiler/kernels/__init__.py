@@ -1,0 +1,33 @@
+"""Kernels: one emitter per primitive kind, behind the planner's contract (kernels.base).
+
+`plan_kernels(node, planner)` returns the candidate kernels of a node (layouts and tilings
+decided); `wishes(user, value, planner)` the LM layouts a node would like one of its inputs in,
+so that producers can compute it there. Element-wise groups, views and gathers are planned by the
+planner itself (compiler.planner.search).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import UnsupportedOpError
+from ..ir import Node, Value
+from ..layout import Layout
+from . import conv, matmul, reduce
+from .base import Kernel
+
+PLANNERS: dict[str, Callable] = {"reduce": reduce.plan, "matmul": matmul.plan, "conv": conv.plan}
+WISHES: dict[str, Callable] = {"reduce": reduce.wishes, "matmul": matmul.wishes, "conv": conv.wishes}
+
+
+def plan_kernels(node: Node, planner) -> list[Kernel]:
+    fn = PLANNERS.get(node.kind)
+    if fn is None:
+        raise UnsupportedOpError(node.aten or node.kind, [list(v.shape) for v in node.inputs], node.source,
+                                 f"no kernel for primitive {node.kind}")
+    return fn(node, planner)
+
+
+def wishes(user: Node, v: Value, planner) -> list[Layout]:
+    fn = WISHES.get(user.kind)
+    return fn(user, v, planner) if fn is not None else []

@@ -1,0 +1,206 @@
+"""Element-wise kernels: a fused group of `ew` (and `full`) nodes computed in one LM layout.
+
+Element-wise nodes of one shape that feed each other are fused (`fuse_elementwise`): the group's
+inputs are staged into LM once per time slice, every node is a short recipe of VOPs on LM
+regions, and only the values something outside the group reads are uploaded. The group iterates
+in one LM layout of its shape; each input is laid out as that layout restricted to its own shape
+(torch broadcasting: broadcast dimensions become copies, see kernels.operands).
+
+Recipes (`recipe`): an IR op is one VOP in its compute dtype, with conversions around it where
+the device's representation asks for them: bool is float32 0.0 / 1.0, so comparisons of half or
+integer operands convert their 1 / 0 result, and `where` on int32 or half values converts its
+condition first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import UnsupportedOpError
+from ..ir import COMPARISONS, Node, Value
+from ..layout import Layout
+from .base import Kernel, Operand, Slot, device_dtype, emit_step
+from .context import Arena, EmitContext, Ref
+from .operands import restrict, slice_count
+
+SAME = {"copy": "copy", "neg": "neg", "abs": "abs", "relu": "relu", "exp": "exp", "log": "log", "log1p": "log1p",
+        "expm1": "expm1", "sqrt": "sqrt", "rsqrt": "rsqrt", "reciprocal": "reciprocal", "sigmoid": "sigmoid",
+        "tanh": "tanh", "erf": "erf", "sin": "sin", "cos": "cos", "floor": "floor", "ceil": "ceil", "trunc": "trunc",
+        "round": "round", "sign": "sign", "add": "add", "sub": "sub", "mul": "mul", "div": "div",
+        "floor_div": "floor_div", "rem": "rem", "pow": "pow", "max": "max", "min": "min",
+        "and": "and", "or": "or", "xor": "xor"}
+CMP = {op: f"cmp_{op}" for op in COMPARISONS}
+
+
+@dataclass
+class Step:
+    """One VOP of a recipe: `dst = vop(*srcs)` in `dtype`; slots name group values, temporaries
+    ("tmp", k) or scalars."""
+
+    vop: str
+    dtype: str
+    dst: object
+    srcs: list
+    src_dtype: str | None = None
+
+
+def recipe(node: Node) -> list[Step]:
+    """The VOPs computing one ew (or full) node; ("tmp", k) slots are temporaries of the group."""
+    out = node.out
+    if node.kind == "full":
+        return [Step("copy", device_dtype(out), out, [node.attrs["value"]])]
+    op, args = node.op, list(node.args)
+    tensors = [a for a in args if isinstance(a, Value)]
+    operand = device_dtype(tensors[-1]) if op == "where" else device_dtype(tensors[0])
+    result = device_dtype(out)
+    if op in SAME:
+        if op in ("and", "or", "xor") and operand != "float32":
+            raise UnsupportedOpError(node.aten, [list(t.shape) for t in tensors], node.source, "bitwise integer ops")
+        return [Step(SAME[op], operand, out, args)]
+    if op in CMP or op == "not":
+        vop, srcs = (CMP[op], args) if op in CMP else ("cmp_eq", [args[0], 0.0 if operand != "int32" else 0])
+        if operand == "float32":
+            return [Step(vop, "float32", out, srcs)]
+        return [Step(vop, operand, ("tmp", operand), srcs), Step("cvt", "float32", out, [("tmp", operand)], operand)]
+    if op == "where":
+        cond, a, b = args
+        if result == "float32":
+            return [Step("select", "float32", out, [cond, a, b])]
+        return [Step("cvt", result, ("tmp", result), [cond], "float32"), Step("select", result, out, [("tmp", result), a, b])]
+    if op == "cast":
+        return _cast(args[0], out)
+    raise UnsupportedOpError(node.aten, [list(t.shape) for t in tensors], node.source, f"element-wise op {op}")
+
+
+def _cast(x: Value, out: Value) -> list[Step]:
+    src, dst = device_dtype(x), device_dtype(out)
+    if out.dtype == "bool":  # nonzero -> 1.0
+        zero = 0 if src == "int32" else 0.0
+        if src == "float32":
+            return [Step("cmp_ne", "float32", out, [x, zero])]
+        return [Step("cmp_ne", src, ("tmp", src), [x, zero]), Step("cvt", "float32", out, [("tmp", src)], src)]
+    if src == dst:
+        return [Step("copy", dst, out, [x])]
+    return [Step("cvt", dst, out, [x], src)]
+
+
+@dataclass
+class Group:
+    """Fused element-wise nodes of one output shape: inputs from outside, outputs read outside."""
+
+    nodes: list[Node]
+    inputs: list[Value] = field(default_factory=list)
+    outputs: list[Value] = field(default_factory=list)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.nodes[0].out.shape
+
+    @property
+    def layout_dtype(self) -> str:
+        """The widest device dtype of the group's tensors: its lanes decide the layout's W."""
+        dtypes = {device_dtype(v) for n in self.nodes for v in [*n.inputs, n.out]}
+        return "float16" if dtypes == {"float16"} else ("int32" if dtypes == {"int32"} else "float32")
+
+
+def _width(v: Value) -> bool:
+    """Values share a layout's lanes when they are all half or none is (float32 and int32 alike)."""
+    return device_dtype(v) == "float16"
+
+
+def fuse_elementwise(nodes: list[Node], users: dict[Value, list[Node]], graph_outputs: set[Value]) -> list[object]:
+    """Program order as units: a Group for each run of fusable element-wise nodes, other nodes as
+    they are. A node joins the open group of its shape when one of its operands comes from the
+    group, its tensors have the group's element width (one layout serves them all), and none of
+    its other operands was produced after the group began (that would need the group's output
+    first)."""
+    units: list[object] = []
+    open_groups: dict[tuple, int] = {}  # shape -> index of its open group in `units`
+    unit_of: dict[Value, int] = {}
+    for node in nodes:
+        joined = None
+        if node.kind in ("ew", "full"):
+            gi = open_groups.get(node.out.shape)
+            if gi is not None:
+                group = units[gi]
+                inside = {v for n in group.nodes for v in n.outputs}
+                widths = {_width(v) for v in [*node.inputs, node.out]}
+                feeds = any(a in inside for a in node.inputs)
+                late = any(a not in inside and unit_of.get(a, -1) >= gi for a in node.inputs)
+                if feeds and not late and widths == {_width(group.nodes[0].out)}:
+                    group.nodes.append(node)
+                    joined = gi
+            if joined is None:
+                units.append(Group([node]))
+                joined = open_groups[node.out.shape] = len(units) - 1
+        else:
+            units.append(node)
+            joined = len(units) - 1
+        for v in node.outputs:
+            unit_of[v] = joined
+    for unit in units:
+        if isinstance(unit, Group):
+            inside = {v for n in unit.nodes for v in n.outputs}
+            members = set(unit.nodes)
+            for n in unit.nodes:
+                for a in n.inputs:
+                    if a not in inside and a not in unit.inputs:
+                        unit.inputs.append(a)
+                if n.out in graph_outputs or any(u not in members for u in users.get(n.out, [])):
+                    unit.outputs.append(n.out)
+    return units
+
+
+class ElementwiseKernel(Kernel):
+    """A Group computed in LM layout `layout` (of the group's shape, possibly time-sliced)."""
+
+    def __init__(self, group: Group, layout: Layout) -> None:
+        self.group = group
+        self.layout = layout
+        self.nodes = tuple(group.nodes)
+        self.steps = [s for n in group.nodes for s in recipe(n)]
+        self.pads = {}
+
+    @property
+    def label(self) -> str:
+        return self.group.nodes[-1].label
+
+    def reads(self) -> dict[Value, Layout]:
+        return {v: restrict(self.layout, v.shape or (1,)).layout for v in self.group.inputs}
+
+    def writes(self) -> dict[Value, Layout]:
+        return {v: self.layout for v in self.group.outputs}
+
+    def regions(self) -> int:
+        """LM regions the kernel allocates (inputs, values of the group, temporaries)."""
+        temps = {s.dst for s in self.steps if isinstance(s.dst, tuple)}
+        return len(self.group.inputs) + len(self.group.nodes) + len(temps)
+
+    def emit(self, ctx: EmitContext, refs: dict[Value, Ref]) -> None:
+        shape = self.group.shape or (1,)
+        arena = Arena(ctx.hw)
+        ops: dict[object, Operand] = {}
+        for v in self.group.inputs:
+            ops[v] = Operand(v, restrict(self.layout, v.shape or (1,)), device_dtype(v))
+        for n in self.group.nodes:
+            ops[n.out] = Operand(n.out, restrict(self.layout, shape), device_dtype(n.out))
+        for s in self.steps:
+            if isinstance(s.dst, tuple) and s.dst not in ops:
+                ops[s.dst] = Operand(None, restrict(self.layout, shape), s.dst[1])
+        for o in ops.values():
+            o.memory, o.word = arena.alloc(o.words(ctx))
+        hazard = ctx.hw.hazards["lm_write_to_read"]
+        for t in range(slice_count(self.layout)):
+            for v in self.group.inputs:
+                o = ops[v]
+                if t == 0 or o.sliced:
+                    ctx.download(refs[v], o.placement(ctx), memory=o.memory, word=o.word,
+                                 slice_index=t if o.sliced else 0)
+            for k, s in enumerate(self.steps):
+                srcs: list[Slot] = [ops[a] if isinstance(a, (Value, tuple)) else a for a in s.srcs]
+                emit_step(ctx, s.vop, s.dtype, self.layout, ops[s.dst], srcs, s.src_dtype)
+                if k + 1 < len(self.steps):
+                    ctx.b.nop(hazard)
+            for v in self.group.outputs:
+                o = ops[v]
+                ctx.upload(o.placement(ctx), refs[v], memory=o.memory, word=o.word, slice_index=t)

@@ -1,0 +1,563 @@
+"""Matrix products (mm, bmm, and so linear and matmul) on the MAUs of every MAB.
+
+The output is cut into tiles, one per MAB: each level above the MAB (L2B, L1B, MAB) takes a
+role, splitting the batch, the rows (M) or the columns (N); a level splitting M leaves B
+broadcast over it, one splitting N leaves A broadcast. The L2B axis is also cut at the Group
+boundary (the L2Bs of a Group share its Data Engine): the Groups take one or two roles and the
+L2Bs inside each Group another, or K, their partial sums added by an MV reduce on the way out.
+Inside a MAB the MATMUL instruction's convention holds (sim.isa): K is split over the MAB's PEs
+in A and B, N in C. K is processed in chunks and M in rounds when a tile does not fit the PEs'
+memories; chunks and rounds are time slices of the operands' layouts.
+
+Each step (one chunk) the Data Engines fetch chunks ahead into a ring of L2BM regions while
+the PE stream moves this one down to the PEs and multiplies it. Tilings are ranked by a model
+of that pipeline from the YAML numbers (`_cost`: Data Engine time per step against the PE
+stream's transfers, hazards and MAU steps) and the best is emitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import product
+from math import ceil, prod
+import numpy as np
+
+from sim import Sym
+from sim.isa import DType, VOp
+
+from ..chain import Chain
+from ..errors import CompileError, LayoutError
+from ..ir import Node, Value
+from ..layout import TIME_AXIS, W_AXIS, Broadcast, Factor, Layout, Placement
+from ..layout.layout import spread
+from ..transfer.staging import emit_drain, emit_fetch, stage
+from .base import Kernel, device_dtype
+from .context import FIRST_FREE_TAG, Arena, EmitContext, Ref
+
+ROLES = ("batch", "m", "n")
+CANDIDATES = 4  # tilings per product the planner emits and times (compile-time budget)
+OPERAND_ROLES = {"a": ("batch", "m", "k"), "b": ("batch", "k", "n"), "c": ("batch", "m", "n")}
+
+
+@dataclass(frozen=True)
+class Take:
+    """A role on (part of) a hardware axis: `n` positions, `stride` apart."""
+
+    axis: str
+    role: str
+    n: int
+    stride: int = 1
+
+
+@dataclass(frozen=True)
+class Tiling:
+    takes: tuple[Take, ...]  # root to leaf
+    batch_local: int  # batches each MAB computes one after another
+    rounds: int  # M rounds
+    mt: int  # rows per MAB per round
+    chunks: int  # K chunks
+    kp: int  # K per PE per chunk
+    nt: int  # columns per MAB (a multiple of PEs x lanes)
+    trans_b: bool
+    half: bool  # the MAU multiplies in half (float16 operands, float32 accumulation)
+    cost: float = 0.0
+
+    def tiles(self, role: str, axes: tuple[str, ...] | None = None) -> int:
+        return prod(k.n for k in self.takes if k.role == role and (axes is None or k.axis in axes))
+
+    def places(self, operand: str, axis: str) -> bool:
+        """Whether an operand's layout places `axis` (it holds different data along it)."""
+        return any(k.axis == axis and k.role in OPERAND_ROLES[operand] and k.n > 1 for k in self.takes)
+
+
+@dataclass(frozen=True)
+class Problem:
+    batch: int
+    m: int
+    k: int
+    n: int
+
+
+def _axis_factors(t: Tiling, role: str) -> list[Factor]:
+    return [Factor(k.n, k.axis, k.stride) for k in t.takes if k.role == role and k.n > 1]
+
+
+def _copies(t: Tiling, operand: str, of_roles: tuple[str, ...] = ROLES + ("k",)) -> tuple[Broadcast, ...]:
+    """Copies of an operand over the part of a split axis whose role it lacks (A over the L2Bs
+    that split N, when the Groups split M): a sized B@ on an axis its other part places."""
+    roles = OPERAND_ROLES[operand]
+    return tuple(Broadcast(k.axis, k.n, k.stride) for k in t.takes
+                 if k.role in of_roles and k.role not in roles and k.n > 1 and t.places(operand, k.axis))
+
+
+def layouts(t: Tiling, p: Problem, chain: Chain, epl_in: int, epl_out: int, batched: bool) -> tuple[Layout, Layout, Layout]:
+    """LM layouts of A (batch, M, K), B (batch, K, N) and C (batch, M, N) for a tiling."""
+    pes = chain.pes_per_unit
+    np_ = t.nt // pes
+    bdim = lambda time_stride: _axis_factors(t, "batch") + (  # noqa: E731
+        [Factor(t.batch_local, TIME_AXIS, time_stride)] if t.batch_local > 1 else [])
+    rounds = [Factor(t.rounds, TIME_AXIS, t.chunks)] if t.rounds > 1 else []
+    chunks = [Factor(t.chunks, TIME_AXIS, 1)] if t.chunks > 1 else []
+    # K is dealt to the MAB's PEs a long word at a time (k = ..., local long word, PE, lane): a
+    # PE's slice of K is any set of k's as long as A and B agree, and interleaving keeps
+    # consecutive k's in consecutive long words of the staging image, so gathers (im2col) move
+    # long runs.
+    k_split = _axis_factors(t, "k")  # L2Bs of a Group that split K: C's copies there are partial sums
+    k_dim = k_split + chunks + [Factor(t.kp // epl_in, None, 1), Factor(pes, chain.pe_axis, 1),
+                                Factor(epl_in, W_AXIS, 1)]
+    a = [_axis_factors(t, "m") + rounds + [Factor(t.mt, None, t.kp // epl_in)], k_dim]
+    if t.trans_b:
+        b = [k_dim, _axis_factors(t, "n") + [Factor(t.nt, None, t.kp // epl_in)]]
+    else:
+        b = [k_split + chunks + [Factor(t.kp // epl_in, None, epl_in * t.nt // epl_in), Factor(pes, chain.pe_axis, 1),
+                                 Factor(epl_in, None, t.nt // epl_in)],
+             _axis_factors(t, "n") + [Factor(t.nt // epl_in, None, 1), Factor(epl_in, W_AXIS, 1)]]
+    c = [_axis_factors(t, "m") + ([Factor(t.rounds, TIME_AXIS, 1)] if t.rounds > 1 else [])
+         + [Factor(t.mt, None, np_ // epl_out)],
+         _axis_factors(t, "n") + [Factor(pes, chain.pe_axis, 1), Factor(np_ // epl_out, None, 1), Factor(epl_out, W_AXIS, 1)]]
+    if batched:
+        a = [bdim(t.rounds * t.chunks)] + a
+        b = [bdim(t.chunks)] + b
+        c = [bdim(t.rounds)] + c
+    shapes = ((p.batch, p.m, p.k), (p.batch, p.k, p.n), (p.batch, p.m, p.n)) if batched else \
+        ((p.m, p.k), (p.k, p.n), (p.m, p.n))
+    return tuple(Layout.of(dims, shape, _copies(t, operand))
+                 for dims, shape, operand in zip((a, b, c), shapes, ("a", "b", "c")))
+
+
+@dataclass(frozen=True)
+class Regions:
+    """Where one step's operands and result live in every PE: (memory, word) of A and B as the
+    MAU reads them, C (the float32 accumulator), and when needed float32 staging for A and B
+    (converted to half in LM) and C's half copy for upload."""
+
+    a: tuple[str, int]
+    b: tuple[str, int]
+    c: tuple[str, int]
+    a32: tuple[str, int] | None
+    b32: tuple[str, int] | None
+    c16: tuple[str, int] | None
+
+
+def _regions(cg: EmitContext, t: Tiling, convert_in: bool, out_half: bool) -> Regions:
+    """The PE-memory regions of a tiling, largest first so that they pack; the accumulator
+    prefers the GRFs. Raises CompileError when they do not fit."""
+    per_word = 2 if t.half else 1
+    c_words = t.mt * (t.nt // cg.params.pes_per_mab)
+    wanted = {"a": t.mt * t.kp // per_word, "b": t.kp * t.nt // per_word, "c": c_words}
+    if convert_in:
+        wanted.update(a32=t.mt * t.kp, b32=t.kp * t.nt)
+    if out_half:
+        wanted["c16"] = c_words // 2 + 1
+    arena = Arena(cg.hw)
+    got = {}
+    for name in sorted(wanted, key=lambda n: -wanted[n]):
+        prefer = ("GRF0", "GRF1", "LM0", "LM1") if name == "c" else ("LM0", "LM1", "GRF0", "GRF1")
+        got[name] = arena.alloc(wanted[name], prefer=prefer)
+    return Regions(got["a"], got["b"], got["c"], got.get("a32"), got.get("b32"), got.get("c16"))
+
+
+def _fits(cg: EmitContext, t: Tiling, convert_in: bool, out_half: bool) -> bool:
+    try:
+        _regions(cg, t, convert_in, out_half)
+        return True
+    except CompileError:
+        return False
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Long words one step (one K chunk of one round) moves, per L2B (its share of the Group's
+    Data Engine) and per L1BM and PE (the PE stream's transfers), for A and for B."""
+
+    l2: tuple[float, float]
+    l1: tuple[float, float]
+    pe: tuple[float, float]
+
+
+def _traffic(cg: EmitContext, t: Tiling, in_bytes: int) -> Traffic:
+    chain = Chain.of(cg.hw)
+    lw, pes = cg.hw.long_word_bytes, cg.params.pes_per_mab
+    below_l2 = (chain.l1_axis, chain.unit_axis)
+    k_step = t.kp * pes
+    rows_l2 = t.mt * t.tiles("m", below_l2)
+    cols_l2 = t.nt * t.tiles("n", below_l2)
+    l2 = (rows_l2 * k_step * in_bytes / lw, cols_l2 * k_step * in_bytes / lw)
+    l1 = tuple(v / (t.tiles(role, (chain.l1_axis,)) if t.places(op, chain.l1_axis) else 1)
+               for v, role, op in zip(l2, ("m", "n"), ("a", "b")))
+    pe = (t.mt * t.kp * in_bytes / lw, t.kp * t.nt * in_bytes / lw)
+    return Traffic(l2, l1, pe)
+
+
+def _xfer_cycles(cg: EmitContext, path: str, mode: str, per_lower: float, upper: float) -> float:
+    rates = cg.hw.transfers[path].modes[mode]
+    return max(upper / rates.src_lw_per_cycle, per_lower / rates.dst_lw_per_cycle)
+
+
+def _steps(cg: EmitContext, cycles: float) -> int:
+    return ceil(cycles / cg.hw.step_cycles) * cg.hw.step_cycles
+
+
+def _gather_cycles(cg: EmitContext, t: Tiling, a_l2_lw: float, in_bytes: int, source_run: float) -> float:
+    """Data Engine cycles per step for an A gathered from runs of `source_run` long words on
+    average (im2col): one MV per run, the runs of every Group issued one after another. A run
+    also ends where A's L2BM image interleaves other rows: after the PEs of a MAB when the MABs
+    split M (l1bm distribute), after an l2bm chunk when the L1Bs do. Each MV is charged whole
+    units, and at most `queue_depth` are in flight, each `latency` long."""
+    hw, chain = cg.hw, Chain.of(cg.hw)
+    per_pe = t.kp * in_bytes / hw.long_word_bytes  # a row's long words in each PE per step
+    run = chain.pes_per_unit * (1 if t.places("a", chain.unit_axis) else per_pe)
+    if t.places("a", chain.l1_axis):
+        run = min(run, chain.l2_chunk)
+    run = 1 / (1 / run + 1 / source_run)  # either kind of boundary ends an MV
+    path = hw.transfers["dram_to_l2bm"]
+    mode = path.modes["individual"]
+    data = ceil(run / mode.unit_lw) * mode.unit_lw / mode.src_lw_per_cycle
+    per_mv = max(data, (path.latency_cycles + data) / hw.data_engine.queue_depth)
+    # a gather runs in every Group (staging.emit_fetch), into each L2B that holds A there
+    targets = _l2_per_group_used(t, chain) if t.places("a", chain.l2_axis) else chain.l2_per_group
+    return chain.groups * targets * a_l2_lw / run * per_mv
+
+
+def _cost(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None = None) -> float:
+    """Cycles of a tiling from the YAML numbers. Each step (one K chunk) the Data Engines fetch
+    the next chunk into L2BM while the PE stream moves this one down to the PEs and multiplies
+    it, so a step costs the larger of the two; then the result goes back to DRAM."""
+    hw, params = cg.hw, cg.params
+    chain = Chain.of(hw)
+    traffic = _traffic(cg, t, in_bytes)
+    l2_in_group = _l2_per_group_used(t, chain)
+    rate = hw.transfers["dram_to_l2bm"].modes["individual"].src_lw_per_cycle
+    unit = hw.transfers["dram_to_l2bm"].modes["individual"].unit_lw
+    block = [ceil(v / unit) * unit / rate for v in traffic.l2]  # one MV per operand, whole units
+    if a_runs is not None:  # A's long words come in short runs, not blocks
+        engine = _gather_cycles(cg, t, traffic.l2[0], in_bytes, a_runs) + l2_in_group * block[1]
+    else:
+        engine = l2_in_group * sum(block)
+    stream = 0.0
+    for op, l2, l1, pe in zip(("a", "b"), traffic.l2, traffic.l1, traffic.pe):
+        l1_mode = "distribute" if t.places(op, chain.l1_axis) else "broadcast"
+        stream += _steps(cg, _xfer_cycles(cg, "l2bm_to_l1bm", l1_mode, l1, l2))
+        pe_mode = "distribute" if t.places(op, chain.unit_axis) else "mab_broadcast"
+        per_mode = chain.pes_per_l1 if pe_mode == "distribute" else chain.pes_per_unit  # PEs with their own data
+        stream += _steps(cg, _xfer_cycles(cg, "l1bm_to_pe", pe_mode, pe, pe * per_mode))
+        stream += (hw.hazards["l2bm_to_l1bm_read"] + hw.hazards["lm_write_to_read"]) * hw.step_cycles
+    mode = hw.units["MAU"].matrix["float16" if t.half else "float32"]
+    mm = ceil(t.mt / mode.rows) * ceil(t.kp * params.pes_per_mab / mode.cols) * max(t.nt, ceil(mode.rows / mode.load_rows_per_cycle))
+    stream += _steps(cg, mm)
+    if staged_in_float32 and t.half:
+        lanes = min(params.vop_lanes[VOp.cvt, DType.float32], params.vop_lanes[VOp.cvt, DType.float16])
+        stream += ceil((t.mt * t.kp + t.kp * t.nt) / lanes) * params.vop_issues[VOp.cvt] * hw.step_cycles
+    steps = t.batch_local * t.rounds * t.chunks
+    c_lw = t.mt * t.tiles("m", (chain.l1_axis, chain.unit_axis)) * t.nt * t.tiles("n", (chain.l1_axis, chain.unit_axis)) \
+        * hw.element_bytes("float32") / hw.long_word_bytes * l2_in_group / t.tiles("k")  # partial sums reduce on the way
+    latency = hw.transfers["dram_to_l2bm"].latency_cycles
+    if t.chunks == 1 or 2 * sum(traffic.l2) > hw.memory_lw("L2BM"):  # nothing to fetch ahead (see _Feed)
+        return steps * (stream + engine + latency) + t.batch_local * t.rounds * c_lw / rate
+    return steps * max(stream, engine) + t.batch_local * t.rounds * (latency + engine + c_lw / rate)
+
+
+def _l2_per_group_used(t: Tiling, chain: Chain) -> int:
+    """L2Bs of each Group the tiling feeds (each gets its own operand data from the Group's DRAM)."""
+    positions = {0}
+    for k in t.takes:
+        if k.axis == chain.l2_axis:
+            positions = spread(positions, k.n, k.stride)
+    groups = {p // chain.l2_per_group for p in positions}
+    return ceil(len(positions) / len(groups))
+
+
+def _axis_options(axis: str, size: int, roles: tuple[str, ...], chain: Chain) -> list[tuple[tuple[str, int, int], ...]]:
+    """Ways one axis can serve the roles; each option lists (role, positions, stride) per part.
+
+    L1B and MAB serve one role each. The L2B axis is cut at the Group boundary: the Groups take
+    one role or two (each over a factor of the Groups), and the L2Bs inside each Group another, or K, their
+    partial sums added by the Data Engines on the way out. A Group's L2Bs then share one
+    operand or split K: squarer tiles per Group and less Data Engine traffic."""
+    inner = chain.l2_per_group
+    if axis != chain.l2_axis or not 1 < inner <= size:
+        return [((role, size, 1),) for role in roles]
+    groups = size // inner
+    group_options = [((role, groups, inner),) for role in roles]
+    for d in range(2, groups):
+        if groups % d == 0:
+            group_options += [((hi, d, inner * groups // d), (lo, groups // d, inner))
+                              for hi in roles for lo in roles if hi != lo]
+    return [g + ((role, inner, 1),) for g in group_options for role in roles + ("k",)]
+
+
+def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool,
+            in_bytes: int, out_half: bool = False, a_runs: float | None = None, limit: int = CANDIDATES) -> list[Tiling]:
+    """The tilings that fit the PE memories and whose product has a storable image, the most
+    promising first (by the work each step does, see `_cost`); the planner times the first few."""
+    chain = Chain.of(cg.hw)
+    axes = [a for a in cg.hw.axes if a != chain.pe_axis]
+    sizes = cg.hw.axes
+    pes = cg.params.pes_per_mab
+    epl_in = cg.hw.elements_per_lw("float16" if half else "float32")
+    col_unit = pes * max(epl_in, cg.hw.elements_per_lw("float32"))
+    feasible: list[Tiling] = []
+    roles = ROLES if batched else ROLES[1:]
+    for assignment in product(*(_axis_options(a, sizes[a], roles, chain) for a in axes)):
+        remaining = {"batch": p.batch if batched else 1, "m": p.m, "n": ceil(p.n / col_unit), "k": ceil(p.k / (pes * epl_in))}
+        takes = []
+        for axis, parts in zip(axes, assignment):
+            for role, size, stride in parts:
+                n = _take(remaining[role], size, exact=role == "batch")
+                remaining[role] = ceil(remaining[role] / n)
+                takes.append(Take(axis, role, n, stride))
+        t0 = Tiling(tuple(takes), 1, 1, 1, 1, 1, 1, trans_b, half)
+        if t0.tiles("k") > 1 and not t0.places("c", chain.l2_axis):
+            continue  # partial sums are added by an MV reduce into C's image, which must place L2B
+        nb, nm, nn = t0.tiles("batch"), t0.tiles("m"), t0.tiles("n")
+        bl = ceil((p.batch if batched else 1) / nb)
+        m_tile = ceil(p.m / nm)
+        nt = ceil(ceil(p.n / nn) / col_unit) * col_unit
+        k_local = ceil(p.k / t0.tiles("k"))
+        for kp in _kp_options(k_local, pes, epl_in):
+            chunks = ceil(k_local / (kp * pes))
+            for rounds in range(1, m_tile + 1):
+                mt = ceil(m_tile / rounds)
+                if rounds > 1 and ceil(m_tile / (rounds - 1)) == mt:
+                    continue
+                t = Tiling(tuple(takes), bl, rounds, mt, chunks, kp, nt, trans_b, half)
+                if not _fits(cg, t, staged_in_float32 and half, out_half):
+                    continue
+                feasible.append(replace(t, cost=_cost(cg, t, in_bytes, staged_in_float32, a_runs)))
+                break  # fewer rounds are always at least as good
+    # The product is stored in the image of its layout: that image needs notation.
+    epl_staged = cg.hw.elements_per_lw("float32") if staged_in_float32 else epl_in
+    out_dtype = "float16" if out_half else "float32"
+    in_dtype = "float32" if staged_in_float32 or not half else "float16"
+    storable = []
+    for t in sorted(feasible, key=lambda t: t.cost):
+        la, lb, lc = layouts(t, p, chain, epl_staged, cg.hw.elements_per_lw(out_dtype), batched)
+        if _storable(lc, cg.hw, out_dtype) and _storable(la, cg.hw, in_dtype) and _storable(lb, cg.hw, in_dtype):
+            storable.append(t)
+            if len(storable) == limit:
+                break
+    if not storable:
+        raise CompileError(f"no tiling of a {p.batch}x{p.m}x{p.k}x{p.n} product fits the PE memories of {cg.hw.name}")
+    return storable
+
+
+def _storable(layout: Layout, hw, dtype: str) -> bool:
+    try:
+        stage(Placement(layout, hw, "LM0", dtype, check_capacity=False))
+        return True
+    except LayoutError:
+        return False
+
+
+def _take(count: int, size: int, *, exact: bool) -> int:
+    """Positions of an axis a dimension of `count` tiles uses: a divisor of the axis size (so that
+    the layout's digits split evenly at every transfer chunk), the smallest that holds `count`
+    tiles or the whole axis; with `exact`, the largest divisor of both."""
+    if not exact:
+        return min(d for d in range(1, size + 1) if size % d == 0 and (d >= count or d == size))
+    return max(d for d in range(1, min(size, count) + 1) if count % d == 0 and size % d == 0)
+
+
+def _kp_options(k: int, pes: int, epl: int) -> list[int]:
+    """K per PE per chunk, largest first: whole multiples of the lanes."""
+    full = ceil(ceil(k / pes) / epl) * epl
+    options, kp = [], full
+    while kp >= epl:
+        options.append(kp)
+        kp = ceil(kp // 2 / epl) * epl if kp > epl else 0
+    return options
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a matrix operand's elements come from: a value's ref, and optionally a gather map
+    (flat element of the operand -> flat element of the ref's tensor, -1 for zero)."""
+
+    ref: Ref
+    index: np.ndarray | None = None
+
+
+def layouts_for(cg: EmitContext, t: Tiling, p: Problem, batched: bool, half_in: bool, out_dtype: str = "float32"):
+    epl_in = cg.hw.elements_per_lw("float16" if half_in else "float32")
+    return layouts(t, p, Chain.of(cg.hw), epl_in, cg.hw.elements_per_lw(out_dtype), batched)
+
+
+def output_layout(cg: EmitContext, t: Tiling, p: Problem, batched: bool, half_in: bool, out_dtype: str
+                  ) -> tuple[Layout, Layout]:
+    """C's LM layout as computed (with copies over the L2Bs that split K, which hold partial sums)
+    and as stored: once the partial sums are added on the way out, C without those copies, in
+    the same DRAM image, so that consumers need not fetch it twice."""
+    lc_out = layouts_for(cg, t, p, batched, half_in, out_dtype)[2]
+    summed = Layout.of(lc_out.dims, lc_out.shape, tuple(b for b in lc_out.broadcast if b not in _copies(t, "c", ("k",))))
+    return lc_out, summed
+
+
+def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Source, b: Source, out_dtype: str,
+                 out_ref: Ref) -> None:
+    """C = A @ B for a tiling, into `out_ref` (the image of C's LM layout)."""
+    pes = cg.params.pes_per_mab
+    half_in = a.ref.placement.dtype == "float16" and b.ref.placement.dtype == "float16"
+    mm_dtype = "float16" if t.half else "float32"
+    la, lb, lc = layouts_for(cg, t, p, batched, half_in)
+    lc_out = lc if out_dtype == "float32" else layouts_for(cg, t, p, batched, half_in, out_dtype)[2]
+    per_word = 2 if t.half else 1
+    c_words = t.mt * (t.nt // pes)
+    convert_in = t.half and not half_in  # float32 in DRAM, half in the MAU: stage float32, convert in LM
+    regions = _regions(cg, t, convert_in, out_dtype == "float16")
+    (mem_a, word_a), (mem_b, word_b), (mem_c, word_c) = regions.a, regions.b, regions.c
+    into_a, into_b = (regions.a32, regions.b32) if convert_in else (regions.a, regions.b)
+    if out_dtype == "float16":
+        mem_h, word_h = regions.c16
+    hazard = cg.hw.hazards["lm_write_to_read"]
+    feed = _Feed(cg, (a, b), (la, lb), (into_a, into_b))
+    steps = [(bl, r, k) for bl in range(t.batch_local) for r in range(t.rounds) for k in range(t.chunks)]
+    slices = lambda bl, r, k: ((bl * t.rounds + r) * t.chunks + k, bl * t.chunks + k)  # noqa: E731
+    ahead = feed.depth - 1
+    for i, (bl, r, k) in enumerate(steps):
+        # the Data Engines run `ahead` chunks ahead of the PE stream, within one round: an upload
+        # ends each round and uses the L2BM transit buffers, so the next round starts afresh
+        for j in range(i if k == 0 else i + ahead, min(i + ahead, i + t.chunks - 1 - k) + 1):
+            feed.fetch(j, *slices(*steps[j]))
+        feed.drain(i, *slices(bl, r, k))
+        if convert_in:
+            cg.b.vop("cvt", "float16", 1, t.mt * t.kp, (mem_a, 2 * word_a, 0, 1), (into_a[0], into_a[1], 0, 1),
+                     src_dtype="float32")
+            cg.b.vop("cvt", "float16", 1, t.kp * t.nt, (mem_b, 2 * word_b, 0, 1), (into_b[0], into_b[1], 0, 1),
+                     src_dtype="float32")
+            cg.b.nop(hazard)
+        cg.b.matmul(mm_dtype, t.mt, t.kp * pes, t.nt, (mem_a, word_a * per_word, t.kp),
+                    (mem_b, word_b * per_word, t.kp if t.trans_b else t.nt), (mem_c, word_c, t.nt // pes),
+                    trans_b=t.trans_b, accumulate=k > 0)
+        if k + 1 < t.chunks:
+            continue
+        cg.b.nop(hazard)
+        partial = t.tiles("k") > 1
+        if out_dtype == "float16":
+            cg.b.vop("cvt", "float16", 1, c_words, (mem_h, 2 * word_h, 0, 1), (mem_c, word_c, 0, 1),
+                     src_dtype="float32")
+            cg.b.nop(hazard)
+            cg.upload(cg.lm_placement(lc_out, out_dtype), out_ref, memory=mem_h, word=word_h,
+                      slice_index=bl * t.rounds + r, reduce=partial)
+        else:
+            cg.upload(cg.lm_placement(lc, "float32"), out_ref, memory=mem_c, word=word_c,
+                      slice_index=bl * t.rounds + r, reduce=partial)
+
+
+class _Feed:
+    """Brings the operands' slices for each step to the PEs. When several steps' slices fit L2BM
+    at once, L2BM holds a ring of them: the Data Engines fetch the steps ahead (each region with
+    its own tag) while the PE stream drains step i (and multiplies it), which hides the DRAM
+    latency; otherwise each slice is downloaded on its own, in pieces. Operands are padded along
+    K with zeros: the padding is multiplied and summed."""
+
+    def __init__(self, cg: EmitContext, sources: tuple[Source, Source], layouts: tuple[Layout, Layout],
+                 into: tuple[tuple[str, int], tuple[str, int]]) -> None:
+        self.cg, self.into = cg, into
+        self.lms = tuple(cg.lm_placement(layout, src.ref.placement.dtype) for src, layout in zip(sources, layouts))
+        self.plans = [cg.fetch_source(src.ref, lm, pad=0.0, index=src.index)
+                      for src, lm in zip(sources, self.lms)]
+        self.dram = tuple(Sym(src.ref.symbol) for src in sources)
+        self.sources = sources
+        self.offsets = (0, self.plans[0][0].n_l2)
+        region = sum(st.n_l2 for st, _ in self.plans)
+        self.depth = min(cg.hw.memory_lw("L2BM") // region, cg.params.tags + 1 - FIRST_FREE_TAG)
+        self.pipelined = self.depth >= 2
+        self.depth = max(self.depth, 1)
+        self.regions = tuple(range(0, self.depth * region, region))
+        self.tags = tuple(range(FIRST_FREE_TAG, FIRST_FREE_TAG + self.depth))
+
+    def fetch(self, i: int, *slice_indices: int) -> None:
+        if not self.pipelined:
+            return
+        for (st, source), dram, offset, s in zip(self.plans, self.dram, self.offsets, slice_indices):
+            emit_fetch(self.cg.b, st, dram=dram, l2_addr=self.regions[i % self.depth] + offset, first=0,
+                       count=st.n_l2, tag=self.tags[i % self.depth], slice_index=s, source=source)
+
+    def drain(self, i: int, *slice_indices: int) -> None:
+        for (st, _), src, lm, (memory, word), offset, s in zip(self.plans, self.sources, self.lms, self.into,
+                                                               self.offsets, slice_indices):
+            if self.pipelined:
+                self.cg.b.wait(self.tags[i % self.depth])
+                emit_drain(self.cg.b, st, l2_addr=self.regions[i % self.depth] + offset, lm_mem=memory,
+                           lm_word=word, transit=self.cg.transit)
+            else:
+                self.cg.download(src.ref, lm, memory=memory, word=word, slice_index=s, pad=0.0, index=src.index)
+
+
+class MatmulKernel(Kernel):
+    """C = A @ B (mm, or bmm with equal batches) with one tiling."""
+
+    def __init__(self, node: Node, tiling: Tiling, problem: Problem, batched: bool, ctx: EmitContext) -> None:
+        self.node, self.nodes = node, (node,)
+        self.t, self.p, self.batched = tiling, problem, batched
+        a, b = node.args
+        self.half_in = device_dtype(a) == "float16" and device_dtype(b) == "float16"
+        self.la, self.lb, _ = layouts_for(ctx, tiling, problem, batched, self.half_in)
+        self.out_dtype = device_dtype(node.out)
+        self.lc_out, self.summed = output_layout(ctx, tiling, problem, batched, self.half_in, self.out_dtype)
+        self.pads = {a: 0.0, b: 0.0}
+
+    def reads(self) -> dict[Value, Layout]:
+        a, b = self.node.args
+        return {a: self.la, b: self.lb} if a is not b else {a: self.la}
+
+    def writes(self) -> dict[Value, Layout]:
+        return {self.node.out: self.summed}
+
+    def output_refs(self, ctx: EmitContext, symbols: dict[Value, str]) -> dict[Value, Ref]:
+        out = self.node.out
+        image = stage(ctx.lm_placement(self.lc_out, self.out_dtype)).dram
+        return {out: Ref(symbols[out], image, self.summed)}
+
+    def key(self, refs: dict[Value, Ref]) -> tuple:
+        a, b = self.node.args
+        return ("matmul", self.t, self.p, self.batched, self.out_dtype, str(refs[a].placement.layout),
+                refs[a].placement.dtype, str(refs[b].placement.layout), refs[b].placement.dtype)
+
+    def emit(self, ctx: EmitContext, refs: dict[Value, Ref]) -> None:
+        a, b = self.node.args
+        if a is b:  # one input feeding both operands: B is staged from the same buffer
+            refs = {**refs, b: refs[a]}
+        emit_product(ctx, self.t, self.p, self.batched, Source(refs[a]), Source(refs[b]), self.out_dtype,
+                     refs[self.node.out])
+
+
+def problem_of(node: Node) -> tuple[Problem, bool]:
+    a, b = node.args
+    batched = a.rank == 3
+    return Problem(a.shape[0] if batched else 1, a.shape[-2], a.shape[-1], b.shape[-1]), batched
+
+
+def _tilings_for(node: Node, planner, trans_b: bool) -> list[Tiling]:
+    a, b = node.args
+    p, batched = problem_of(node)
+    half_in = device_dtype(a) == "float16" and device_dtype(b) == "float16"
+    half = half_in or (planner.options.get("float_dtype") == "mixed" and not node.attrs.get("exact"))
+    return tilings(planner.ctx, p, batched=batched, trans_b=trans_b, half=half, staged_in_float32=half and not half_in,
+                   out_half=device_dtype(node.out) == "float16",
+                   in_bytes=planner.hw.element_bytes("float16" if half_in else "float32"))
+
+
+def plan(node: Node, planner) -> list[Kernel]:
+    a, b = node.args
+    if a.rank != b.rank or a.rank not in (2, 3) or (a.rank == 3 and a.shape[0] != b.shape[0]):
+        raise CompileError(f"internal: matmul of {list(a.shape)} and {list(b.shape)} reached the kernel; "
+                           f"compiler.planner.rewrite makes products 2-D or batched 3-D")
+    p, batched = problem_of(node)
+    out = []
+    for trans_b in (False, True):
+        for t in _tilings_for(node, planner, trans_b):
+            out.append(MatmulKernel(node, t, p, batched, planner.ctx))
+    return out
+
+
+def wishes(user: Node, v: Value, planner) -> list[Layout]:
+    """The operand layouts of the product's most promising tiling."""
+    a, b = user.args
+    try:
+        t = _tilings_for(user, planner, False)[0]
+    except CompileError:
+        return []
+    p, batched = problem_of(user)
+    kernel = MatmulKernel(user, t, p, batched, planner.ctx)
+    return [layout for value, layout in ((a, kernel.la), (b, kernel.lb)) if value is v]

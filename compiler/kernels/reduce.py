@@ -1,0 +1,206 @@
+"""Reductions (sum, max, min over dimensions), inside each PE.
+
+The input is laid out so that reduced dimensions never cross PEs: kept dimensions are spread over
+the chip's axes (padded where sizes do not divide), reduced ones are address digits (and lanes,
+when they fill them). A VOP accumulates along them (the output's element stride is 0 on reduced
+digits) after the output is set to the reduction's identity. When the lanes were reduced, lane 0
+holds the result, which is copied to the other lanes: the result's layout is broadcast over W, as
+its consumers (which broadcast it against the input) read it. When even one kept element's
+reduced block is too large for LM, the reduced dimensions are cut into time slices that
+accumulate into the same result.
+
+A reduction whose kept part is small and reduced part large (a loss over a whole batch) would run
+on a few PEs only: compiler.planner.rewrite splits it into a partial reduction over many PEs and
+a final one over the partials.
+"""
+
+from __future__ import annotations
+
+from math import ceil, prod
+
+from ..dtypes import INT32_MAX, INT32_MIN
+from ..ir import Node, Value
+from ..layout import TIME_AXIS, W_AXIS, Factor, Layout
+from ..layout.spread import Spread, spread
+from .base import Kernel, Operand, device_dtype
+from .context import Arena, EmitContext, Ref
+from .loops import Operand as LoopOperand
+from .loops import emit_vops, nest
+from .operands import per_pe, restrict, slice_count
+
+IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
+VOP = {"sum": "add", "max": "max", "min": "min"}
+INT_IDENTITY = {"sum": 0, "max": INT32_MIN, "min": INT32_MAX}
+
+
+def identity(op: str, dtype: str) -> float | int:
+    return INT_IDENTITY[op] if dtype == "int32" else IDENTITY[op]
+
+
+def reduction_layout(shape: tuple[int, ...], dims: tuple[int, ...], dtype: str, hw, budget_lw: int,
+                     pack_reduced: bool, cyclic: bool = False) -> Layout | None:
+    """A layout of the input with the reduced dims inside each PE: kept dims spread over the axes
+    (from `spread`, time-sliced when their share is too large), reduced dims as the innermost
+    address digits (lanes on the last reduced dim when `pack_reduced` and it fills them). When one
+    kept element's reduced block alone exceeds the budget, the reduced dims are time-sliced
+    instead (then the kept part must fit one long word per PE). None when neither works."""
+    epl = hw.elements_per_lw(dtype)
+    kept = [d for d in range(len(shape)) if d not in dims]
+    last = dims[-1]
+    if pack_reduced and (epl == 1 or shape[last] % epl):
+        return None
+    kept_shape = tuple(shape[d] for d in kept) or (1,)
+    pack = None
+    if not pack_reduced and kept and shape[kept[-1]] >= epl:
+        pack = len(kept) - 1
+    block = prod(shape[d] for d in dims)
+    reduced_lw = block // (epl if pack_reduced else 1)
+    slice_reduced = 2 * reduced_lw > budget_lw
+    outer = spread(kept_shape, epl, hw.axes, Spread(pack, cyclic),
+                   None if slice_reduced else max(1, budget_lw // max(1, reduced_lw)))
+    if slice_reduced and prod(f.size for _, f in outer.factors if f.axis is None) > 1:
+        return None
+    dims_out: list[list[Factor]] = [[] for _ in shape]
+    stride = 1
+    for d in reversed(dims):
+        n = shape[d]
+        if pack_reduced and d == last:
+            dims_out[d] = [Factor(n // epl, None, stride), Factor(epl, W_AXIS, 1)]
+            stride *= n // epl
+        else:
+            dims_out[d] = [Factor(n, None, stride)]
+            stride *= n
+    if slice_reduced:  # cut the outermost reduced dim's digit: (Time, rest)
+        f = dims_out[dims[0]][0]
+        below = stride // f.size
+        per = max(1, (budget_lw // 2) // max(1, below))
+        t = ceil(f.size / per)
+        if t > 1:
+            rest = ceil(f.size / t)
+            dims_out[dims[0]][0:1] = [Factor(t, TIME_AXIS, 1), Factor(rest, None, f.stride)]
+            stride = below * rest
+    for k, d in enumerate(kept):
+        dims_out[d] = [Factor(f.size, f.axis, f.stride * stride) if f.axis is None else f for f in outer.dims[k]]
+    if not kept:  # nothing kept: the result lives on the PEs the (size-1) axis factors name
+        dims_out[dims[0]] = [f for _, f in outer.factors if f.axis not in (None, W_AXIS)] + dims_out[dims[0]]
+    broadcast = tuple(b for b in outer.broadcast if not (pack_reduced and b.axis == W_AXIS))
+    return Layout.of([dim or [Factor(1, None, 1)] for dim in dims_out], shape, broadcast)
+
+
+class ReduceKernel(Kernel):
+    def __init__(self, node: Node, layout: Layout) -> None:
+        self.node, self.nodes = node, (node,)
+        self.layout = layout
+        x = node.args[0]
+        self.x = x
+        self.dims = node.attrs["dims"] or tuple(range(x.rank))
+        self.pads = {x: identity(node.op, device_dtype(x))}
+        shape = x.shape or (1,)
+        self.kept_shape = tuple(1 if d in self.dims else s for d, s in enumerate(shape))
+        self.result = _placed(restrict(layout, self.kept_shape), layout)
+        self.out_layout = self.result.layout if node.attrs["keepdim"] or not x.shape else _squeeze(
+            self.result.layout, self.dims, node.out.shape)
+
+    def reads(self) -> dict[Value, Layout]:
+        return {self.x: self.layout}
+
+    def writes(self) -> dict[Value, Layout]:
+        return {self.node.out: self.out_layout}
+
+    def key(self, refs: dict[Value, Ref]) -> tuple:
+        r = refs[self.x]
+        return ("reduce", self.node.op, self.dims, str(self.layout), str(r.placement.layout), device_dtype(self.x))
+
+    def emit(self, ctx: EmitContext, refs: dict[Value, Ref]) -> None:
+        x, out = self.x, self.node.out
+        dtype = device_dtype(x)
+        op = self.node.op
+        src = Operand(x, restrict(self.layout, x.shape or (1,)), dtype)
+        res = Operand(out, self.result, dtype)
+        arena = Arena(ctx.hw)
+        for o in (src, res):
+            o.memory, o.word = arena.alloc(o.words(ctx))
+        epl = ctx.hw.elements_per_lw(dtype)
+        sizes = [n for n, _ in per_pe(self.layout, epl)]
+        in_op, out_op = src.loop(ctx), res.loop(ctx)
+        own = per_pe(self.result.layout, epl)
+        hazard = ctx.hw.hazards["lm_write_to_read"]
+        lanes_reduced = any(f.axis == W_AXIS for d, f in self.layout.factors if d in self.dims)
+        kept_slices = slice_count(self.result.layout)
+        total = slice_count(self.layout)
+        reduced_slices = total // max(1, kept_slices)
+        out_placement = ctx.lm_placement(self.out_layout, device_dtype(out))
+        for t in range(total):
+            first, last = t % reduced_slices == 0, t % reduced_slices == reduced_slices - 1
+            ctx.download(refs[x], src.placement(ctx), memory=src.memory, word=src.word, slice_index=t,
+                         pad=self.pads[x])
+            if first:
+                loops, (st,) = nest([n for n, _ in own], [s for _, s in own])
+                emit_vops(ctx.b, "copy", dtype, loops, LoopOperand(out_op.memory, out_op.base, st), identity(op, dtype))
+                ctx.b.nop(hazard)
+            loops, (in_st, out_st) = nest(sizes, list(in_op.strides), list(out_op.strides))
+            dst = LoopOperand(out_op.memory, out_op.base, out_st)
+            emit_vops(ctx.b, VOP[op], dtype, loops, dst, dst, LoopOperand(in_op.memory, in_op.base, in_st))
+            if not last:
+                ctx.b.nop(hazard)
+                continue
+            if lanes_reduced and epl > 1:  # the lanes were summed into lane 0: copy the result to all
+                ctx.b.nop(hazard)
+                span = ctx.lm_placement(self.result.layout, dtype).slice_span
+                base = out_op.base
+                for w in range(1, epl):
+                    ctx.b.vop("copy", dtype, 1, span, (res.memory, base + w, 0, epl), (res.memory, base, 0, epl))
+            ctx.b.nop(hazard)
+            ctx.upload(out_placement, refs[out], memory=res.memory, word=res.word, slice_index=t // reduced_slices)
+
+
+def _placed(result, layout: Layout):
+    """The result's layout keeps the input's size-1 axis factors of reduced dims when no kept dim
+    places an axis: a result on one PE is placed there, not broadcast everywhere."""
+    from .operands import Restricted
+    r = result.layout
+    if any(f.axis not in (None, W_AXIS, TIME_AXIS) for _, f in r.factors):
+        return result
+    units = [Factor(1, f.axis, 1) for _, f in layout.factors if f.axis not in (None, W_AXIS, TIME_AXIS)]
+    if not units:
+        return result
+    dims = [list(d) for d in r.dims]
+    dims[0] = units + dims[0]
+    return Restricted(Layout.of(dims, r.shape, r.broadcast),
+                      tuple(None if s is None else s + len(units) for s in result.source))
+
+
+def _squeeze(layout: Layout, dims: tuple[int, ...], shape: tuple[int, ...]) -> Layout:
+    """Drop the reduced (size-1) dimensions of a keepdim layout."""
+    kept = [d for d in range(layout.rank) if d not in dims]
+    factors = [layout.dims[d] for d in kept] or [[Factor(1, None, 1)]]
+    if not kept:  # a 0-d result keeps the axes the reduced dims placed (size 1 each)
+        units = [Factor(1, f.axis, 1) for d in range(layout.rank) for f in layout.dims[d] if f.axis is not None]
+        factors = [units or [Factor(1, None, 1)]]
+    return Layout.of(factors, shape or (1,), layout.broadcast)
+
+
+def plan(node: Node, planner) -> list[Kernel]:
+    x = node.args[0]
+    shape = x.shape or (1,)
+    dims = node.attrs["dims"] or tuple(range(len(shape)))
+    dtype = device_dtype(x)
+    budget = planner.budget(2)
+    found: list[Layout] = []
+    for pack in (True, False):
+        for cyclic in (False, True):
+            layout = reduction_layout(shape, tuple(dims), dtype, planner.hw, budget, pack, cyclic)
+            if layout is not None and layout not in found:
+                found.append(layout)
+    ref = planner.refs.get(x)
+    if ref is not None and ref.lm is not None and _in_pe(ref.lm, dims):
+        found.insert(0, ref.lm)
+    return [ReduceKernel(node, layout) for layout in found]
+
+
+def _in_pe(layout: Layout, dims) -> bool:
+    return all(f.axis in (None, W_AXIS) or f.size == 1 for d, f in layout.factors if d in dims)
+
+
+def wishes(user: Node, v: Value, planner) -> list[Layout]:
+    return []

@@ -1,0 +1,179 @@
+"""Relayouts: any stored layout of a tensor into any other, on the device.
+
+When no element has to change its lane, the Data Engines gather long words (transfer.gather).
+Otherwise the PEs move the lanes, in two passes that each stage, shuffle with VOPs and upload:
+
+1. unpack: the source is staged into an LM layout whose lanes match its own (so the staging is
+   a long-word gather), and every element is copied into a long word of its own, into every lane;
+   that is uploaded (the source's elements now sit alone in their long words);
+2. pack: the target LM layout's unpacked form (each element alone in its long word, any lane) is
+   gathered from that by the Data Engines (no lane moves any more), the PEs pack the lanes, and
+   the target layout is uploaded as its image.
+
+The same kernel serves movement nodes whose element maps move lanes (a transpose of the packed
+dimension, a window along it) and plain copies (an output in a buffer of its own, or in a
+constrained layout).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import CompileError
+from ..ir import Node, Value
+from ..layout import W_AXIS, Broadcast, Factor, Layout, Placement
+from ..layout.spread import Spread, spread, time_sliced
+from ..transfer.gather import LaneMismatch, lw_sources
+from ..transfer.staging import stage
+from .base import Kernel, device_dtype
+from .context import Arena, EmitContext, Ref
+from .loops import Operand as LoopOperand
+from .loops import emit_vops, nest
+from .operands import per_pe, slice_count
+
+
+def unpacked(layout: Layout) -> Layout:
+    """The layout with its lanes made the innermost address digit and every lane a copy: each
+    element alone in a long word, in every lane."""
+    w = [(d, k) for d, dim in enumerate(layout.dims) for k, f in enumerate(dim) if f.axis == W_AXIS and f.size > 1]
+    if not w:
+        return layout
+    (wd, wk), = w
+    n = layout.dims[wd][wk].size
+    dims = [[Factor(f.size, f.axis, f.stride * n) if f.axis is None else f for f in dim] for dim in layout.dims]
+    dims[wd][wk] = Factor(n, None, 1)
+    return Layout.of(dims, layout.shape, tuple(b for b in layout.broadcast if b.axis != W_AXIS) + (Broadcast(W_AXIS),))
+
+
+def lane_matched(p: Placement, budget_lw: int) -> Layout:
+    """An LM layout of p's tensor whose staging image keeps p's lanes (so that it stages from p
+    by a long-word gather)."""
+    layout, shape = p.layout, p.layout.shape
+    epl = p.epl
+    w = [(d, k, f) for d, dim in enumerate(layout.dims) for k, f in enumerate(dim) if f.axis == W_AXIS]
+    if not w:
+        return spread(shape, epl, p.hw.axes, Spread(None, False), budget_lw)
+    (d, k, f), = w
+    if f.size == epl and f.stride == 1 and all(g.size == 1 for g in layout.dims[d][k + 1:]):
+        return spread(shape, epl, p.hw.axes, Spread(d, False), budget_lw)
+    raise CompileError(f"cannot relay a tensor stored as {layout} on the device: its lanes are not the innermost "
+                       f"digit of one dimension")
+
+
+def _shuffle(ctx: EmitContext, src: Layout, dst: Layout, src_at: tuple[str, int], dst_at: tuple[str, int],
+             dtype: str, lanes: tuple[int, ...]) -> None:
+    """VOP copies between two layouts with the same factors in the same order (one of them
+    unpacked): element for element, into each lane offset of `lanes` (all copies of the target)."""
+    epl = ctx.hw.elements_per_lw(dtype)
+    a, b = per_pe(src, epl), per_pe(dst, epl)
+    sizes = [n for n, _ in a]
+    loops, (d_st, s_st) = nest(sizes, [s for _, s in b], [s for _, s in a])
+    per_word = ctx.params.elements_per_word(__import__("sim").DType[dtype])
+    for lane in lanes:
+        emit_vops(ctx.b, "copy", dtype, loops, LoopOperand(dst_at[0], dst_at[1] * per_word + lane, d_st),
+                  LoopOperand(src_at[0], src_at[1] * per_word, s_st))
+
+
+class RelayoutKernel(Kernel):
+    """`out` (a copy of `source`, or of a movement node's output) stored as the image of `layout`,
+    or in `target` when one is given."""
+
+    def __init__(self, source: Value, layout: Layout | None, *, target: Placement | None = None,
+                 index: np.ndarray | None = None, node: Node | None = None, zero_pad: bool = False) -> None:
+        self.zero_pad = zero_pad  # the target's padding must hold zeros: through the PEs, never a plain copy
+        self.source = source
+        self.layout = layout
+        self.target = target
+        self.index = index
+        self.node = node
+        self.out = node.out if node is not None else Value(f"{source.name}_relaid", source.shape, source.dtype)
+        self.nodes = (node,) if node is not None else ()
+        self.pads = {}
+
+    @property
+    def label(self) -> str:
+        return self.node.label if self.node is not None else f"relayout {self.source.name}"
+
+    @staticmethod
+    def of_movement(node: Node, layout: Layout) -> "RelayoutKernel":
+        from .movement import source_maps
+        (parts,) = source_maps(node)[:1]
+        if len(node.outputs) != 1 or len(parts) != 1:
+            raise CompileError(f"{node.kind} moves lanes of several tensors; not supported")
+        (source, index), = parts
+        return RelayoutKernel(source, layout, index=index, node=node)
+
+    @staticmethod
+    def copy(v: Value, ref: Ref, target: Placement) -> "RelayoutKernel":
+        return RelayoutKernel(v, None, target=target)
+
+    def reads(self) -> dict[Value, Layout]:
+        return {}
+
+    def sources(self) -> list[Value]:
+        return [self.source]
+
+    def writes(self) -> dict[Value, Layout]:
+        return {self.out: self.layout} if self.layout is not None else {}
+
+    def output_refs(self, ctx: EmitContext, symbols: dict[Value, str]) -> dict[Value, Ref]:
+        if self.layout is None:
+            return {}
+        return super().output_refs(ctx, symbols)
+
+    def emit(self, ctx: EmitContext, refs: dict[Value, Ref]) -> None:
+        src, out = refs[self.source], refs[self.out]
+        dtype = device_dtype(self.source)
+        target = out.placement
+        try:  # no lane moves: the Data Engines alone
+            if not (self.zero_pad and target.layout.extents != target.layout.shape):
+                sources = lw_sources(target, src.placement, self.index)
+                ctx.gather(sources, out, [src], self._pad())
+                return
+        except LaneMismatch:
+            pass
+        # each pass holds a layout and its unpacked form (epl times larger) in the PE memories
+        budget = max(1, sum(ctx.hw.memory_lw(m) for m in ctx.chain.scratch) // (1 + ctx.hw.elements_per_lw(dtype)))
+        spread_ref = self._unpack(ctx, src, dtype, budget)
+        packed = self.layout if self.layout is not None else lane_matched(target, budget)
+        packed = time_sliced(packed, budget, ctx.hw.elements_per_lw(dtype)) or packed
+        image = stage(ctx.lm_placement(packed, dtype)).dram
+        image_ref = out if image.same_placement(target) else ctx.buffer("temp", image, f"{self.out.name}_packed")
+        self._pack(ctx, spread_ref, packed, image_ref, dtype)
+        if image_ref is not out:
+            ctx.gather(lw_sources(target, image), out, [image_ref])
+
+    def _pad(self) -> float | int:
+        return self.node.attrs.get("value", self.node.attrs.get("fill", 0)) if self.node is not None else 0
+
+    def _unpack(self, ctx: EmitContext, src: Ref, dtype: str, budget: int) -> Ref:
+        """The source with every element alone in its long word, in every lane (a new buffer)."""
+        if not any(f.axis == W_AXIS and f.size > 1 for _, f in src.placement.layout.factors):
+            return src  # already so (lanes broadcast)
+        matched = lane_matched(src.placement, budget)
+        matched = time_sliced(matched, budget, ctx.hw.elements_per_lw(dtype)) or matched
+        loose = unpacked(matched)
+        buf = ctx.buffer("temp", stage(ctx.lm_placement(loose, dtype)).dram, f"{self.source.name}_unpacked")
+        arena = Arena(ctx.hw)
+        a = arena.alloc(ctx.lm_placement(matched, dtype).slice_span * ctx.params.words_per_lw)
+        b = arena.alloc(ctx.lm_placement(loose, dtype).slice_span * ctx.params.words_per_lw)
+        epl = ctx.hw.elements_per_lw(dtype)
+        for t in range(slice_count(matched)):
+            ctx.download(src, ctx.lm_placement(matched, dtype), memory=a[0], word=a[1], slice_index=t)
+            _shuffle(ctx, matched, loose, a, b, dtype, tuple(range(epl)))
+            ctx.b.nop(ctx.hw.hazards["lm_write_to_read"])
+            ctx.upload(ctx.lm_placement(loose, dtype), buf, memory=b[0], word=b[1], slice_index=t)
+        return buf
+
+    def _pack(self, ctx: EmitContext, loose_src: Ref, packed: Layout, dst: Ref, dtype: str) -> None:
+        """Gather the target's unpacked form from `loose_src` (no lane moves), pack it in the PEs."""
+        loose = unpacked(packed)
+        arena = Arena(ctx.hw)
+        a = arena.alloc(ctx.lm_placement(loose, dtype).slice_span * ctx.params.words_per_lw)
+        b = arena.alloc(ctx.lm_placement(packed, dtype).slice_span * ctx.params.words_per_lw)
+        for t in range(slice_count(packed)):
+            ctx.download(loose_src, ctx.lm_placement(loose, dtype), memory=a[0], word=a[1], slice_index=t,
+                         index=self.index, pad=self._pad())
+            _shuffle(ctx, loose, packed, a, b, dtype, (0,))
+            ctx.b.nop(ctx.hw.hazards["lm_write_to_read"])
+            ctx.upload(ctx.lm_placement(packed, dtype), dst, memory=b[0], word=b[1], slice_index=t)

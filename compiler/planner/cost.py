@@ -1,0 +1,21 @@
+"""What a choice costs: the simulator's own timing of the instructions it would emit.
+
+The planner emits a candidate kernel into a scratch context and runs the timing engine on that
+code. There is no second model of the machine: a faster chip gives every fixed program fewer
+cycles, so among the same candidates it never picks a slower program.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from sim import Machine, MachineParams
+
+
+def cycles_of(params: MachineParams, code: np.ndarray) -> int:
+    """Total cycles of an instruction array on the chip `params` describes (timing only)."""
+    if len(code) == 0:
+        return 0
+    return Machine.time(SimpleNamespace(params=params), code).total_cycles

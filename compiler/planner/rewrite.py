@@ -1,0 +1,146 @@
+"""Graph rewrites before planning: primitives in the forms the kernels take.
+
+* `matmul` with batch dimensions becomes a 2-D product (when B has none: A's batch folds into
+  its rows) or a 3-D one with equal batches (both operands expanded to the broadcast batch and
+  flattened);
+* `conv` with groups becomes, for depthwise convolutions, a window over each channel times its
+  filter summed over the window (vector work, no matrix product), and otherwise one convolution
+  per group joined by a cat;
+* a reduction whose kept part is small and reduced part large (a loss over a batch) is split into
+  a partial reduction spread over the chip and a final one over the partials.
+
+Each rewrite keeps the original output Value, so consumers and graph outputs are untouched.
+"""
+
+from __future__ import annotations
+
+from math import ceil, prod
+
+from hwdesc import HwDesc
+
+from ..dtypes import INT32_MAX, INT32_MIN
+from ..frontend.build import Builder
+from ..ir import Graph, Node, Value
+
+# A reduction is split when it reduces this many elements per PE of the chip or more, and keeps
+# fewer than one element per this many PEs (planner heuristics, not hardware numbers).
+SPLIT_REDUCED, SPLIT_KEPT = 4, 8
+
+
+def rewrite(graph: Graph, hw: HwDesc) -> None:
+    taken = {v.name for n in graph.nodes for v in n.outputs} | set(graph.inputs) | set(graph.outputs) | \
+        {c.name for c in graph.constants}
+    nodes = graph.nodes
+    graph.nodes = []
+    b = Builder(graph, taken)
+    for node in nodes:
+        b.source, b.aten, b.stem = node.source, node.aten, node.out.name
+        fn = RULES.get(node.kind)
+        if fn is None or not fn(b, node, hw):
+            graph.nodes.append(node)
+
+
+def _bind(b: Builder, result: Value, original: Value) -> None:
+    """Make the node that produced `result` produce `original` instead."""
+    node = result.producer
+    if node is None:  # the rewrite produced an existing value: copy it
+        node = b.node("ew", "copy", (result,), {}, [(original.shape, original.dtype)])
+        result = node.out
+    outputs = list(node.outputs)
+    outputs[result.index] = original
+    node.outputs = tuple(outputs)
+    original.producer, original.index = node, result.index
+
+
+def _matmul(b: Builder, node: Node, hw: HwDesc) -> bool:
+    a, w = node.args
+    out = node.out
+    if a.rank == w.rank and a.rank in (2, 3) and (a.rank == 2 or a.shape[0] == w.shape[0]):
+        return False
+    exact = node.attrs.get("exact", False)
+    m, k, n = a.shape[-2], a.shape[-1], w.shape[-1]
+    if w.rank == 2:  # fold A's batch into its rows
+        rows = b.reshape(a, (prod(a.shape[:-1]), k))
+        y = b.matmul(rows, w, out.dtype)
+    else:
+        batch = out.shape[:-2]
+        aa = b.reshape(b.expand(a, batch + (m, k)) if a.shape[:-2] != batch else a, (prod(batch), m, k))
+        ww = b.reshape(b.expand(w, batch + (k, n)) if w.shape[:-2] != batch else w, (prod(batch), k, n))
+        y = b.matmul(aa, ww, out.dtype)
+    if exact:
+        y.producer.attrs["exact"] = True
+    _bind(b, b.reshape(y, out.shape), out)
+    return True
+
+
+def _conv(b: Builder, node: Node, hw: HwDesc) -> bool:
+    groups = node.attrs["groups"]
+    if groups == 1:
+        return False
+    x, w = node.args
+    out = node.out
+    n, c, h, wd = x.shape
+    co, cg, kh, kw = w.shape
+    a = node.attrs
+    if cg == 1:  # depthwise: each output channel filters one input channel
+        mult = co // c
+        ho, wo = out.shape[2:]
+        xs = b.reshape(b.expand(b.reshape(x, (n, c, 1, h, wd)), (n, c, mult, h, wd)), (n, co, h, wd)) \
+            if mult > 1 else x
+        shape = (n, co, ho, wo, kh, kw)
+        rows = [[1, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0], [0, 0, a["stride"][0], 0, a["dilation"][0], 0],
+                [0, 0, 0, a["stride"][1], 0, a["dilation"][1]]]
+        patches = b.window(xs, shape, rows, [0, 0, -a["padding"][0], -a["padding"][1]], 0.0)
+        filt = b.reshape(w, (1, co, 1, 1, kh, kw))
+        y = b.reduce("sum", b.ew("mul", patches, b.cast(filt, patches.dtype)), (patches.rank - 2, patches.rank - 1))
+        _bind(b, b.cast(y, out.dtype), out)
+        return True
+    parts = []
+    xs = b.split(x, [c // groups] * groups, 1)
+    ws = b.split(w, [co // groups] * groups, 0)
+    for xg, wg in zip(xs, ws):
+        parts.append(b.conv(xg, wg, a["stride"], a["padding"], a["dilation"], 1, out.dtype))
+    _bind(b, b.cat(parts, 1), out)
+    return True
+
+
+def _reduce(b: Builder, node: Node, hw: HwDesc) -> bool:
+    """sum/max/min(x, dims) with many reduced and few kept elements: the reduced elements, flat,
+    are padded (with the identity) into (parts, rest) and reduced in two steps, so that the first
+    step runs on as many PEs as there are parts."""
+    if node.attrs.get("split"):
+        return False
+    x = node.args[0]
+    dims = node.attrs["dims"] or tuple(range(x.rank))
+    kept = [d for d in range(x.rank) if d not in dims]
+    reduced = prod(x.shape[d] for d in dims)
+    pes = prod(hw.axes.values())
+    kept_n = prod(x.shape[d] for d in kept)
+    epl = hw.elements_per_lw("float32")
+    if reduced < SPLIT_REDUCED * pes or kept_n * SPLIT_KEPT > pes:
+        return False
+    parts = max(1, pes // max(1, kept_n))
+    rest = ceil(ceil(reduced / parts) / epl) * epl
+    order = kept + list(dims)
+    moved = b.permute(x, order) if order != list(range(x.rank)) else x
+    flat = b.reshape(moved, (kept_n, reduced))
+    padded = b.pad(flat, [(0, 0), (0, parts * rest - reduced)], _identity(node.op, x.dtype))
+    grid = b.reshape(padded, (kept_n, parts, rest))
+    partial = b.reduce(node.op, grid, [2])
+    partial.producer.attrs["split"] = True
+    total = b.reduce(node.op, partial, [1])
+    total.producer.attrs["split"] = True
+    keep_shape = node.out.shape
+    _bind(b, b.reshape(total, keep_shape), node.out)
+    return True
+
+
+def _identity(op: str, dtype: str) -> float | int | bool:
+    if dtype == "bool":
+        return op == "min"
+    if dtype == "int32":
+        return {"sum": 0, "max": INT32_MIN, "min": INT32_MAX}[op]
+    return {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[op]
+
+
+RULES = {"matmul": _matmul, "conv": _conv, "reduce": _reduce}

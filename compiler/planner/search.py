@@ -1,0 +1,484 @@
+"""The planner: the whole graph at once, before any instruction is emitted.
+
+Nodes are planned in program order (element-wise runs fused into groups first). For each, the
+kernels of its kind propose candidates (layouts, tilings); each candidate is emitted into a
+scratch context with the inputs where they are, and timed on the simulator's rules; the fastest
+is kept. What that implies is recorded: where its outputs are stored (the images of the LM
+layouts it computes them in), and where graph inputs and constants it is the first to read are
+placed (as it wants them: the host arranges uploads in any layout).
+
+An input stored in a layout the kernel cannot stage from (its lanes would have to move) gets a
+relayout step first, so composing ops never fails for want of a layout. Views of values not yet
+placed wait for their first consumer, which places the base so that the view is what it wants.
+Output constraints (io_spec_constraints) are met by the layout that produces them or by a
+relayout at the end; every output gets a buffer of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from hwdesc import HwDesc
+
+from ..errors import CompileError, LayoutError, SpecMismatchError, UnsupportedOpError
+from ..iospec import IOSpec
+from ..ir import Graph, Node, Value
+from ..kernels import plan_kernels
+from ..kernels.base import Kernel, device_dtype
+from ..kernels.context import Buffer, EmitContext, Ref, lane_compatible
+from ..kernels.elementwise import Group, fuse_elementwise
+from ..kernels.movement import GatherKernel, view_ref, view_transform
+from ..kernels.operands import restrict
+from ..kernels.relayout import RelayoutKernel
+from ..layout import Layout, Placement
+from ..layout.spread import lm_layouts
+from ..transfer.host import host_transfer
+from ..transfer.staging import stage
+from .cost import cycles_of
+from .plan import Plan, Step
+
+
+@dataclass
+class Pending:
+    """A view of a value nobody has placed yet: placed when a consumer wants the view somewhere."""
+
+    base: Value
+    to_base: Callable[[Layout], Layout | None]
+    to_view: Callable[[Layout], Layout | None]
+    node: Node
+
+
+ROLE = {"input": "input", "const": "const", "node": "temp"}
+CANDIDATE_LAYOUTS = 6  # iteration / output layouts the planner times per node (compile-time budget)
+
+
+class Planner:
+    def __init__(self, graph: Graph, hw: HwDesc, options: dict, constraints: dict[str, IOSpec]) -> None:
+        self.graph, self.hw, self.options = graph, hw, options
+        self.ctx = EmitContext(hw, options)  # for placements and the chain, never emitted into
+        self.refs: dict[Value, Ref] = {}
+        self.pending: dict[Value, Pending] = {}
+        self.buffers: dict[str, Buffer] = {}
+        self.owner: dict[str, Value] = {}
+        self.steps: list[Step] = []
+        self.users = graph.users()
+        self.outputs = set(graph.outputs.values())
+        self.constraints = constraints
+        self.output_wishes: dict[Value, Layout] = {}
+        self.costs: dict[object, int] = {}
+        self.wish_cache: dict[Value, list[Layout]] = {}
+        self.clean: set[str] = set()  # buffers whose padding is known to hold zeros
+
+    # ---- the whole graph ----------------------------------------------------------------------
+
+    def plan(self) -> Plan:
+        self._apply_constraints()
+        for unit in fuse_elementwise(self.graph.nodes, self.users, self.outputs):
+            self.plan_unit(unit)
+        in_symbols = {name: self.place_default(v).symbol for name, v in self.graph.inputs.items()}
+        out_symbols = self._finish_outputs(set(in_symbols.values()))
+        return Plan(self.graph, self.hw, self.options, self.refs, self.buffers, self.steps, in_symbols, out_symbols,
+                    self.owner)
+
+    def plan_unit(self, unit: object) -> None:
+        if isinstance(unit, Group):
+            self.plan_group(unit)
+            return
+        node: Node = unit
+        if node.kind in ("reshape", "permute"):
+            self.plan_view(node)
+        elif node.kind == "expand":
+            self.plan_group(Group([node], list(node.inputs), [node.out]))
+        elif node.kind in ("slice", "pad", "window", "cat", "split"):
+            self.plan_movement(node)
+        elif node.kind == "iota":
+            self.plan_iota(node)
+        else:
+            candidates = plan_kernels(node, self)
+            self.choose(candidates, node)
+
+    # ---- placing values ---------------------------------------------------------------------
+
+    def symbol_for(self, v: Value) -> str:
+        stem = f"{ROLE[v.kind]}:{v.name}"
+        symbol, k = stem, 1
+        while symbol in self.buffers:
+            symbol, k = f"{stem}#{k}", k + 1
+        return symbol
+
+    def register(self, v: Value, ref: Ref, role: str | None = None) -> Ref:
+        role = role or ROLE[v.kind]
+        if role in ("input", "const"):  # uploaded by the host: padding is zero
+            self.clean.add(ref.symbol)
+        data = v.data.reshape(v.shape or (1,)) if v.kind == "const" else None
+        self.buffers[ref.symbol] = Buffer(ref.symbol, role, ref.placement, v.name, data, ref.lm)
+        self.owner[ref.symbol] = v
+        self.refs[v] = ref
+        return ref
+
+    def unplaced(self, v: Value) -> bool:
+        return v not in self.refs and (v in self.pending or v.kind in ("input", "const"))
+
+    def tentative(self, v: Value, wanted: Layout | None) -> tuple[Ref, list[tuple[Value, Ref]], list[Step]]:
+        """Where `v` would be if a kernel that wants it in LM layout `wanted` read it now, the
+        values that would be placed for that (graph inputs, constants, pending views), and the
+        steps that would make it (a view its base's layout cannot express is gathered)."""
+        if v in self.refs:
+            return self.refs[v], [], []
+        if v in self.pending:
+            p = self.pending[v]
+            base_layout = p.to_base(wanted) if wanted is not None else None
+            base_ref, placed, steps = self.tentative(p.base, base_layout)
+            ref = view_ref(base_ref, p.to_view)
+            if ref is not None:
+                return ref, placed + [(v, ref)], steps
+            layout = wanted if wanted is not None and self._stageable(wanted, v) else self.default_layout(v)
+            kernel = self.movement_kernel(p.node, {p.node.out: layout}, {p.base: base_ref})
+            ref = Ref(self.symbol_for(v), stage(self.ctx.lm_placement(layout, device_dtype(v))).dram, layout)
+            refs = {p.base: base_ref, v: ref}
+            return ref, placed + [(v, ref)], steps + [Step(kernel, refs, self.time(kernel, refs), (p.base,), (v,))]
+        if v.kind in ("input", "const"):
+            layout = wanted if wanted is not None and self._stageable(wanted, v) else self.default_layout(v)
+            ref = Ref(self.symbol_for(v), stage(self.ctx.lm_placement(layout, device_dtype(v))).dram, layout)
+            return ref, [(v, ref)], []
+        raise CompileError(f"internal: {v!r} is read before it is computed")
+
+    def movement_kernel(self, node: Node, layouts: dict[Value, Layout], refs: dict[Value, Ref]) -> Kernel:
+        """The Data Engines' gather of a movement node into `layouts`, or the PEs' when lanes move."""
+        from ..kernels.movement import source_maps
+        kernel = GatherKernel(node, layouts, source_maps(node))
+        if kernel.feasible(self.ctx, {**refs, **{out: None for out in layouts}}):
+            return kernel
+        return RelayoutKernel.of_movement(node, layouts[node.out])
+
+    def _stageable(self, layout: Layout, v: Value) -> bool:
+        try:
+            stage(self.ctx.lm_placement(layout, device_dtype(v)))
+            return layout.shape == (v.shape or (1,))
+        except Exception:
+            return False
+
+    def default_layout(self, v: Value) -> Layout:
+        return lm_layouts(v.shape or (1,), device_dtype(v), self.hw, self.budget(2))[0]
+
+    def place_default(self, v: Value) -> Ref:
+        if v in self.refs:
+            return self.refs[v]
+        ref, placed, steps = self.tentative(v, None)
+        self.commit_steps(steps)
+        self.commit_placed(placed)
+        return self.refs[v]
+
+    def commit_steps(self, steps: list[Step]) -> None:
+        """Steps that make inputs of a chosen kernel (relayouts, gathered views): their outputs get
+        buffers."""
+        for step in steps:
+            for out in step.writes:
+                ref = step.refs[out]
+                self.buffers[ref.symbol] = Buffer(ref.symbol, "temp", ref.placement, out.name, None, ref.lm)
+                self.owner[ref.symbol] = out
+            self.steps.append(step)
+
+    def commit_placed(self, placed: Iterable[tuple[Value, Ref]]) -> None:
+        for v, ref in placed:
+            if v in self.pending:
+                self.refs[v] = ref
+                del self.pending[v]
+            elif v not in self.refs:
+                self.register(v, ref)
+
+    def budget(self, tensors: int) -> int:
+        """LM long words per PE each of `tensors` operands of one kernel may use."""
+        total = sum(self.hw.memory_lw(m) for m in self.ctx.chain.scratch)
+        return max(1, total // max(1, tensors))
+
+    # ---- choosing among candidates ------------------------------------------------------------
+
+    def prepare(self, kernel: Kernel) -> tuple[dict[Value, Ref], list[Step], list[tuple[Value, Ref]]]:
+        """The refs a candidate would read and write, the relayout steps its inputs would need, and
+        the values it would place."""
+        refs: dict[Value, Ref] = {}
+        pre: list[Step] = []
+        placed: list[tuple[Value, Ref]] = []
+
+        def relay(v: Value, ref: Ref, layout: Layout | None, target: Placement, zero_pad: bool = False) -> Ref:
+            relayout = RelayoutKernel(v, layout, target=target, zero_pad=zero_pad)
+            copy = Ref(f"temp:{v.name}@{len(self.steps)}.{len(pre)}", target, layout)
+            step_refs = {v: ref, relayout.out: copy}
+            pre.append(Step(relayout, step_refs, self.time(relayout, step_refs), (v,), (relayout.out,)))
+            if zero_pad:
+                self.clean.add(copy.symbol)
+            return copy
+
+        for v, layout in kernel.reads().items():
+            ref, more, made = self.tentative(v, layout)
+            placed += more
+            pre += made
+            wanted = stage(self.ctx.lm_placement(layout, device_dtype(v))).dram
+            index = kernel.gather_index(v) if hasattr(kernel, "gather_index") else None
+            if ref.placement.same_placement(wanted) or lane_compatible(wanted, ref.placement, index):
+                refs[v] = ref
+            else:
+                refs[v] = relay(v, ref, layout, wanted)
+        for v in getattr(kernel, "sources", lambda: [])():
+            want = kernel.source_placement(v, self.ctx) if hasattr(kernel, "source_placement") else None
+            ref, more, made = self.tentative_dram(v, want)
+            placed += more
+            pre += made
+            clean = ref.symbol in self.clean or any(r is ref for _, r in more)
+            if hasattr(kernel, "source_ok") and not kernel.source_ok(v, ref, self.ctx, clean):
+                ref = relay(v, ref, None, want, zero_pad=True)
+            refs[v] = ref
+        symbols = {v: self.symbol_for(v) for v in kernel.outputs()}
+        refs.update(kernel.output_refs(self.ctx, symbols))
+        return refs, pre, placed
+
+    def tentative_dram(self, v: Value, want: Placement | None) -> tuple[Ref, list[tuple[Value, Ref]], list[Step]]:
+        """Where `v` would be for a kernel that reads it from DRAM (a gather): as `want` when it
+        is not placed yet (the host uploads any layout), else where it is."""
+        if v in self.refs or v in self.pending or want is None:
+            return self.tentative(v, None)
+        if v.kind in ("input", "const"):
+            ref = Ref(self.symbol_for(v), want, None)
+            return ref, [(v, ref)], []
+        return self.tentative(v, None)
+
+    def time(self, kernel: Kernel, refs: dict[Value, Ref]) -> int:
+        key = kernel.key(refs) if hasattr(kernel, "key") else None
+        if key is not None and key in self.costs:
+            return self.costs[key]
+        ctx = EmitContext(self.hw, self.options)
+        kernel.emit(ctx, refs)
+        cycles = cycles_of(ctx.params, ctx.b.build().code)
+        if key is not None:
+            self.costs[key] = cycles
+        return cycles
+
+    def choose(self, candidates: list[Kernel], node: Node) -> Kernel:
+        best = None
+        errors = []
+        for kernel in candidates:
+            try:
+                refs, pre, placed = self.prepare(kernel)
+                if hasattr(kernel, "feasible") and not kernel.feasible(self.ctx, refs):
+                    continue
+                cycles = sum(s.cycles for s in pre) + self.time(kernel, refs)
+            except UnsupportedOpError:
+                raise
+            except (CompileError, LayoutError) as e:
+                errors.append(str(e))
+                continue
+            rank = (cycles, self.host_cycles(kernel, refs, placed), self.spread_key(kernel, refs))
+            if best is None or rank < best[0]:
+                best = (rank, kernel, refs, pre, placed)
+        if best is None:
+            why = errors[0] if errors else f"none of {len(candidates)} candidate layouts works"
+            raise UnsupportedOpError(node.aten or node.kind, [list(v.shape) for v in node.inputs], node.source, why)
+        (cycles, _, _), kernel, refs, pre, placed = best
+        self.commit(kernel, refs, pre, placed, cycles - sum(s.cycles for s in pre))
+        return kernel
+
+    def host_cycles(self, kernel: Kernel, refs: dict[Value, Ref], placed: list[tuple[Value, Ref]]) -> int:
+        """What the layouts a candidate gives graph inputs and outputs cost to upload and download
+        (every call pays them): among equally fast kernels, the cheaper one for the host."""
+        total = 0
+        for v, ref in placed:
+            if v.kind == "input":
+                total += self.transfer_cycles(ref.placement, True)
+        for v in kernel.outputs():
+            if v in self.outputs and v in refs:
+                total += self.transfer_cycles(refs[v].placement, False)
+        return total
+
+    def transfer_cycles(self, placement: Placement, upload: bool) -> int:
+        key = (str(placement.layout), placement.dtype, upload)
+        if key not in self.costs:
+            self.costs[key] = cycles_of(self.ctx.params, host_transfer(placement, upload).code)
+        return self.costs[key]
+
+    def spread_key(self, kernel: Kernel, refs: dict[Value, Ref]) -> tuple[int, int]:
+        """Among equally fast candidates, the one whose outputs use the most DRAM instances (more
+        Data Engines for whoever reads them) and the least DRAM per instance."""
+        outs = [refs[v].placement for v in kernel.outputs() if v in refs]
+        return (-sum(len(p.instances_used) for p in outs), sum(p.span_lw for p in outs))
+
+    def commit(self, kernel: Kernel, refs: dict[Value, Ref], pre: list[Step], placed: list[tuple[Value, Ref]],
+               cycles: int) -> None:
+        self.commit_steps(pre)
+        self.commit_placed(placed)
+        for v in kernel.outputs():
+            self.register(v, refs[v], "temp")
+        reads = tuple(v for v in refs if v not in kernel.outputs())
+        self.steps.append(Step(kernel, refs, cycles, reads, tuple(kernel.outputs())))
+
+    # ---- kinds ----------------------------------------------------------------------------------
+
+    def group_layouts(self, group: Group) -> list[Layout]:
+        """Candidate iteration layouts of a fused group: its operands' layouts (no staging work),
+        what its consumers want, then fresh ones."""
+        shape = group.shape or (1,)
+        dtype = group.layout_dtype
+        budget = self.budget(len(group.inputs) + len(group.nodes) + 2)
+        found: list[Layout] = []
+
+        def add(layout: Layout | None) -> None:
+            if layout is None or layout.shape != shape or layout in found:
+                return
+            from ..layout.spread import time_sliced
+            sliced = time_sliced(layout, budget, self.hw.elements_per_lw(dtype))
+            if sliced is not None and self._uploadable(sliced, dtype) and sliced not in found:
+                found.append(sliced)
+        for v in group.outputs:
+            if v in self.output_wishes:
+                add(self.output_wishes[v])
+            for wish in self.wishes(v):
+                add(wish)
+        for v in group.inputs:
+            ref = self.refs.get(v)
+            if ref is not None and ref.lm is not None and v.shape == group.shape:
+                add(ref.lm)
+        common = tuple(d for d in range(len(shape)) if all(
+            len(shape) - d <= v.rank and v.shape[v.rank - len(shape) + d] == shape[d] for v in group.inputs))
+        for layout in lm_layouts(shape, dtype, self.hw, budget, common if len(common) < len(shape) else None):
+            add(layout)
+        usable = [layout for layout in found if all(self._operand_stageable(layout, v) for v in group.inputs)]
+        return usable[:CANDIDATE_LAYOUTS]
+
+    def _operand_stageable(self, layout: Layout, v: Value) -> bool:
+        try:
+            return self._stageable(restrict(layout, v.shape or (1,)).layout, v)
+        except (CompileError, LayoutError):
+            return False
+
+    def _uploadable(self, layout: Layout, dtype: str) -> bool:
+        try:
+            return stage(self.ctx.lm_placement(layout, dtype)).pe_mode != "broadcast"
+        except Exception:
+            return False
+
+    def wishes(self, v: Value) -> list[Layout]:
+        """LM layouts the consumers of `v` would like to read it in (cached)."""
+        if v not in self.wish_cache:
+            found: list[Layout] = []
+            for user in self.users.get(v, []):
+                for layout in plan_wishes(user, v, self):
+                    if layout not in found:
+                        found.append(layout)
+            self.wish_cache[v] = found
+        return self.wish_cache[v]
+
+    def plan_group(self, group: Group) -> None:
+        from ..kernels.elementwise import ElementwiseKernel
+        candidates = [ElementwiseKernel(group, layout) for layout in self.group_layouts(group)]
+        self.choose(candidates, group.nodes[-1])
+
+    def plan_view(self, node: Node) -> None:
+        x, out = node.args[0], node.out
+        forward, backward = view_transform(node)
+        if self.unplaced(x) and out not in self.outputs:
+            self.pending[out] = Pending(x, backward, forward, node)
+            return
+        ref = self.place_default(x)
+        viewed = view_ref(ref, forward)
+        if viewed is not None:
+            self.refs[out] = viewed
+            return
+        self.plan_movement(node)
+
+    def plan_movement(self, node: Node) -> None:
+        from ..kernels.movement import source_maps
+        maps = source_maps(node)
+        candidates = []
+        per_output = [self.movement_layouts(out) for out in node.outputs]
+        for k in range(max(len(c) for c in per_output)):
+            layouts = {out: c[min(k, len(c) - 1)] for out, c in zip(node.outputs, per_output)}
+            candidates.append(GatherKernel(node, layouts, maps))
+        try:
+            self.choose(candidates, node)
+        except UnsupportedOpError:
+            self.choose([RelayoutKernel.of_movement(node, per_output[0][0])], node)
+
+    def movement_layouts(self, out: Value) -> list[Layout]:
+        dtype = device_dtype(out)
+        found = [w for w in [self.output_wishes.get(out), *self.wishes(out)] if w is not None]
+        found += lm_layouts(out.shape or (1,), dtype, self.hw, self.budget(2))
+        uploadable = []
+        for layout in found:
+            if layout not in uploadable and self._stageable(layout, out):
+                uploadable.append(layout)
+        return uploadable[:CANDIDATE_LAYOUTS]
+
+    def plan_iota(self, node: Node) -> None:
+        """An iota is a literal of indices: a constant the program is loaded with."""
+        from ..ir import apply
+        v = node.out
+        data = apply(node, [])[0]
+        v.kind, v.data = "const", data if v.dtype != "bool" else data.float()
+        self.graph.constants.append(v)
+
+    # ---- outputs ----------------------------------------------------------------------------------
+
+    def _apply_constraints(self) -> None:
+        graph = self.graph
+        for name, spec in self.constraints.items():
+            if not isinstance(spec, IOSpec):
+                raise SpecMismatchError(f"io_spec_constraints[{name!r}] is a {type(spec).__name__}, not an IOSpec")
+            value = graph.inputs.get(name) or graph.outputs.get(name)
+            if value is None:
+                known = ", ".join([*graph.inputs, *graph.outputs])
+                raise SpecMismatchError(f"io_spec_constraints names {name!r}, which is neither an input nor an "
+                                        f"output; the function has {known}")
+            dtype = value.torch_dtype or value.dtype
+            if tuple(spec.shape) != value.shape or spec.dtype != dtype:
+                raise SpecMismatchError(f"io_spec_constraints[{name!r}] is {spec.dtype}{list(spec.shape)} (from "
+                                        f"{spec.name!r}) but {name!r} is {dtype}{list(value.shape)}")
+            if spec.chip_fingerprint != self.hw.fingerprint:
+                raise SpecMismatchError(f"io_spec_constraints[{name!r}] was compiled for chip {spec.chip!r}; this "
+                                        f"compile targets {self.hw.name!r}")
+            placement = spec.placement(self.hw, device_dtype(value))
+            if name in graph.inputs:
+                self.register(value, Ref(self.symbol_for(value), placement, spec.lm_layout), "input")
+            else:
+                self.output_constraints = getattr(self, "output_constraints", {})
+                self.output_constraints[value] = placement
+                if spec.lm_layout is not None:
+                    self.output_wishes[value] = spec.lm_layout
+
+    def _finish_outputs(self, taken: set[str]) -> dict[str, str]:
+        """Each output in a buffer of its own, in its constrained layout if it has one."""
+        out_symbols: dict[str, str] = {}
+        constraints = getattr(self, "output_constraints", {})
+        for name, v in self.graph.outputs.items():
+            ref = self.place_default(v)
+            wanted = constraints.get(v)
+            buffer = self.buffers[ref.symbol]
+            shared = ref.symbol in taken or buffer.role in ("input", "const") or self.owner.get(ref.symbol) is not v
+            if wanted is not None and not ref.placement.same_placement(wanted):
+                ref = self.copy_to(v, ref, wanted, name)
+            elif shared:
+                ref = self.copy_to(v, ref, None, name)
+            else:
+                buffer.role = "output"
+                buffer.placement, buffer.lm = ref.placement, ref.lm
+            out_symbols[name] = ref.symbol
+            taken.add(ref.symbol)
+        return out_symbols
+
+    def copy_to(self, v: Value, ref: Ref, placement: Placement | None, name: str) -> Ref:
+        """A copy of `v` into a buffer of its own (in `placement`, or as it is)."""
+        target = placement or ref.placement
+        symbol = f"output:{name}"
+        copy = Ref(symbol, target, ref.lm if placement is None else None)
+        kernel = RelayoutKernel.copy(v, ref, target)
+        refs = {v: ref, kernel.out: copy}
+        self.steps.append(Step(kernel, refs, self.time(kernel, refs), (v,), (kernel.out,)))
+        self.buffers[symbol] = Buffer(symbol, "output", target, v.name, None, copy.lm)
+        self.owner[symbol] = kernel.out
+        self.refs[v] = copy
+        return copy
+
+
+def plan_wishes(user: Node, v: Value, planner: Planner) -> list[Layout]:
+    from ..kernels import wishes
+    return wishes(user, v, planner)
