@@ -99,6 +99,8 @@ class Builder:
                 raise CompileError(f"{op}: give the result dtype (scalar data operands)")
         shape = broadcast_shapes(*[t.shape for t in tensors])
         args = tuple(_scalar(a, operand_dtype or out_dtype) if not isinstance(a, Value) else a for a in args)
+        if _identity(op, args) and args[0].shape == shape and args[0].dtype == out_dtype:
+            return args[0]  # x * 1, x / 1, x + 0, x - 0: decompositions leave them (addmm's alpha, beta)
         return self.node("ew", op, args, {}, [(shape, out_dtype)]).out
 
     def cast(self, x: Value, dtype: str) -> Value:
@@ -243,6 +245,15 @@ class Builder:
         attrs = {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation), "groups": groups}
         out = dtype or ("float16" if x.dtype == w.dtype == "float16" else "float32")
         return self.node("conv", "conv", (x, w), attrs, [((n, co, ho, wo), out)]).out
+
+
+IDENTITIES = {("mul", 1), ("div", 1), ("add", 0), ("sub", 0)}
+
+
+def _identity(op: str, args: tuple) -> bool:
+    """`op(tensor, scalar)` that returns the tensor itself."""
+    return len(args) == 2 and isinstance(args[0], Value) and not isinstance(args[1], Value) and \
+        not isinstance(args[1], bool) and (op, args[1]) in IDENTITIES
 
 
 def _scalar(a: Any, dtype: str) -> Scalar:

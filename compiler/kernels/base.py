@@ -52,6 +52,11 @@ class Kernel:
         """The LM layout each output is computed in; it is stored as that layout's image."""
         raise NotImplementedError
 
+    def key(self, refs: dict[Value, Ref]) -> tuple | None:
+        """What emission depends on besides buffer names (equal keys emit equal code), so the
+        planner times each distinct candidate once; None: do not cache."""
+        return None
+
     def outputs(self) -> list[Value]:
         """The values it stores (most are `writes()`' keys; some are not images of an LM layout)."""
         return list(self.writes())

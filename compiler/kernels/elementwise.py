@@ -49,6 +49,8 @@ def recipe(node: Node) -> list[Step]:
     out = node.out
     if node.kind == "full":
         return [Step("copy", device_dtype(out), out, [node.attrs["value"]])]
+    if node.kind == "expand":  # broadcasting is what the operand layouts do: a copy
+        return [Step("copy", device_dtype(out), out, [node.args[0]])]
     op, args = node.op, list(node.args)
     tensors = [a for a in args if isinstance(a, Value)]
     operand = device_dtype(tensors[-1]) if op == "where" else device_dtype(tensors[0])
@@ -109,24 +111,25 @@ def _width(v: Value) -> bool:
 
 
 def fuse_elementwise(nodes: list[Node], users: dict[Value, list[Node]], graph_outputs: set[Value]) -> list[object]:
-    """Program order as units: a Group for each run of fusable element-wise nodes, other nodes as
+    """Program order as units: a Group for each set of fusable element-wise nodes, other nodes as
     they are. A node joins the open group of its shape when one of its operands comes from the
     group, its tensors have the group's element width (one layout serves them all), and none of
-    its other operands was produced after the group began (that would need the group's output
-    first)."""
+    its other operands depends on the group (that would need the group's output first)."""
     units: list[object] = []
     open_groups: dict[tuple, int] = {}  # shape -> index of its open group in `units`
     unit_of: dict[Value, int] = {}
+    depends: dict[Value, frozenset[int]] = {}  # the units a value needs, transitively
     for node in nodes:
         joined = None
-        if node.kind in ("ew", "full"):
+        needs = frozenset().union(*[depends.get(a, frozenset()) for a in node.inputs])
+        if node.kind in ("ew", "full", "expand"):
             gi = open_groups.get(node.out.shape)
             if gi is not None:
                 group = units[gi]
                 inside = {v for n in group.nodes for v in n.outputs}
                 widths = {_width(v) for v in [*node.inputs, node.out]}
                 feeds = any(a in inside for a in node.inputs)
-                late = any(a not in inside and unit_of.get(a, -1) >= gi for a in node.inputs)
+                late = any(a not in inside and gi in depends.get(a, frozenset()) for a in node.inputs)
                 if feeds and not late and widths == {_width(group.nodes[0].out)}:
                     group.nodes.append(node)
                     joined = gi
@@ -138,6 +141,7 @@ def fuse_elementwise(nodes: list[Node], users: dict[Value, list[Node]], graph_ou
             joined = len(units) - 1
         for v in node.outputs:
             unit_of[v] = joined
+            depends[v] = needs | {joined}
     for unit in units:
         if isinstance(unit, Group):
             inside = {v for n in unit.nodes for v in n.outputs}
@@ -148,7 +152,33 @@ def fuse_elementwise(nodes: list[Node], users: dict[Value, list[Node]], graph_ou
                         unit.inputs.append(a)
                 if n.out in graph_outputs or any(u not in members for u in users.get(n.out, [])):
                     unit.outputs.append(n.out)
-    return units
+    return _in_order(units, unit_of)
+
+
+def _in_order(units: list[object], unit_of: dict[Value, int]) -> list[object]:
+    """The units in an order where each comes after the producers of its inputs (a group may have
+    taken a node whose other operand is made by a later unit), otherwise as they were."""
+    import heapq
+    needs: list[set[int]] = []
+    for k, unit in enumerate(units):
+        nodes = unit.nodes if isinstance(unit, Group) else [unit]
+        needs.append({unit_of[a] for n in nodes for a in n.inputs if a in unit_of and unit_of[a] != k})
+    waiting = [len(n) for n in needs]
+    feeds: list[list[int]] = [[] for _ in units]
+    for k, n in enumerate(needs):
+        for j in n:
+            feeds[j].append(k)
+    ready = [k for k, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(units[k])
+        for j in feeds[k]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready, j)
+    return order
 
 
 class ElementwiseKernel(Kernel):
@@ -170,6 +200,17 @@ class ElementwiseKernel(Kernel):
 
     def writes(self) -> dict[Value, Layout]:
         return {v: self.layout for v in self.group.outputs}
+
+    def key(self, refs: dict[Value, Ref]) -> tuple:
+        """The recipe's steps with values named by position, the layout, and where each input is."""
+        names = {v: ("in", k) for k, v in enumerate(self.group.inputs)}
+        names.update({n.out: ("node", k) for k, n in enumerate(self.group.nodes)})
+        slot = lambda a: names.get(a, a) if isinstance(a, Value) else a  # noqa: E731
+        steps = tuple((s.vop, s.dtype, slot(s.dst), tuple(slot(a) for a in s.srcs), s.src_dtype) for s in self.steps)
+        shapes = tuple((v.shape, v.dtype) for v in self.group.inputs)
+        stored = tuple((str(refs[v].placement.layout), refs[v].placement.dtype) for v in self.group.inputs)
+        outs = tuple(names[v] for v in self.group.outputs)
+        return ("ew", steps, shapes, stored, outs, str(self.layout), self.group.shape)
 
     def regions(self) -> int:
         """LM regions the kernel allocates (inputs, values of the group, temporaries)."""

@@ -18,6 +18,7 @@ stream's transfers, hazards and MAU steps) and the best is emitted.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from itertools import product
 from math import ceil, prod
 import numpy as np
@@ -289,7 +290,16 @@ def _axis_options(axis: str, size: int, roles: tuple[str, ...], chain: Chain) ->
 def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool,
             in_bytes: int, out_half: bool = False, a_runs: float | None = None, limit: int = CANDIDATES) -> list[Tiling]:
     """The tilings that fit the PE memories and whose product has a storable image, the most
-    promising first (by the work each step does, see `_cost`); the planner times the first few."""
+    promising first (by the work each step does, see `_cost`); the planner times the first few.
+    The same product is asked for often (candidates, consumers' wishes): the answer is cached."""
+    return list(_tilings(cg.hw, p, batched, trans_b, half, staged_in_float32, in_bytes, out_half,
+                         None if a_runs is None else float(np.float32(a_runs)), limit))
+
+
+@lru_cache(maxsize=256)
+def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool, in_bytes: int,
+             out_half: bool, a_runs: float | None, limit: int) -> tuple[Tiling, ...]:
+    cg = EmitContext(hw)
     chain = Chain.of(cg.hw)
     axes = [a for a in cg.hw.axes if a != chain.pe_axis]
     sizes = cg.hw.axes
@@ -338,7 +348,7 @@ def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: 
                 break
     if not storable:
         raise CompileError(f"no tiling of a {p.batch}x{p.m}x{p.k}x{p.n} product fits the PE memories of {cg.hw.name}")
-    return storable
+    return tuple(storable)
 
 
 def _storable(layout: Layout, hw, dtype: str) -> bool:

@@ -126,6 +126,12 @@ class GatherKernel(Kernel):
     def reads(self) -> dict[Value, Layout]:
         return {}
 
+    def key(self, refs: dict[Value, Ref]) -> tuple:
+        n = self.node
+        return ("gather", n.kind, tuple((a.shape, a.dtype) for a in n.inputs), repr(sorted(n.attrs.items())),
+                tuple(str(refs[v].placement.layout) for v in self.sources()),
+                tuple(str(self.layouts[o]) for o in n.outputs))
+
     def sources(self) -> list[Value]:
         return list(dict.fromkeys(v for parts in self.maps.values() for v, _ in parts))
 

@@ -203,4 +203,6 @@ def _in_pe(layout: Layout, dims) -> bool:
 
 
 def wishes(user: Node, v: Value, planner) -> list[Layout]:
-    return []
+    """The layouts the reduction would stage its input from by block copies: its producer can
+    compute it there."""
+    return [k.layout for k in plan(user, planner)[:2]] if v is user.args[0] else []

@@ -110,6 +110,12 @@ class RelayoutKernel(Kernel):
     def reads(self) -> dict[Value, Layout]:
         return {}
 
+    def key(self, refs: dict[Value, Ref]) -> tuple | None:
+        if self.index is not None:
+            return None  # a movement node's map: not worth hashing
+        return ("relayout", str(refs[self.source].placement.layout), str(refs[self.out].placement.layout),
+                refs[self.source].placement.dtype, str(self.layout), self.zero_pad)
+
     def sources(self) -> list[Value]:
         return [self.source]
 

@@ -120,7 +120,16 @@ class Layout:
     # ---- canonical form ---------------------------------------------------------------------
 
     def canonical(self) -> "Layout":
-        """The equal layout with merged factors, unit strides on size-1 factors and no redundancy."""
+        """The equal layout with merged factors, unit strides on size-1 factors and no redundancy
+        (computed once per layout: layouts are compared and hashed a lot)."""
+        cached = self.__dict__.get("_canonical")
+        if cached is None:
+            cached = self._canonical_form()
+            object.__setattr__(self, "_canonical", cached)
+            object.__setattr__(cached, "_canonical", cached)
+        return cached
+
+    def _canonical_form(self) -> "Layout":
         placed_elsewhere = {f.axis for _, f in self.factors if f.axis is not None and f.size > 1}
         kept_unit_axes: set[str] = set()
         dims = []
@@ -141,8 +150,12 @@ class Layout:
         return Layout(tuple(dims), self.shape, tuple(dict.fromkeys(items)))
 
     def _key(self) -> tuple:
-        c = self.canonical()
-        return (c.shape, c.dims, c.broadcast)
+        key = self.__dict__.get("_key_cache")
+        if key is None:
+            c = self.canonical()
+            key = (c.shape, c.dims, c.broadcast)
+            object.__setattr__(self, "_key_cache", key)
+        return key
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Layout) and self._key() == other._key()

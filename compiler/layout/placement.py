@@ -28,6 +28,7 @@ hundreds of millions of elements is checked without materialising it.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 from math import prod
@@ -42,6 +43,7 @@ from .layout import TIME_AXIS, W_AXIS, Broadcast, Factor, Layout, spread
 # Exact injectivity checks materialise the offsets of every element; beyond this many elements
 # only the algebraic check runs, and a layout it cannot prove injective is rejected.
 EXACT_CHECK_LIMIT = 1 << 24
+CACHED_PLACEMENTS = 4096  # placements kept for reuse (a compile-time cache, not a hardware number)
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,32 @@ class Location:
 
 
 class Placement:
-    """Where every element of a tensor lives on one memory kind of one chip; see the module doc."""
+    """Where every element of a tensor lives on one memory kind of one chip; see the module doc.
+
+    Placements are values: building one validates the layout, so the last few thousand built are
+    kept and a placement asked for again is the same object (planning asks for the same ones
+    many times)."""
+
+    _cache: "OrderedDict[tuple, Placement]" = OrderedDict()
+
+    def __new__(cls, layout: Layout, hw: HwDesc, memory: str, dtype: str, *, check_capacity: bool = True):
+        found = cls._cache.get((layout._key(), hw.fingerprint, memory, dtype, check_capacity))
+        if found is not None:
+            cls._cache.move_to_end((layout._key(), hw.fingerprint, memory, dtype, check_capacity))
+            return found
+        return super().__new__(cls)
 
     def __init__(self, layout: Layout, hw: HwDesc, memory: str, dtype: str, *, check_capacity: bool = True) -> None:
+        if self.__dict__.get("_built"):
+            return
+        self._build(layout, hw, memory, dtype, check_capacity)
+        self._built = True
+        cache = type(self)._cache
+        cache[(layout._key(), hw.fingerprint, memory, dtype, check_capacity)] = self
+        if len(cache) > CACHED_PLACEMENTS:
+            cache.popitem(last=False)
+
+    def _build(self, layout: Layout, hw: HwDesc, memory: str, dtype: str, check_capacity: bool) -> None:
         if memory not in hw.memories:
             raise LayoutError(f"memory {memory!r} does not exist on {hw.name}; expected one of {', '.join(hw.memories)}")
         if dtype not in hw.formats:

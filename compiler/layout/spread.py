@@ -78,6 +78,9 @@ def spread(shape: tuple[int, ...], epl: int, axes: dict[str, int], recipe: Sprea
         remaining[dim] = ceil(remaining[dim] / take)
     if not any(f.axis == leaf for dim in placed for f in dim):  # the PE axis is always placed (size 1 when
         placed[rank - 1].append(Factor(1, leaf, 1))  # nothing is left for it): a staging mode exists then
+    root = names[0]
+    if root != leaf and not any(f.axis == root for dim in placed for f in dim):
+        placed[0].insert(0, Factor(1, root, 1))  # a small tensor on the first Group only: no copy in every DRAM
     time: list[int] = [1] * rank
     if budget_lw is not None and prod(remaining) > budget_lw:
         dim = max(range(rank), key=lambda d: remaining[d])

@@ -50,6 +50,10 @@ class Pending:
 
 
 ROLE = {"input": "input", "const": "const", "node": "temp"}
+
+
+class NeedsRelay(Exception):
+    """A candidate whose input would have to be relaid first (refused in the first round)."""
 CANDIDATE_LAYOUTS = 6  # iteration / output layouts the planner times per node (compile-time budget)
 
 
@@ -195,14 +199,17 @@ class Planner:
 
     # ---- choosing among candidates ------------------------------------------------------------
 
-    def prepare(self, kernel: Kernel) -> tuple[dict[Value, Ref], list[Step], list[tuple[Value, Ref]]]:
+    def prepare(self, kernel: Kernel, allow_relay: bool = True
+                ) -> tuple[dict[Value, Ref], list[Step], list[tuple[Value, Ref]]]:
         """The refs a candidate would read and write, the relayout steps its inputs would need, and
-        the values it would place."""
+        the values it would place. Without `allow_relay`, a candidate that needs one is refused."""
         refs: dict[Value, Ref] = {}
         pre: list[Step] = []
         placed: list[tuple[Value, Ref]] = []
 
         def relay(v: Value, ref: Ref, layout: Layout | None, target: Placement, zero_pad: bool = False) -> Ref:
+            if not allow_relay:
+                raise NeedsRelay(v.name)
             relayout = RelayoutKernel(v, layout, target=target, zero_pad=zero_pad)
             copy = Ref(f"temp:{v.name}@{len(self.steps)}.{len(pre)}", target, layout)
             step_refs = {v: ref, relayout.out: copy}
@@ -245,7 +252,7 @@ class Planner:
         return self.tentative(v, None)
 
     def time(self, kernel: Kernel, refs: dict[Value, Ref]) -> int:
-        key = kernel.key(refs) if hasattr(kernel, "key") else None
+        key = kernel.key(refs)
         if key is not None and key in self.costs:
             return self.costs[key]
         ctx = EmitContext(self.hw, self.options)
@@ -256,14 +263,31 @@ class Planner:
         return cycles
 
     def choose(self, candidates: list[Kernel], node: Node) -> Kernel:
+        """The fastest candidate, by the simulator's timing of what it would emit. Candidates whose
+        inputs need a relayout first are timed only when no other works (a relayout costs more
+        than it could save, and timing it costs compile time)."""
+        best = self._best(candidates, False)
+        if best[0] is None:
+            best = self._best(candidates, True)
+        found, errors = best
+        if found is None:
+            why = errors[0] if errors else f"none of {len(candidates)} candidate layouts works"
+            raise UnsupportedOpError(node.aten or node.kind, [list(v.shape) for v in node.inputs], node.source, why)
+        (cycles, _, _), kernel, refs, pre, placed = found
+        self.commit(kernel, refs, pre, placed, cycles - sum(s.cycles for s in pre))
+        return kernel
+
+    def _best(self, candidates: list[Kernel], allow_relay: bool) -> tuple[tuple | None, list[str]]:
         best = None
-        errors = []
+        errors: list[str] = []
         for kernel in candidates:
             try:
-                refs, pre, placed = self.prepare(kernel)
+                refs, pre, placed = self.prepare(kernel, allow_relay)
                 if hasattr(kernel, "feasible") and not kernel.feasible(self.ctx, refs):
                     continue
                 cycles = sum(s.cycles for s in pre) + self.time(kernel, refs)
+            except NeedsRelay:
+                continue
             except UnsupportedOpError:
                 raise
             except (CompileError, LayoutError) as e:
@@ -272,12 +296,7 @@ class Planner:
             rank = (cycles, self.host_cycles(kernel, refs, placed), self.spread_key(kernel, refs))
             if best is None or rank < best[0]:
                 best = (rank, kernel, refs, pre, placed)
-        if best is None:
-            why = errors[0] if errors else f"none of {len(candidates)} candidate layouts works"
-            raise UnsupportedOpError(node.aten or node.kind, [list(v.shape) for v in node.inputs], node.source, why)
-        (cycles, _, _), kernel, refs, pre, placed = best
-        self.commit(kernel, refs, pre, placed, cycles - sum(s.cycles for s in pre))
-        return kernel
+        return best, errors
 
     def host_cycles(self, kernel: Kernel, refs: dict[Value, Ref], placed: list[tuple[Value, Ref]]) -> int:
         """What the layouts a candidate gives graph inputs and outputs cost to upload and download

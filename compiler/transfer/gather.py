@@ -13,6 +13,7 @@ by MV; `LaneMismatch` says which element and why.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,12 +94,36 @@ class Destination:
         return Destination(p.locate(), p.instance_count, p.span_lw, p.epl, str(p.layout))
 
 
+_CACHE: "OrderedDict[tuple, LwSources | LaneMismatch]" = OrderedDict()
+CACHED_GATHERS = 256  # conversions kept (planning asks for the same ones repeatedly; compile-time cache)
+
+
 def lw_sources(dst: "Placement | Destination", src: Placement, index: np.ndarray | None = None) -> LwSources:
     """Match every destination long word to one source long word; raise LaneMismatch if impossible.
 
     `index[e]` is the source element of destination element e (flat); -1 means zero, SKIP that
     the element comes from another source. Without it, element e comes from element e (a
-    conversion between layouts of one tensor)."""
+    conversion between layouts of one tensor); those answers are cached."""
+    if index is not None:
+        return _lw_sources(dst, src, index)
+    d = dst if isinstance(dst, Destination) else None
+    key = (d.name if d is not None else str(dst.layout), dst.memory if d is None else "image", src.layout._key(),
+           src.dtype, src.hw.fingerprint)
+    found = _CACHE.get(key)
+    if found is None:
+        try:
+            found = _lw_sources(dst, src, None)
+        except LaneMismatch as e:
+            found = e
+        _CACHE[key] = found
+        if len(_CACHE) > CACHED_GATHERS:
+            _CACHE.popitem(last=False)
+    if isinstance(found, LaneMismatch):
+        raise LaneMismatch(str(found))
+    return found
+
+
+def _lw_sources(dst: "Placement | Destination", src: Placement, index: np.ndarray | None) -> LwSources:
     dst = dst if isinstance(dst, Destination) else Destination.of(dst)
     if src.memory != DRAM:
         raise LayoutError("long-word gathers read DRAM placements")
