@@ -99,6 +99,13 @@ class ProgramBuilder:
         if self._count > first:
             self._labels.append((first, self._count, name))
 
+    def extend(self, code: np.ndarray) -> None:
+        """Append instructions built elsewhere (rows without relocatable addresses): a kernel emits
+        the same compute for every time slice once, then repeats it."""
+        if len(code):
+            self._blocks.append(np.ascontiguousarray(code, dtype=np.int64).reshape(-1, FIELDS))
+            self._count += len(code)
+
     def build(self) -> Program:
         code = np.concatenate(self._blocks) if self._blocks else np.zeros((0, FIELDS), dtype=np.int64)
         relocs = np.concatenate([np.array(self._relocs, dtype=np.int64).reshape(-1, 3), *self._reloc_blocks])

@@ -84,6 +84,9 @@ class Arena:
         free = {m: a.largest_free for m, a in self.allocators.items()}
         raise CompileError(f"a kernel needs {words} more words of PE memory; largest free regions: {free}")
 
+    def free(self, memory: str, word: int) -> None:
+        self.allocators[memory].free(word)
+
     def total_words(self, memories: tuple[str, ...] | None = None) -> int:
         return sum(a.capacity for m, a in self.allocators.items() if memories is None or m in memories)
 

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sim import ProgramBuilder
+
 from ..errors import UnsupportedOpError
 from ..ir import COMPARISONS, Node, Value
 from ..layout import Layout
 from .base import Kernel, Operand, Slot, device_dtype, emit_step
 from .context import Arena, EmitContext, Ref
-from .operands import restrict, slice_count
+from .operands import operand_slice, restrict, slice_count
 
 SAME = {"copy": "copy", "neg": "neg", "abs": "abs", "relu": "relu", "exp": "exp", "log": "log", "log1p": "log1p",
         "expm1": "expm1", "sqrt": "sqrt", "rsqrt": "rsqrt", "reciprocal": "reciprocal", "sigmoid": "sigmoid",
@@ -86,6 +88,16 @@ def _cast(x: Value, out: Value) -> list[Step]:
     return [Step("cvt", dst, out, [x], src)]
 
 
+def _last_reads(steps: list[Step]) -> dict[object, int]:
+    """The index of the last step that reads each slot."""
+    last: dict[object, int] = {}
+    for k, s in enumerate(steps):
+        for a in s.srcs:
+            if isinstance(a, (Value, tuple)):
+                last[a] = k
+    return last
+
+
 @dataclass
 class Group:
     """Fused element-wise nodes of one output shape: inputs from outside, outputs read outside."""
@@ -112,36 +124,50 @@ def _width(v: Value) -> bool:
 
 def fuse_elementwise(nodes: list[Node], users: dict[Value, list[Node]], graph_outputs: set[Value]) -> list[object]:
     """Program order as units: a Group for each set of fusable element-wise nodes, other nodes as
-    they are. A node joins the open group of its shape when one of its operands comes from the
-    group, its tensors have the group's element width (one layout serves them all), and none of
-    its other operands depends on the group (that would need the group's output first)."""
+    they are. A node joins the open group of its shape when its tensors have the group's element
+    width (one layout serves them all) and none of its operands from outside depends on the group
+    (that would need the group's output first): the group stages its inputs once, computes every
+    node in LM, and uploads only what others read."""
     units: list[object] = []
     open_groups: dict[tuple, int] = {}  # shape -> index of its open group in `units`
     unit_of: dict[Value, int] = {}
-    depends: dict[Value, frozenset[int]] = {}  # the units a value needs, transitively
+    needs: list[set[int]] = []  # the units each unit reads from (a group's grows as it takes nodes)
+
+    def reaches(start: int, target: int) -> bool:
+        """Whether unit `start` depends, through any chain of units, on unit `target`."""
+        seen, todo = set(), [start]
+        while todo:
+            u = todo.pop()
+            if u == target:
+                return True
+            if u not in seen:
+                seen.add(u)
+                todo += needs[u]
+        return False
+
     for node in nodes:
         joined = None
-        needs = frozenset().union(*[depends.get(a, frozenset()) for a in node.inputs])
+        sources = {unit_of[a] for a in node.inputs if a in unit_of}
         if node.kind in ("ew", "full", "expand"):
             gi = open_groups.get(node.out.shape)
             if gi is not None:
                 group = units[gi]
-                inside = {v for n in group.nodes for v in n.outputs}
                 widths = {_width(v) for v in [*node.inputs, node.out]}
-                feeds = any(a in inside for a in node.inputs)
-                late = any(a not in inside and gi in depends.get(a, frozenset()) for a in node.inputs)
-                if feeds and not late and widths == {_width(group.nodes[0].out)}:
+                late = any(u != gi and reaches(u, gi) for u in sources)
+                if not late and widths == {_width(group.nodes[0].out)}:
                     group.nodes.append(node)
                     joined = gi
             if joined is None:
                 units.append(Group([node]))
+                needs.append(set())
                 joined = open_groups[node.out.shape] = len(units) - 1
         else:
             units.append(node)
+            needs.append(set())
             joined = len(units) - 1
+        needs[joined] |= sources - {joined}
         for v in node.outputs:
             unit_of[v] = joined
-            depends[v] = needs | {joined}
     for unit in units:
         if isinstance(unit, Group):
             inside = {v for n in unit.nodes for v in n.outputs}
@@ -178,6 +204,9 @@ def _in_order(units: list[object], unit_of: dict[Value, int]) -> list[object]:
             waiting[j] -= 1
             if waiting[j] == 0:
                 heapq.heappush(ready, j)
+    if len(order) != len(units):
+        stuck = [units[k] for k, w in enumerate(waiting) if w]
+        raise AssertionError(f"internal: fused units depend on each other: {stuck[:3]}")
     return order
 
 
@@ -212,10 +241,21 @@ class ElementwiseKernel(Kernel):
         outs = tuple(names[v] for v in self.group.outputs)
         return ("ew", steps, shapes, stored, outs, str(self.layout), self.group.shape)
 
-    def regions(self) -> int:
-        """LM regions the kernel allocates (inputs, values of the group, temporaries)."""
-        temps = {s.dst for s in self.steps if isinstance(s.dst, tuple)}
-        return len(self.group.inputs) + len(self.group.nodes) + len(temps)
+    @staticmethod
+    def regions_of(group: Group) -> int:
+        """LM regions a group's kernel needs at once: its inputs and outputs, and the most values
+        computed inside it that are alive at the same time (a region is reused once its value
+        has been read for the last time)."""
+        steps = [s for n in group.nodes for s in recipe(n)]
+        kept = set(group.inputs) | set(group.outputs)
+        live, most = set(), 0
+        last = _last_reads(steps)
+        for k, s in enumerate(steps):
+            if s.dst not in kept:
+                live.add(s.dst)
+            most = max(most, len(live))
+            live -= {slot for slot in live if last.get(slot, -1) <= k}
+        return len(kept) + most
 
     def emit(self, ctx: EmitContext, refs: dict[Value, Ref]) -> None:
         shape = self.group.shape or (1,)
@@ -228,20 +268,38 @@ class ElementwiseKernel(Kernel):
         for s in self.steps:
             if isinstance(s.dst, tuple) and s.dst not in ops:
                 ops[s.dst] = Operand(None, restrict(self.layout, shape), s.dst[1])
-        for o in ops.values():
+        kept = list(dict.fromkeys([*self.group.inputs, *self.group.outputs]))  # in order: deterministic addresses
+        for slot in kept:
+            o = ops[slot]
             o.memory, o.word = arena.alloc(o.words(ctx))
+        last = _last_reads(self.steps)
+        placed: dict = {}  # slots holding a region now, in order of birth
+        for k, s in enumerate(self.steps):  # values inside the group share regions as they die
+            if s.dst not in kept and s.dst not in placed:
+                o = ops[s.dst]
+                o.memory, o.word = arena.alloc(o.words(ctx))
+                placed[s.dst] = True
+            for slot in [slot for slot in placed if last.get(slot, -1) <= k]:
+                arena.free(ops[slot].memory, ops[slot].word)
+                del placed[slot]
         hazard = ctx.hw.hazards["lm_write_to_read"]
+        body = ProgramBuilder(ctx.params)  # the compute of one slice: the same instructions every slice
+        saved, ctx.b = ctx.b, body
+        for k, s in enumerate(self.steps):
+            srcs: list[Slot] = [ops[a] if isinstance(a, (Value, tuple)) else a for a in s.srcs]
+            emit_step(ctx, s.vop, s.dtype, self.layout, ops[s.dst], srcs, s.src_dtype)
+            if k + 1 < len(self.steps):
+                ctx.b.nop(hazard)
+        ctx.b = saved
+        compute = body.build().code
         for t in range(slice_count(self.layout)):
             for v in self.group.inputs:
                 o = ops[v]
                 if t == 0 or o.sliced:
-                    ctx.download(refs[v], o.placement(ctx), memory=o.memory, word=o.word,
-                                 slice_index=t if o.sliced else 0)
-            for k, s in enumerate(self.steps):
-                srcs: list[Slot] = [ops[a] if isinstance(a, (Value, tuple)) else a for a in s.srcs]
-                emit_step(ctx, s.vop, s.dtype, self.layout, ops[s.dst], srcs, s.src_dtype)
-                if k + 1 < len(self.steps):
-                    ctx.b.nop(hazard)
+                    s = operand_slice(self.layout, o.restricted, t)
+                    if t == 0 or s != operand_slice(self.layout, o.restricted, t - 1):
+                        ctx.download(refs[v], o.placement(ctx), memory=o.memory, word=o.word, slice_index=s)
+            ctx.b.extend(compute)
             for v in self.group.outputs:
                 o = ops[v]
                 ctx.upload(o.placement(ctx), refs[v], memory=o.memory, word=o.word, slice_index=t)

@@ -112,3 +112,17 @@ def per_pe(layout: Layout, epl: int) -> list[tuple[int, int]]:
 
 def slice_count(layout: Layout) -> int:
     return prod(f.size for _, f in flat_factors(layout) if f.axis == TIME_AXIS)
+
+
+def operand_slice(iteration: Layout, operand: Restricted, t: int) -> int:
+    """The time slice of an operand that iteration slice `t` reads: each of the iteration's Time
+    digits of `t` that the operand keeps, at the operand's stride for it."""
+    factors = flat_factors(iteration)
+    mine = flat_factors(operand.layout)
+    index = 0
+    for k, (_, f) in enumerate(factors):
+        if f.axis != TIME_AXIS or operand.source[k] is None:
+            continue
+        digit = (t // f.stride) % f.size
+        index += digit * mine[operand.source[k]][1].stride
+    return index

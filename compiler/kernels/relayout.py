@@ -74,6 +74,11 @@ def _shuffle(ctx: EmitContext, src: Layout, dst: Layout, src_at: tuple[str, int]
                   LoopOperand(src_at[0], src_at[1] * per_word, s_st))
 
 
+def _uploadable(ctx: EmitContext, layout: Layout, dtype: str) -> bool:
+    """An LM layout the PEs can upload (one that is not broadcast over every PE of an L1B)."""
+    return stage(ctx.lm_placement(layout, dtype)).pe_mode != "broadcast"
+
+
 class RelayoutKernel(Kernel):
     """`out` (a copy of `source`, or of a movement node's output) stored as the image of `layout`,
     or in `target` when one is given."""
@@ -141,7 +146,8 @@ class RelayoutKernel(Kernel):
         # each pass holds a layout and its unpacked form (epl times larger) in the PE memories
         budget = max(1, sum(ctx.hw.memory_lw(m) for m in ctx.chain.scratch) // (1 + ctx.hw.elements_per_lw(dtype)))
         spread_ref = self._unpack(ctx, src, dtype, budget)
-        packed = self.layout if self.layout is not None else lane_matched(target, budget)
+        packed = self.layout if self.layout is not None and _uploadable(ctx, self.layout, dtype) else \
+            lane_matched(target, budget)  # then gathered into the target by the Data Engines
         packed = time_sliced(packed, budget, ctx.hw.elements_per_lw(dtype)) or packed
         image = stage(ctx.lm_placement(packed, dtype)).dram
         image_ref = out if image.same_placement(target) else ctx.buffer("temp", image, f"{self.out.name}_packed")

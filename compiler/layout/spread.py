@@ -82,17 +82,19 @@ def spread(shape: tuple[int, ...], epl: int, axes: dict[str, int], recipe: Sprea
     if root != leaf and not any(f.axis == root for dim in placed for f in dim):
         placed[0].insert(0, Factor(1, root, 1))  # a small tensor on the first Group only: no copy in every DRAM
     time: list[int] = [1] * rank
-    if budget_lw is not None and prod(remaining) > budget_lw:
-        dim = max(range(rank), key=lambda d: remaining[d])
+    while budget_lw is not None and prod(remaining) > budget_lw:  # time slices, outermost dimension first:
+        dim = next(d for d in range(rank) if remaining[d] > 1)  # each slice a block of whole rows
         per = max(1, budget_lw // max(1, prod(remaining) // remaining[dim]))
-        time[dim] = ceil(remaining[dim] / per)
-        remaining[dim] = ceil(remaining[dim] / time[dim])
+        slices = ceil(remaining[dim] / per)
+        time[dim] *= slices
+        remaining[dim] = ceil(remaining[dim] / slices)
+    time_strides = [prod(time[d + 1:]) for d in range(rank)]  # slice index: row-major over the dims
     strides = [prod(remaining[d + 1:]) for d in range(rank)]
     dims = []
     for d in range(rank):
         address = [Factor(remaining[d], None, strides[d])] if remaining[d] > 1 else []
         lanes = [Factor(w, W_AXIS, 1)] if d == recipe.pack and w > 1 else []
-        head = [Factor(time[d], TIME_AXIS, 1)] if time[d] > 1 else []
+        head = [Factor(time[d], TIME_AXIS, time_strides[d])] if time[d] > 1 else []
         body = address + placed[d] if recipe.cyclic else placed[d] + address
         dims.append(head + body + lanes or [Factor(1, None, 1)])
     broadcast = () if w > 1 or epl == 1 else (Broadcast(W_AXIS),)

@@ -27,7 +27,7 @@ from ..ir import Graph, Node, Value
 from ..kernels import plan_kernels
 from ..kernels.base import Kernel, device_dtype
 from ..kernels.context import Buffer, EmitContext, Ref, lane_compatible
-from ..kernels.elementwise import Group, fuse_elementwise
+from ..kernels.elementwise import ElementwiseKernel, Group, fuse_elementwise
 from ..kernels.movement import GatherKernel, view_ref, view_transform
 from ..kernels.operands import restrict
 from ..kernels.relayout import RelayoutKernel
@@ -193,9 +193,18 @@ class Planner:
                 self.register(v, ref)
 
     def budget(self, tensors: int) -> int:
-        """LM long words per PE each of `tensors` operands of one kernel may use."""
-        total = sum(self.hw.memory_lw(m) for m in self.ctx.chain.scratch)
-        return max(1, total // max(1, tensors))
+        """LM long words per PE each of `tensors` operands of one kernel may use: the largest
+        region size of which that many fit the PE memories, each region inside one memory."""
+        capacities = [self.hw.memory_lw(m) for m in self.ctx.chain.scratch]
+        align = max(1, self.hw.long_word_bytes // self.hw.word_bytes)  # regions start on 2-word boundaries
+        low, high = 1, max(1, sum(capacities) // max(1, tensors))
+        while low < high:  # the largest size that still packs
+            mid = (low + high + 1) // 2
+            if sum(c // (mid + align) for c in capacities) >= tensors:
+                low = mid
+            else:
+                high = mid - 1
+        return low
 
     # ---- choosing among candidates ------------------------------------------------------------
 
@@ -338,7 +347,7 @@ class Planner:
         what its consumers want, then fresh ones."""
         shape = group.shape or (1,)
         dtype = group.layout_dtype
-        budget = self.budget(len(group.inputs) + len(group.nodes) + 2)
+        budget = self.budget(ElementwiseKernel.regions_of(group))
         found: list[Layout] = []
 
         def add(layout: Layout | None) -> None:
@@ -388,7 +397,6 @@ class Planner:
         return self.wish_cache[v]
 
     def plan_group(self, group: Group) -> None:
-        from ..kernels.elementwise import ElementwiseKernel
         candidates = [ElementwiseKernel(group, layout) for layout in self.group_layouts(group)]
         self.choose(candidates, group.nodes[-1])
 

@@ -327,11 +327,14 @@ def emit_fetch(b: ProgramBuilder, st: Staging, *, dram: Address, l2_addr: int, f
 
 def emit_drain_piece(b: ProgramBuilder, st: Staging, p: "Piece", *, l2_addr: int, l1_addr: int, lm_mem: str,
                      lm_word: int) -> None:
-    """One piece from L2BM (its long words at `l2_addr`) through L1BM to LM, in the PE stream."""
+    """One piece from L2BM (its long words at `l2_addr`) through L1BM to LM, in the PE stream. The
+    L1BM range is padded to whole l2bm chunks; the PE hop moves only the piece's own long words,
+    so that nothing lands past the LM region."""
     wpl = st.lm.hw.long_word_bytes // st.lm.hw.word_bytes
     b.xfer(st.l1_mode, "down", L2BM, l2_addr, L1BM, l1_addr, p.q2_count)
     b.nop(st.lm.hw.hazards["l2bm_to_l1bm_read"])
-    b.xfer(st.pe_mode, "down", L1BM, l1_addr, lm_mem, lm_word + wpl * p.lm_first, p.q1_count)
+    b.xfer(st.pe_mode, "down", L1BM, l1_addr, lm_mem, lm_word + wpl * p.lm_first,
+           (p.lm_last - p.lm_first) * st.per_lm_lw)
 
 
 def emit_drain(b: ProgramBuilder, st: Staging, *, l2_addr: int, lm_mem: str, lm_word: int, transit: Transit) -> None:

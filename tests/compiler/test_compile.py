@@ -161,3 +161,25 @@ def test_outputs_that_are_views_of_a_kernels_result(device):
     conv = torch.nn.Conv2d(8, 16, 3, padding=1, bias=False)
     check(device, lambda d: {"y": conv(d["x"])}, {"x": torch.randn(1, 8, 12, 12)})
     check(device, lambda d: {"y": (d["a"] @ d["b"]).t()}, {"a": torch.randn(16, 24), "b": torch.randn(24, 8)})
+
+
+def test_compiles_are_deterministic(tmp_path):
+    """The same function compiles to the same program in any process (no hash-order dependence):
+    caches and artifacts rely on it."""
+    import subprocess
+    import sys
+    script = tmp_path / "compile.py"
+    script.write_text(
+        "import hashlib, torch, hwdesc, torch.nn.functional as F\n"
+        "from compiler.compile import compile_function\n"
+        "torch.manual_seed(0)\n"
+        "x, w, t = torch.randn(8, 20), torch.randn(20, 10), torch.randint(0, 10, (8,))\n"
+        "c = compile_function(lambda d: {'y': F.cross_entropy(d['x'] @ w, d['t'])}, {'x': x, 't': t},"
+        " hwdesc.load('mini'))\n"
+        "print(hashlib.sha256(c.program.code.tobytes()).hexdigest())\n")
+    digests = set()
+    for seed in ("1", "2"):
+        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
+                             env={**__import__("os").environ, "PYTHONHASHSEED": seed})
+        digests.add(run.stdout.strip().splitlines()[-1])
+    assert len(digests) == 1

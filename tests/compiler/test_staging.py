@@ -132,3 +132,25 @@ def test_copies_that_cross_a_group_boundary_are_refused(mncore2):
     with pytest.raises(LayoutError, match=r"copies of the L2Bs at local positions \[0, 1\] by offsets \[0, 3\] "
                                           r"cross a Group boundary"):
         stage(Placement(parse("((2_L2B:1, 16:2), (4_PE:1, 2:1, 2_W:1); B@[2_L2B:3])"), mncore2, "LM0", "float32"))
+
+
+@pytest.mark.parametrize("lm", [
+    "(8, 1)/((8_L1B:1), (1:1); B@[W])",  # every PE of an L1B gets the same long word (l1bmp)
+    "(16,)/((8_L1B:1, 1_PE:1, 2_W:1))",  # one PE of each MAB (l1bmm)
+])
+def test_downloads_write_nothing_past_the_lm_region(mncore2, lm):
+    """The L1BM range of a staging is padded to whole l2bm chunks, but the PE hop must move only the
+    layout's own long words: what follows the region in LM is another operand's."""
+    st = stage(Placement(parse(lm), mncore2, "LM0", "float32"))
+    machine = sim.Machine(mncore2)
+    src = machine.alloc_dram(max(st.dram_lw, 64))
+    x = np.arange(st.lm.layout.numel, dtype=np.float32).reshape(st.lm.layout.shape)
+    scatter(st.dram, x, machine.memory("DRAM"), src)
+    lm = machine.memory("LM0").view(np.float32)
+    lm[:] = -7.0
+    b = sim.ProgramBuilder(machine.params)
+    emit_download(b, st, dram=src, lm_mem="LM0", lm_word=0, transit=transit_for(mncore2))
+    machine.run(b.build())
+    words = st.span * machine.params.words_per_lw
+    assert (lm[:, words:] == -7.0).all()
+    np.testing.assert_array_equal(gather(st.lm, machine.memory("LM0")).view(np.float32), x)

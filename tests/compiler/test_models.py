@@ -1,0 +1,85 @@
+"""The model suite: ordinary programs compile and match torch, on the full chip and on mini.
+
+float32 results must match torch to 1e-5 of their largest magnitude; "mixed" (matrix products in
+MN-Core's half, 1-6-9 with 9 mantissa bits, float32 accumulation) to MIXED_TOLERANCE of it: a half
+product rounds each operand to 2^-10 relative, and sums of such products keep about that.
+Integer results (argmax) must be equal.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hwdesc
+from compiler.compile import compile_function
+from compiler.device import Device
+
+from .models import MODELS
+
+FLOAT_TOLERANCE = 1e-5
+MIXED_TOLERANCE = 4e-3
+
+
+@pytest.fixture(scope="module", params=["mini", "mncore2"])
+def device(request) -> Device:
+    return Device(hwdesc.load(request.param))
+
+
+def check(device: Device, fn, inputs, tolerance: float, options: dict | None = None) -> None:
+    compiled = compile_function(fn, inputs, device.hw, options=options)
+    got = device.execute(compiled, inputs)
+    with torch.no_grad():
+        want = fn(inputs)
+    for name, expected in want.items():
+        result = got[name]
+        assert result.shape == expected.shape and result.dtype == expected.dtype, name
+        if not expected.is_floating_point():
+            assert torch.equal(result, expected), name
+            continue
+        scale = max(expected.abs().max().item(), 1e-30)
+        error = (result.float() - expected.float()).abs().max().item()
+        assert error <= tolerance * scale, f"{name}: error {error:.3g} of {scale:.3g}"
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_models_match_torch_in_float32(device, model):
+    fn, inputs = MODELS[model]()
+    check(device, fn, inputs, FLOAT_TOLERANCE, {"float_dtype": "float"})
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_models_match_torch_in_mixed_precision(device, model):
+    fn, inputs = MODELS[model]()
+    check(device, fn, inputs, MIXED_TOLERANCE, {"float_dtype": "mixed"})
+
+
+ODD_SHAPES = [(), (1,), (7,), (13,), (4097,), (7, 13), (17, 25), (1, 8191)]
+
+
+def random_shapes(count: int, seed: int = 0) -> list[tuple[int, ...]]:
+    """Shapes of rank 1 to 4 with sizes from 1 to 24, primes included."""
+    rng = np.random.default_rng(seed)
+    shapes = []
+    while len(shapes) < count:
+        rank = int(rng.integers(1, 5))
+        shape = tuple(int(s) for s in rng.integers(1, 25, size=rank))
+        if shape not in shapes:
+            shapes.append(shape)
+    return shapes
+
+
+def elementwise(d):
+    """Unary, binary and ternary ops, a scalar on either side, broadcasting against a row."""
+    x, row = d["x"], d["row"]
+    y = torch.relu(x * 2.0 - 1.0) + torch.exp(-x * x) / (1.0 + torch.abs(x))
+    z = torch.where(x > row, x - row, 3.0 - x)
+    return {"y": y, "z": torch.maximum(z, torch.tanh(y)), "mask": (x < 0) | (x > 1)}
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES + random_shapes(26))
+def test_elementwise_ops_over_any_shape(device, shape):
+    torch.manual_seed(sum(shape) + len(shape))
+    row = torch.randn(shape[-1:] if shape else ())
+    check(device, elementwise, {"x": torch.randn(shape), "row": row}, FLOAT_TOLERANCE)
