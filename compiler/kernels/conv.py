@@ -33,6 +33,7 @@ from .matmul import Problem, Source, emit_product, layouts_for, output_layout, t
 
 
 SAMPLE_ROWS = 4096  # im2col rows the run estimate looks at (planning cost, not a hardware number)
+TIMED_TILINGS = 6  # a convolution's im2col gathers are costly to emit: only the most promising are timed
 
 
 def nhwc_layout(ctx: EmitContext, shape: tuple[int, ...], dtype: str) -> Layout:
@@ -244,7 +245,8 @@ def plan(node: Node, planner) -> list[Kernel]:
     runs = source_runs(index.reshape(p.m, p.k), x.shape, epl, SAMPLE_ROWS)
     found = tilings(planner.ctx, p, batched=False, trans_b=False, half=half, staged_in_float32=half and not half_in,
                     out_half=device_dtype(node.out) == "float16",
-                    in_bytes=planner.hw.element_bytes("float16" if half_in else "float32"), a_runs=runs)
+                    in_bytes=planner.hw.element_bytes("float16" if half_in else "float32"), a_runs=runs,
+                    limit=TIMED_TILINGS)
     return [ConvKernel(node, t, planner.ctx) for t in found]
 
 

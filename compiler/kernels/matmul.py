@@ -36,7 +36,7 @@ from .base import Kernel, device_dtype
 from .context import FIRST_FREE_TAG, Arena, EmitContext, Ref
 
 ROLES = ("batch", "m", "n")
-CANDIDATES = 4  # tilings per product the planner emits and times (compile-time budget)
+CANDIDATES = 32  # at most this many undominated tilings per product are timed (compile-time budget)
 OPERAND_ROLES = {"a": ("batch", "m", "k"), "b": ("batch", "k", "n"), "c": ("batch", "m", "n")}
 
 
@@ -190,72 +190,110 @@ def _traffic(cg: EmitContext, t: Tiling, in_bytes: int) -> Traffic:
     return Traffic(l2, l1, pe)
 
 
-def _xfer_cycles(cg: EmitContext, path: str, mode: str, per_lower: float, upper: float) -> float:
-    rates = cg.hw.transfers[path].modes[mode]
-    return max(upper / rates.src_lw_per_cycle, per_lower / rates.dst_lw_per_cycle)
+@dataclass(frozen=True)
+class Work:
+    """What a tiling makes each unit do, in counts that no rate enters: MAU cycles (from the MAU's
+    shape), long words and MVs per Group's Data Engine, long words on each side of each PE-stream
+    transfer mode, and how often the pipeline starts (steps, rounds, prefetch or not). A tiling
+    whose counts are all at most another's is at least as fast on any rates: the planner keeps
+    the tilings no other dominates (the same set on any variant of a chip) and times them."""
+
+    mau: int
+    engine_lw: float
+    engine_mvs: float
+    stream: tuple[float, ...]  # (upper, lower) long words per (path, mode), in a fixed order
+    steps: int
+    rounds: int
+    serial: int  # 1 when the Data Engines cannot fetch ahead (each step waits for its operands)
+    upload_lw: float
+
+    def vector(self) -> tuple[float, ...]:
+        return (self.mau, self.engine_lw, self.engine_mvs, *self.stream, self.steps, self.rounds, self.serial,
+                self.upload_lw)
 
 
-def _steps(cg: EmitContext, cycles: float) -> int:
-    return ceil(cycles / cg.hw.step_cycles) * cg.hw.step_cycles
-
-
-def _gather_cycles(cg: EmitContext, t: Tiling, a_l2_lw: float, in_bytes: int, source_run: float) -> float:
-    """Data Engine cycles per step for an A gathered from runs of `source_run` long words on
-    average (im2col): one MV per run, the runs of every Group issued one after another. A run
+def _gather_mvs(cg: EmitContext, t: Tiling, a_l2_lw: float, in_bytes: int, source_run: float) -> tuple[float, float]:
+    """(MVs, long words moved) per step for an A gathered from runs of `source_run` long words on
+    average (im2col): one MV per run, in every Group, into each L2B that holds A there. A run
     also ends where A's L2BM image interleaves other rows: after the PEs of a MAB when the MABs
-    split M (l1bm distribute), after an l2bm chunk when the L1Bs do. Each MV is charged whole
-    units, and at most `queue_depth` are in flight, each `latency` long."""
-    hw, chain = cg.hw, Chain.of(cg.hw)
+    split M (l1bm distribute), after an l2bm chunk when the L1Bs do; each MV moves whole units."""
+    hw, chain = cg.hw, cg.chain
     per_pe = t.kp * in_bytes / hw.long_word_bytes  # a row's long words in each PE per step
     run = chain.pes_per_unit * (1 if t.places("a", chain.unit_axis) else per_pe)
     if t.places("a", chain.l1_axis):
         run = min(run, chain.l2_chunk)
     run = 1 / (1 / run + 1 / source_run)  # either kind of boundary ends an MV
-    path = hw.transfers["dram_to_l2bm"]
-    mode = path.modes["individual"]
-    data = ceil(run / mode.unit_lw) * mode.unit_lw / mode.src_lw_per_cycle
-    per_mv = max(data, (path.latency_cycles + data) / hw.data_engine.queue_depth)
-    # a gather runs in every Group (staging.emit_fetch), into each L2B that holds A there
+    unit = hw.transfers[chain.dram_to_l2].modes["individual"].unit_lw
     targets = _l2_per_group_used(t, chain) if t.places("a", chain.l2_axis) else chain.l2_per_group
-    return chain.groups * targets * a_l2_lw / run * per_mv
+    mvs = chain.groups * targets * a_l2_lw / run
+    return mvs, mvs * ceil(run / unit) * unit
 
 
-def _cost(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None = None) -> float:
-    """Cycles of a tiling from the YAML numbers. Each step (one K chunk) the Data Engines fetch
-    the next chunk into L2BM while the PE stream moves this one down to the PEs and multiplies
-    it, so a step costs the larger of the two; then the result goes back to DRAM."""
-    hw, params = cg.hw, cg.params
-    chain = Chain.of(hw)
+def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None = None) -> Work:
+    hw, params, chain = cg.hw, cg.params, cg.chain
     traffic = _traffic(cg, t, in_bytes)
     l2_in_group = _l2_per_group_used(t, chain)
-    rate = hw.transfers["dram_to_l2bm"].modes["individual"].src_lw_per_cycle
-    unit = hw.transfers["dram_to_l2bm"].modes["individual"].unit_lw
-    block = [ceil(v / unit) * unit / rate for v in traffic.l2]  # one MV per operand, whole units
+    unit = hw.transfers[chain.dram_to_l2].modes["individual"].unit_lw
+    block = [ceil(v / unit) * unit for v in traffic.l2]  # one MV per operand, whole units
     if a_runs is not None:  # A's long words come in short runs, not blocks
-        engine = _gather_cycles(cg, t, traffic.l2[0], in_bytes, a_runs) + l2_in_group * block[1]
+        mvs, lw = _gather_mvs(cg, t, traffic.l2[0], in_bytes, a_runs)
+        engine_lw, engine_mvs = lw + l2_in_group * block[1], mvs + l2_in_group
     else:
-        engine = l2_in_group * sum(block)
-    stream = 0.0
+        engine_lw, engine_mvs = l2_in_group * sum(block), 2 * l2_in_group
+    modes = {(chain.l2_to_l1, m): [0.0, 0.0] for m in ("broadcast", "distribute")}
+    modes.update({(chain.l1_to_pe, m): [0.0, 0.0] for m in ("mab_broadcast", "distribute")})
     for op, l2, l1, pe in zip(("a", "b"), traffic.l2, traffic.l1, traffic.pe):
         l1_mode = "distribute" if t.places(op, chain.l1_axis) else "broadcast"
-        stream += _steps(cg, _xfer_cycles(cg, "l2bm_to_l1bm", l1_mode, l1, l2))
+        modes[chain.l2_to_l1, l1_mode][0] += l2
+        modes[chain.l2_to_l1, l1_mode][1] += l1
         pe_mode = "distribute" if t.places(op, chain.unit_axis) else "mab_broadcast"
         per_mode = chain.pes_per_l1 if pe_mode == "distribute" else chain.pes_per_unit  # PEs with their own data
-        stream += _steps(cg, _xfer_cycles(cg, "l1bm_to_pe", pe_mode, pe, pe * per_mode))
-        stream += (hw.hazards["l2bm_to_l1bm_read"] + hw.hazards["lm_write_to_read"]) * hw.step_cycles
-    mode = hw.units["MAU"].matrix["float16" if t.half else "float32"]
+        modes[chain.l1_to_pe, pe_mode][0] += pe * per_mode
+        modes[chain.l1_to_pe, pe_mode][1] += pe
+    mode = hw.units[chain.matrix_unit].matrix["float16" if t.half else "float32"]
     mm = ceil(t.mt / mode.rows) * ceil(t.kp * params.pes_per_mab / mode.cols) * max(t.nt, ceil(mode.rows / mode.load_rows_per_cycle))
-    stream += _steps(cg, mm)
-    if staged_in_float32 and t.half:
+    if staged_in_float32 and t.half:  # float32 staged, converted to half in LM: VOP work on the MAU
         lanes = min(params.vop_lanes[VOp.cvt, DType.float32], params.vop_lanes[VOp.cvt, DType.float16])
-        stream += ceil((t.mt * t.kp + t.kp * t.nt) / lanes) * params.vop_issues[VOp.cvt] * hw.step_cycles
+        mm += ceil((t.mt * t.kp + t.kp * t.nt) / lanes) * params.vop_issues[VOp.cvt] * hw.step_cycles
     steps = t.batch_local * t.rounds * t.chunks
     c_lw = t.mt * t.tiles("m", (chain.l1_axis, chain.unit_axis)) * t.nt * t.tiles("n", (chain.l1_axis, chain.unit_axis)) \
         * hw.element_bytes("float32") / hw.long_word_bytes * l2_in_group / t.tiles("k")  # partial sums reduce on the way
-    latency = hw.transfers["dram_to_l2bm"].latency_cycles
-    if t.chunks == 1 or 2 * sum(traffic.l2) > hw.memory_lw("L2BM"):  # nothing to fetch ahead (see _Feed)
-        return steps * (stream + engine + latency) + t.batch_local * t.rounds * c_lw / rate
-    return steps * max(stream, engine) + t.batch_local * t.rounds * (latency + engine + c_lw / rate)
+    serial = int(t.chunks == 1 or 2 * sum(traffic.l2) > hw.memory_lw(chain.l2))  # nothing to fetch ahead (see _Feed)
+    stream = tuple(v * steps for key in sorted(modes) for v in modes[key])
+    return Work(mm * steps, engine_lw * steps, engine_mvs * steps, stream, steps, t.batch_local * t.rounds, serial,
+                c_lw * t.batch_local * t.rounds)
+
+
+def _cost(cg: EmitContext, t: Tiling, work: Work) -> float:
+    """An estimate of a tiling's cycles from its work and the YAML's rates, only to order the
+    candidates the planner times (the choice is the timing engine's)."""
+    hw, chain = cg.hw, cg.chain
+    down = hw.transfers[chain.dram_to_l2]
+    rate = down.modes["individual"].src_lw_per_cycle
+    engine = work.engine_lw / rate + work.engine_mvs * down.latency_cycles / hw.data_engine.queue_depth
+    stream = float(work.mau)
+    keys = sorted([(chain.l2_to_l1, m) for m in ("broadcast", "distribute")] +
+                  [(chain.l1_to_pe, m) for m in ("mab_broadcast", "distribute")])
+    for k, (path, mode) in enumerate(keys):
+        rates = hw.transfers[path].modes.get(mode)
+        if rates is not None:
+            stream += max(work.stream[2 * k] / rates.src_lw_per_cycle, work.stream[2 * k + 1] / rates.dst_lw_per_cycle)
+    stream += work.steps * 2 * (hw.hazards["l2bm_to_l1bm_read"] + hw.hazards["lm_write_to_read"]) * hw.step_cycles
+    upload = work.upload_lw / rate + work.rounds * down.latency_cycles
+    if work.serial:
+        return stream + engine + work.steps * down.latency_cycles + upload
+    return max(stream, engine) + upload
+
+
+def pareto(items: list, vector) -> list:
+    """The items whose vectors no other item's is at most in every component (and below in one)."""
+    vectors = [vector(x) for x in items]
+    keep = []
+    for i, v in enumerate(vectors):
+        dominated = any(all(a <= b for a, b in zip(w, v)) and w != v for j, w in enumerate(vectors) if j != i)
+        if not dominated and v not in [vectors[k] for k in keep]:
+            keep.append(i)
+    return [items[i] for i in keep]
 
 
 def _l2_per_group_used(t: Tiling, chain: Chain) -> int:
@@ -333,14 +371,16 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
                 t = Tiling(tuple(takes), bl, rounds, mt, chunks, kp, nt, trans_b, half)
                 if not _fits(cg, t, staged_in_float32 and half, out_half):
                     continue
-                feasible.append(replace(t, cost=_cost(cg, t, in_bytes, staged_in_float32, a_runs)))
+                work = _work(cg, t, in_bytes, staged_in_float32, a_runs)
+                feasible.append((replace(t, cost=_cost(cg, t, work)), work))
                 break  # fewer rounds are always at least as good
     # The product is stored in the image of its layout: that image needs notation.
     epl_staged = cg.hw.elements_per_lw("float32") if staged_in_float32 else epl_in
     out_dtype = "float16" if out_half else "float32"
     in_dtype = "float32" if staged_in_float32 or not half else "float16"
+    front = sorted(pareto(feasible, lambda tw: tw[1].vector()), key=lambda tw: tw[0].cost)
     storable = []
-    for t in sorted(feasible, key=lambda t: t.cost):
+    for t, _ in front:
         la, lb, lc = layouts(t, p, chain, epl_staged, cg.hw.elements_per_lw(out_dtype), batched)
         if _storable(lc, cg.hw, out_dtype) and _storable(la, cg.hw, in_dtype) and _storable(lb, cg.hw, in_dtype):
             storable.append(t)

@@ -420,15 +420,32 @@ class Placement:
 
     @cached_property
     def instances_used(self) -> np.ndarray:
-        """Sorted indices of the memory instances that hold any element."""
-        return np.unique(self.locate(first_copy_only=False).instance) if self.layout.numel <= EXACT_CHECK_LIMIT \
-            else self._instances_used_by_digits()
+        """Sorted indices of the memory instances that hold any element (from the digits' instance
+        coefficients when the map is linear: no per-element work)."""
+        if self.linear:
+            return self._instances_used_by_digits()
+        return np.unique(self.locate(first_copy_only=False).instance)
 
     def _instances_used_by_digits(self) -> np.ndarray:
+        """The instances elements reach: per dimension, the instance terms of its digits that place
+        instances (a combination counts when its smallest index is inside the shape, so padding
+        reaches nothing), summed over dimensions, plus every copy's offset. No per-element work."""
         base = np.zeros(1, dtype=np.int64)
-        for k in range(len(self.sizes)):
-            if self.inst_coef[k]:
-                base = (base[:, None] + np.arange(self.sizes[k]) * self.inst_coef[k]).ravel()
+        k = 0
+        for d, size in enumerate(self.layout.shape):
+            factors = self.layout.dims[d]
+            place, places = 1, []
+            for f in reversed(factors):
+                places.insert(0, place)
+                place *= f.size
+            picked = [j for j in range(len(factors)) if self.inst_coef[k + j]]
+            inst, low = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+            for j in picked:
+                digit = np.arange(factors[j].size, dtype=np.int64)
+                inst = (inst[:, None] + digit[None, :] * self.inst_coef[k + j]).ravel()
+                low = (low[:, None] + digit[None, :] * places[j]).ravel()
+            base = np.unique((base[:, None] + np.unique(inst[low < size])[None, :]).ravel())
+            k += len(factors)
         return np.unique((base[:, None] + self.copy_inst[None, :]).ravel())
 
     @cached_property

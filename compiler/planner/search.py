@@ -283,7 +283,7 @@ class Planner:
             why = errors[0] if errors else f"none of {len(candidates)} candidate layouts works"
             raise UnsupportedOpError(node.aten or node.kind, [list(v.shape) for v in node.inputs], node.source, why)
         (cycles, _, _), kernel, refs, pre, placed = found
-        self.commit(kernel, refs, pre, placed, cycles - sum(s.cycles for s in pre))
+        self.commit(kernel, refs, pre, placed, cycles - sum(s.cycles for s in pre) - self.meet_cycles(kernel, refs))
         return kernel
 
     def _best(self, candidates: list[Kernel], allow_relay: bool) -> tuple[tuple | None, list[str]]:
@@ -294,7 +294,7 @@ class Planner:
                 refs, pre, placed = self.prepare(kernel, allow_relay)
                 if hasattr(kernel, "feasible") and not kernel.feasible(self.ctx, refs):
                     continue
-                cycles = sum(s.cycles for s in pre) + self.time(kernel, refs)
+                cycles = sum(s.cycles for s in pre) + self.time(kernel, refs) + self.meet_cycles(kernel, refs)
             except NeedsRelay:
                 continue
             except UnsupportedOpError:
@@ -306,6 +306,18 @@ class Planner:
             if best is None or rank < best[0]:
                 best = (rank, kernel, refs, pre, placed)
         return best, errors
+
+    def meet_cycles(self, kernel: Kernel, refs: dict[Value, Ref]) -> int:
+        """What a candidate leaves to do for a constrained graph output it writes: the relayout into
+        the constraint's layout (0 when it writes that layout). So a constrained producer costs at
+        most its unconstrained best plus the conversion the constraint avoids."""
+        total = 0
+        for v in kernel.outputs():
+            wanted = getattr(self, "output_constraints", {}).get(v)
+            if wanted is not None and v in refs and not refs[v].placement.same_placement(wanted):
+                copy = RelayoutKernel.copy(v, refs[v], wanted)
+                total += self.time(copy, {v: refs[v], copy.out: Ref("output", wanted)})
+        return total
 
     def host_cycles(self, kernel: Kernel, refs: dict[Value, Ref], placed: list[tuple[Value, Ref]]) -> int:
         """What the layouts a candidate gives graph inputs and outputs cost to upload and download

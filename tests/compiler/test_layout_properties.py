@@ -66,3 +66,33 @@ def test_placement_is_injective_on_non_broadcast_coordinates(chip, memory, data)
     holes = p.instance_count * p.span_lw * p.epl - p.layout.numel * p.copies
     grid = np.indices((p.instance_count, p.span_lw, p.epl)).reshape(3, -1)
     assert int((p.element_at(*grid) == -1).sum()) == holes
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("memory", ["LM0", "DRAM"])
+@SETTINGS
+@given(data=st.data())
+def test_digit_formulas_agree_with_every_element(chip, memory, data):
+    """What the planner computes from the layout's digits alone (instances used, and whether two
+    layouts place every element alike) is what locating every element says."""
+    hw = CHIPS[chip]
+    p = Placement(data.draw(legal_layouts(hw, memory)), hw, memory, "float32")
+    every = p.locate()
+    assert np.array_equal(p.instances_used, np.unique(every.instance))
+    other = Placement(data.draw(legal_layouts(hw, memory)), hw, memory, "float32")
+    if other.layout.shape == p.layout.shape:
+        def keys(x):
+            loc = x.locate()
+            return set(zip(loc.element.tolist(), loc.instance.tolist(), loc.lw.tolist(), loc.w.tolist()))
+        assert p.same_placement(other) == (keys(p) == keys(other))
+
+
+@pytest.mark.parametrize("a, b, same", [
+    ("(16,)/((4:4, 4:1))", "(16,)/((16:1))", True),  # a factor split in two: the same digits
+    ("(16,)/((4:1, 4:4))", "(16,)/((16:1))", False),  # transposed digits
+    ("(8, 4)/((2_L2B:2, 4:4), (4:1))", "(8, 4)/((2_L2B:2, 2:8, 2:4), (2:2, 2:1))", True),
+    ("(8, 4)/((2_L2B:2, 4:4), (4:1))", "(8, 4)/((2_L2B:2, 4:1), (4:4))", False),
+])
+def test_same_placement_compares_elements_not_text(mncore2, a, b, same):
+    pa, pb = (Placement(parse(x), mncore2, "DRAM", "float32") for x in (a, b))
+    assert pa.same_placement(pb) == pb.same_placement(pa) == same
