@@ -132,11 +132,12 @@ class ProgramBuilder:
             isa.MV_DST_ADDR: dst_addr, isa.MV_N: n_lw, isa.MV_TAG: tag, isa.MV_RED: Red[red], isa.MV_DTYPE: DType[dtype],
             isa.MV_SRC_LOCAL: src_local, isa.MV_DST_LOCAL: dst_local, isa.MV_SCOPE: Scope[scope]})
 
-    def mv_block(self, mode: str, src_mem: str, src_addr: Address, src_offsets: np.ndarray, dst_mem: str,
-                 dst_addr: Address, dst_offsets: np.ndarray, n_lw: np.ndarray, *, tag: int, src_inst: np.ndarray | int,
-                 dst_inst: np.ndarray | int) -> None:
+    def mv_block(self, mode: str, src_mem: str, src_addr: Address | list[Address], src_offsets: np.ndarray,
+                 dst_mem: str, dst_addr: Address, dst_offsets: np.ndarray, n_lw: np.ndarray, *, tag: int,
+                 src_inst: np.ndarray | int, dst_inst: np.ndarray | int, src_which: np.ndarray | None = None) -> None:
         """Many individual MVs at once (a gather's runs): row k moves n_lw[k] long words from
-        src_addr + src_offsets[k] to dst_addr + dst_offsets[k]. Same encoding as `mv`."""
+        src_addr + src_offsets[k] to dst_addr + dst_offsets[k]. With a list of source bases,
+        row k reads from src_addr[src_which[k]]. Same encoding as `mv`."""
         k = len(n_lw)
         if k == 0:
             return
@@ -149,12 +150,22 @@ class ProgramBuilder:
         block[:, isa.MV_RED], block[:, isa.MV_DTYPE] = Red["none"], DType["float32"]
         block[:, isa.MV_SCOPE] = Scope["group"]
         rows = np.arange(self._count, self._count + k)
-        for field_, base, offsets in ((isa.MV_SRC_ADDR, src_addr, src_offsets), (isa.MV_DST_ADDR, dst_addr, dst_offsets)):
+        bases = src_addr if isinstance(src_addr, list) else [src_addr]
+        which = np.zeros(k, dtype=np.int64) if src_which is None else np.asarray(src_which)
+        fields = [(isa.MV_SRC_ADDR, base, src_offsets, which == b) for b, base in enumerate(bases)]
+        fields.append((isa.MV_DST_ADDR, dst_addr, dst_offsets, None))
+        for field_, base, offsets, mine in fields:
+            at = slice(None) if mine is None or len(bases) == 1 else mine
+            picked = rows[at]
+            if len(picked) == 0:
+                continue
+            offsets = np.asarray(offsets)[at] if np.ndim(offsets) else offsets
             if isinstance(base, Sym):
-                block[:, field_] = base.offset + offsets
-                self._reloc_blocks.append(np.stack([rows, np.full(k, field_), np.full(k, self._symbol(base.name))], 1))
+                block[at, field_] = base.offset + offsets
+                self._reloc_blocks.append(np.stack([picked, np.full(len(picked), field_),
+                                                    np.full(len(picked), self._symbol(base.name))], 1))
             else:
-                block[:, field_] = int(base) + offsets
+                block[at, field_] = int(base) + offsets
         self._blocks.append(block)
         self._count += k
 

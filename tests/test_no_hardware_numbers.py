@@ -53,8 +53,6 @@ ALLOWED = {
     ("compiler/compile.py", 4): "digits kept of the compile time in seconds",
     ("compiler/dtypes.py", 31): "the range of int32, the IR's integer dtype (torch's int32)",
     ("compiler/ir.py", 4): "convolutions take (N, C, H, W) tensors",
-    ("compiler/kernels/conv.py", 4096): "im2col rows sampled to estimate gather runs (planning cost)",
-    ("compiler/kernels/conv.py", 6): "tilings of a convolution the planner times (compile-time budget)",
     ("compiler/kernels/context.py", 4): "completion-tag numbers: which program uses which tag is a software convention",
     ("compiler/kernels/context.py", 5): "completion-tag number (software convention)",
     ("compiler/kernels/context.py", 6): "completion-tag number (software convention)",

@@ -39,6 +39,9 @@ class Kernel:
 
     nodes: tuple[Node, ...] = ()
     pads: dict[Value, str] = {}  # inputs whose padding must hold a fill pattern (a reduction's identity)
+    # cycles the kernel's own model expects (tilings are ranked by it), or None; the planner does
+    # not time a candidate whose estimate is far above the fastest timed (see ESTIMATE_SLACK)
+    estimate: float | None = None
 
     @property
     def label(self) -> str:

@@ -24,7 +24,8 @@ from sim.alloc import Allocator
 from ..chain import Chain
 from ..errors import CompileError, LayoutError
 from ..layout import W_AXIS, Broadcast, Factor, Layout, Placement
-from ..transfer.gather import ZERO, Destination, LaneMismatch, LwSources, emit_convert, lw_sources, run_arrays
+from ..transfer.gather import LaneMismatch, LwSources, emit_convert, lw_sources
+from ..transfer.separable import DimTerms
 from ..transfer.staging import Staging, Transit, emit_download, emit_upload, stage
 
 TAGS = {"transit": (1, 2), "drain": (3, 4), "convert": (5, 6)}
@@ -131,14 +132,9 @@ class EmitContext:
 
     def fill_for(self, sources: LwSources, value: float | int = 0, dtype: str = "float32") -> Sym | None:
         """The fill buffer, long enough for the longest fill run of a gather (None if it has none)."""
-        if not (sources.group == ZERO).any():
+        if not sources.has_zeros:
             return None
-        longest = 0
-        for g in range(sources.group.shape[0]):  # the runs the MVs will read, holes included
-            _, group, _, n, _ = run_arrays(sources, g, 0, sources.span)
-            if (group == ZERO).any():
-                longest = max(longest, int(n[group == ZERO].max()))
-        return self.fill(longest, value, dtype)
+        return self.fill(sources.longest_zero_run, value, dtype)
 
     @contextlib.contextmanager
     def label(self, name: str) -> Iterator[None]:
@@ -151,38 +147,44 @@ class EmitContext:
         return Placement(layout, self.hw, self.chain.lm[0], dtype, check_capacity=False)
 
     def download(self, ref: Ref, lm: Placement, *, memory: str, word: int, slice_index: int = 0,
-                 pad: float | int | None = None, index: np.ndarray | None = None) -> Staging:
+                 pad: float | int | None = None, index: np.ndarray | None = None,
+                 window: DimTerms | None = None) -> Staging:
         """Stage `ref` into LM layout `lm` (one slice) at `memory` word `word`. With `pad` (a fill
         value), long words of the layout that hold no element arrive filled with it (padding a
         reduction or a product sums over); with `index`, element e of the layout is element
-        index[e] of `ref` (-1: the pad value), gathered on the way (im2col for convolutions)."""
-        st, source = self.fetch_source(ref, lm, pad=pad, index=index)
+        index[e] of `ref` (-1: the pad value), gathered on the way; with `window`, the layout's
+        tensor is that window of `ref`'s storage (im2col for convolutions)."""
+        st, source = self.fetch_source(ref, lm, pad=pad, index=index, window=window)
         emit_download(self.b, st, dram=ref.sym, lm_mem=memory, lm_word=word, transit=self.transit,
                       slice_index=slice_index, source=source)
         return st
 
     def fetch_source(self, ref: Ref, lm: Placement, *, pad: float | int | None = None,
-                     index: np.ndarray | None = None
+                     index: np.ndarray | None = None, window: DimTerms | None = None
                      ) -> tuple[Staging, tuple[LwSources, Sym, Sym | None] | None]:
         """How `ref` reaches LM layout `lm`: its staging, and unless `ref` is stored as that
         staging's image, the long-word gather the Data Engines run instead of a block copy."""
         st = stage(lm)
         plain = ref.placement.same_placement(st.dram)
-        padded = pad is not None and lm.layout.extents != lm.layout.shape
-        if plain and not padded and index is None:
+        holes = window is not None and window.boxes is not None  # a window's reads outside its storage
+        padded = pad is not None and (lm.layout.extents != lm.layout.shape or holes)
+        if plain and not padded and index is None and window is None:
             return st, None
-        sources = self.sources(st, ref, lm, index)
-        if padded:
-            sources = sources.zero_holes(st.dram_lw)
+        sources = self.sources(st, ref, lm, index, window, st.dram_lw if padded else None)
         return st, (sources, ref.sym, self.fill_for(sources, 0 if pad is None else pad, lm.dtype))
 
-    def sources(self, st: Staging, ref: Ref, lm: Placement, index: np.ndarray | None = None) -> LwSources:
-        key = (ref.symbol, str(ref.placement.layout), str(lm.layout), lm.dtype, id(index))
+    def sources(self, st: Staging, ref: Ref, lm: Placement, index: np.ndarray | None = None,
+                window: DimTerms | None = None, zeros_up_to: int | None = None) -> LwSources:
+        """The gather of `ref` (or a window of it) into `lm`'s image, with its holes made zeros up
+        to `zeros_up_to` long words when given; kept, since every slice of a kernel asks again."""
+        key = (ref.symbol, str(ref.placement.layout), str(lm.layout), lm.dtype, id(index),
+               window.key() if window is not None else None, zeros_up_to)
         if key not in self.sources_cache:
             try:
-                self.sources_cache[key] = lw_sources(st.destination, ref.placement, index)
+                found = lw_sources(st.dram, window if window is not None else ref.placement, index)
             except LaneMismatch as e:
                 raise CompileError(f"internal: the planner asked for a gather that moves lanes: {e}") from None
+            self.sources_cache[key] = found.zero_holes(zeros_up_to) if zeros_up_to is not None else found
         return self.sources_cache[key]
 
     def upload(self, lm: Placement, ref: Ref, *, memory: str, word: int, slice_index: int = 0,
@@ -203,7 +205,7 @@ class EmitContext:
                      l2_room=self.transit.l2_room, tags=TAGS["convert"])
 
 
-def lane_compatible(dst: "Placement | Destination", src: Placement, index: np.ndarray | None = None) -> bool:
+def lane_compatible(dst: Placement, src: Placement, index: np.ndarray | None = None) -> bool:
     """Whether the Data Engines alone can gather `src` into `dst` (no element changes lanes)."""
     try:
         lw_sources(dst, src, index)

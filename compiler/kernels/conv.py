@@ -2,12 +2,17 @@
 
 out[n, co, ho, wo] = sum over (i, j, c) of w[co, c, i, j] * x[n, c, ho*s + i*d - p, wo*s + j*d - p]
 is C = A @ B with rows m = (n, ho, wo), K = (i, j, c) and columns co. A (the im2col matrix) is
-never stored: each K chunk of it is gathered from x as it is downloaded into LM, zeros for the
-spatial padding included. That gather moves whole long words, so x keeps its channels in the
-lanes (NHWC underneath the NCHW shape); a convolution's output comes out that way, ready for the
-next. Channels that do not fill a long word (an RGB image) are padded: K runs over the padded
-channels, whose weights are zero and whose input lanes hold zeros (an uploaded tensor's padding
-is zero; a computed one is relaid with zero padding first).
+never stored: it is a window of x's storage (element (m, k) sits where x[n, c, ho*s + i*d,
+wo*s + j*d] does), gathered by the Data Engines as each K chunk is downloaded into LM. With
+spatial padding, x is first copied into a zero-bordered buffer (in every Group that reads it)
+and the window is taken over that. The gathers move whole long words, so x keeps its channels
+in the lanes (NHWC underneath the NCHW shape); a convolution's output comes out that way, ready
+for the next. Channels that do not fill a long word (an RGB image) are padded: K runs over the
+padded channels, whose weights are zero and whose input lanes hold zeros (an uploaded tensor's
+padding is zero; a computed one is relaid with zero padding first).
+
+The window is a sum of per-dimension terms (`compiler.transfer.separable`), so neither planning
+nor emission ever holds a map of the im2col matrix's elements.
 
 B = w.permute(2, 3, 1, 0).reshape(K, Co): a constant weight is arranged so by the host (placing
 parameters is not arithmetic); a weight that lives on the device is gathered into B's layout.
@@ -15,6 +20,7 @@ parameters is not arithmetic); a weight that lives on the device is gathered int
 
 from __future__ import annotations
 
+from itertools import product
 from math import ceil
 
 import numpy as np
@@ -22,23 +28,24 @@ import torch
 
 from ..errors import CompileError
 from ..ir import Node, Value
-from ..layout import W_AXIS, Factor, Layout, Placement
+from ..layout import W_AXIS, Broadcast, Factor, Layout, Placement
 from ..layout.reshape import reshape_layout
 from ..layout.spread import Spread, spread
-from ..transfer.gather import SKIP, lw_sources
+from ..transfer.gather import lw_sources
+from ..transfer.separable import DimTerms, Terms, is_linear
 from ..transfer.staging import stage
 from .base import Kernel, device_dtype
 from .context import EmitContext, Ref, lane_compatible
 from .matmul import Problem, Source, emit_product, layouts_for, output_layout, tilings
 
 
-SAMPLE_ROWS = 4096  # im2col rows the run estimate looks at (planning cost, not a hardware number)
-TIMED_TILINGS = 6  # a convolution's im2col gathers are costly to emit: only the most promising are timed
 
 
-def nhwc_layout(ctx: EmitContext, shape: tuple[int, ...], dtype: str) -> Layout:
+def nhwc_layout(ctx: EmitContext, shape: tuple[int, ...], dtype: str, *, rows_over_groups: bool = True) -> Layout:
     """A DRAM layout of an (N, C, H, W) tensor with channels in the lanes (padded to fill them),
-    rows split over the Groups' DRAMs."""
+    images split over the Groups' DRAMs, else rows. Without `rows_over_groups` (a buffer that
+    convolution windows read, which must not cross a Group boundary), images that do not split
+    evenly are kept whole in every Group instead."""
     n, c, h, w = shape
     epl = ctx.hw.elements_per_lw(dtype)
     cl = ceil(c / epl)  # long words per pixel
@@ -48,11 +55,14 @@ def nhwc_layout(ctx: EmitContext, shape: tuple[int, ...], dtype: str) -> Layout:
     row = w * cl  # long words per image row
     dims = [[Factor(n, None, h * row)], [Factor(cl, None, 1), Factor(epl, W_AXIS, 1)],
             [Factor(h, None, row)], [Factor(w, None, cl)]]
+    broadcast: tuple[Broadcast, ...] = ()
     if groups > 1 and n % groups == 0:
         dims[0] = [Factor(groups, axis, per_group), Factor(n // groups, None, h * row)]
-    elif groups > 1 and h % groups == 0:
+    elif groups > 1 and h % groups == 0 and rows_over_groups:
         dims[2] = [Factor(groups, axis, per_group), Factor(h // groups, None, row)]
-    return Layout.of([[f for f in d if f.size > 1] or [Factor(1, None, 1)] for d in dims], shape)
+    elif groups > 1 and not rows_over_groups:
+        broadcast = (Broadcast(axis),)
+    return Layout.of([[f for f in d if f.size > 1] or [Factor(1, None, 1)] for d in dims], shape, broadcast)
 
 
 def channels_in_lanes(p: Placement) -> bool:
@@ -61,38 +71,76 @@ def channels_in_lanes(p: Placement) -> bool:
     return bool(dim) and dim[-1].axis == W_AXIS and dim[-1].size == p.epl and dim[-1].stride == 1
 
 
-def im2col_index(x_shape, out_hw, kernel, stride, padding, dilation, c_pad: int) -> np.ndarray:
-    """For every element (m, kk) of the im2col matrix (K over padded channels), the flat index
-    into x, -1 where the window reads spatial padding (zero), SKIP for padded channels (whatever
-    the input's padding lanes hold: zeros)."""
-    n, c, h, w = x_shape
-    ho, wo = out_hw
-    kh, kw = kernel
-    nn, yy, xx = np.meshgrid(np.arange(n), np.arange(ho), np.arange(wo), indexing="ij")
-    ii, jj, cc = np.meshgrid(np.arange(kh), np.arange(kw), np.arange(c_pad), indexing="ij")
-    nn, yy, xx = (a.reshape(-1, 1) for a in (nn, yy, xx))
-    ii, jj, cc = (a.reshape(1, -1) for a in (ii, jj, cc))
-    hy = yy * stride[0] + ii * dilation[0] - padding[0]
-    wx = xx * stride[1] + jj * dilation[1] - padding[1]
-    inside = (hy >= 0) & (hy < h) & (wx >= 0) & (wx < w)
-    flat = ((nn * c + np.minimum(cc, c - 1)) * h + np.clip(hy, 0, h - 1)) * w + np.clip(wx, 0, w - 1)
-    return np.where(cc >= c, SKIP, np.where(inside, flat, -1)).ravel()
+def _steps(count: int, step: int) -> Terms:
+    """Terms of an index that moves `step` long words per position."""
+    zeros = np.zeros(count, dtype=np.int64)
+    return zeros, np.arange(count, dtype=np.int64) * step, zeros
 
 
-def source_runs(index: np.ndarray, x_shape, epl: int, sample_rows: int = 0) -> float | None:
-    """Average run, in long words, of im2col elements along K that are consecutive in x's NHWC
-    DRAM layout (or all padding): how long the MVs of the gather can be, which ranks tilings
-    before the planner times the most promising. Estimated on `sample_rows` evenly spaced rows
-    (all when 0)."""
-    n, c, h, w = x_shape
-    if index.size == 0:
+def _outer(*parts: Terms) -> Terms:
+    """The terms of a dimension that flattens `parts` (the first outermost)."""
+    out = []
+    for k in range(3):
+        total = np.zeros(1, dtype=np.int64)
+        for part in parts:
+            total = np.add.outer(total, part[k]).ravel()
+        out.append(total)
+    return tuple(out)
+
+
+def _reads(terms: Terms, out: int, kernel: int, size: int, stride: int, pad: int, dilation: int):
+    """How a window reads one spatial dimension of x: x's step in long words per position, and
+    per kernel position the output positions that read inside x, grouped by what x's terms add
+    beyond the step there (rows split over Groups add a Group and an offset per block):
+    [(kernel position, output positions, (Group, long words))]. None if the dimension moves lanes."""
+    g, lw, lane = terms
+    if lane.any():
         return None
-    if sample_rows:
-        index = index[::max(1, index.shape[0] // sample_rows)]
-    nn, cc, hh, ww = np.unravel_index(np.maximum(index, 0), x_shape)
-    nhwc = np.where(index >= 0, ((nn * h + hh) * w + ww) * c + cc, -1)
-    same = ((nhwc[:, 1:] == nhwc[:, :-1] + 1) & (nhwc[:, :-1] >= 0)) | ((nhwc[:, 1:] < 0) & (nhwc[:, :-1] < 0))
-    return index.size / (index.shape[0] + int((~same).sum())) / epl
+    step = int(lw[1] - lw[0]) if size > 1 and g[1] == g[0] else 0
+    rest_g, rest_lw = g, lw - np.arange(size, dtype=np.int64) * step
+    reads = []
+    for i in range(kernel):
+        pos = np.arange(out, dtype=np.int64) * stride + i * dilation - pad
+        outs = np.flatnonzero((pos >= 0) & (pos < size))
+        at = pos[outs]
+        extra, which = np.unique(np.stack([rest_g[at], rest_lw[at]], axis=1), axis=0, return_inverse=True)
+        reads += [(i, outs[which.ravel() == k], (int(e[0]), int(e[1]))) for k, e in enumerate(extra)]
+    return step, reads
+
+
+def im2col_window(p: Placement, c_pad: int, out_hw: tuple[int, int], kernel, stride, padding, dilation
+                  ) -> DimTerms | None:
+    """The im2col matrix (M = (n, ho, wo), K = (i, j, padded c)) as a window of p, which holds x:
+    element (m, k) is x[n, c, ho*s + i*d - p, wo*s + j*d - p]. Its terms are x's (n, c) terms plus
+    uniform row and column steps; boxes (output rows x columns, one kernel position) read where the
+    position lies inside x, each with what x adds there beyond the steps (its Group and offset
+    when rows are split over Groups). The spatial padding is left as holes, which the gather's
+    caller fills with zeros. None when x's placement does not separate."""
+    n, c, h, w = p.layout.shape
+    if p.layout.extents[1] < c_pad:
+        return None
+    base = DimTerms.of(p, sizes=(n, c_pad, h, w))
+    if base is None or not base.readable:
+        return None
+    tn, tc, th, tw = base.terms
+    (ho, wo), (kh, kw) = out_hw, kernel
+    rows = _reads(th, ho, kh, h, stride[0], padding[0], dilation[0])
+    cols = _reads(tw, wo, kw, w, stride[1], padding[1], dilation[1])
+    if rows is None or cols is None:
+        return None
+    (row_step, row_reads), (col_step, col_reads) = rows, cols
+    m = _outer(tn, _steps(ho, stride[0] * row_step), _steps(wo, stride[1] * col_step))
+    k = _outer(_steps(kh, dilation[0] * row_step), _steps(kw, dilation[1] * col_step), tc)
+    origin = -(padding[0] * row_step + padding[1] * col_step)
+    images = np.arange(n, dtype=np.int64) * ho
+    channels = np.arange(c_pad, dtype=np.int64)
+    boxes = []
+    for (i, ys, (g_y, lw_y)), (j, xs, (g_x, lw_x)) in product(row_reads, col_reads):
+        ms = np.add.outer(np.add.outer(images, ys) * wo, xs).ravel()
+        boxes.append(((ms, (i * kw + j) * c_pad + channels), (g_y + g_x, lw_y + lw_x)))
+    return DimTerms(p, (m, k), origin, base.copies, base.group_copies, base.every_lane,
+                    f"im2col {kh}x{kw} stride {tuple(stride)} padding {tuple(padding)} dilation {tuple(dilation)} "
+                    f"of {c_pad} channels", tuple(boxes))
 
 
 def weight_index(w_shape, c_pad: int) -> np.ndarray:
@@ -140,8 +188,9 @@ class ConvKernel(Kernel):
         self.c_pad = ceil(c / epl) * epl
         self.p = Problem(1, n * ho * wo, kh * kw * self.c_pad, co)
         self.t = tiling
+        self.estimate = tiling.cost
         a = node.attrs
-        self.index = im2col_index(x.shape, (ho, wo), (kh, kw), a["stride"], a["padding"], a["dilation"], self.c_pad)
+        self.window_args = ((ho, wo), (kh, kw), tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]))
         half_in = self.dtype == "float16" and device_dtype(w) == "float16"
         self.la, self.lb, _ = layouts_for(ctx, tiling, self.p, False, half_in)
         self.out_dtype = device_dtype(node.out)
@@ -190,7 +239,7 @@ class ConvKernel(Kernel):
         device weight must gather into B's layout without moving lanes."""
         if v is self.x:
             return channels_in_lanes(ref.placement) and (self.c_pad == v.shape[1] or clean)
-        destination = stage(ctx.lm_placement(self.lb, device_dtype(v))).destination
+        destination = stage(ctx.lm_placement(self.lb, device_dtype(v))).dram
         return lane_compatible(destination, ref.placement, weight_index(v.shape, self.c_pad))
 
     def writes(self) -> dict[Value, Layout]:
@@ -206,6 +255,18 @@ class ConvKernel(Kernel):
     def outputs(self) -> list[Value]:
         return [self.node.out]
 
+    def im2col(self, ctx: EmitContext, x: Ref) -> tuple[Ref, DimTerms]:
+        """The storage the im2col matrix is a window of, and the window: x itself, unless its
+        placement does not separate (then a copy of x in the usual NHWC layout, which the Data
+        Engines write first)."""
+        window = im2col_window(x.placement, self.c_pad, *self.window_args)
+        if window is not None:
+            return x, window
+        nhwc = self.x_placement(ctx)
+        copy = ctx.buffer("temp", nhwc, f"{self.x.name}_nhwc")
+        ctx.gather(lw_sources(nhwc, x.placement), copy, [x])
+        return copy, im2col_window(nhwc, self.c_pad, *self.window_args)
+
     def emit(self, ctx: EmitContext, refs: dict[Value, Ref]) -> None:
         out = self.node.out
         if self.b is not None:
@@ -218,13 +279,11 @@ class ConvKernel(Kernel):
             product = Ref(refs[out].symbol, image, self.summed)
         else:
             product = ctx.buffer("temp", image, f"{out.name}_product", lm=self.summed)
-        emit_product(ctx, self.t, self.p, False, Source(refs[self.x], self.index), b_source, self.out_dtype, product)
+        x_ref, window = self.im2col(ctx, refs[self.x])
+        emit_product(ctx, self.t, self.p, False, Source(x_ref, window=window), b_source, self.out_dtype, product)
         if self.view is None:  # the tiling's rows do not split into images: gather into NHWC-packed NCHW
-            target = refs[out].placement
-            nn, cc, yy, xx = np.indices(out.shape).reshape(out.rank, -1)
-            ho, wo = out.shape[2:]
-            index = ((nn * ho + yy) * wo + xx) * out.shape[1] + cc  # element (m, co) of the (N*Ho*Wo, Co) product
-            ctx.gather(lw_sources(target, image, index), refs[out], [product])
+            target = DimTerms.of(refs[out].placement).regrouped([[0, 2, 3], [1]], "as (N*H*W, C)")
+            ctx.gather(lw_sources(target, image), refs[out], [product])
 
 
 def plan(node: Node, planner) -> list[Kernel]:
@@ -241,12 +300,12 @@ def plan(node: Node, planner) -> list[Kernel]:
     half_in = dtype == "float16" and device_dtype(w) == "float16"
     half = half_in or planner.options.get("float_dtype") == "mixed"
     a = node.attrs
-    index = im2col_index(x.shape, (ho, wo), (kh, kw), a["stride"], a["padding"], a["dilation"], c_pad)
-    runs = source_runs(index.reshape(p.m, p.k), x.shape, epl, SAMPLE_ROWS)
+    # a K run of the window: a pixel's channels, and the next pixels' along a kernel row when
+    # they are adjacent (dilation 1)
+    runs = c_pad // epl * (kw if a["dilation"][1] == 1 else 1)
     found = tilings(planner.ctx, p, batched=False, trans_b=False, half=half, staged_in_float32=half and not half_in,
                     out_half=device_dtype(node.out) == "float16",
-                    in_bytes=planner.hw.element_bytes("float16" if half_in else "float32"), a_runs=runs,
-                    limit=TIMED_TILINGS)
+                    in_bytes=planner.hw.element_bytes("float16" if half_in else "float32"), a_runs=runs)
     return [ConvKernel(node, t, planner.ctx) for t in found]
 
 

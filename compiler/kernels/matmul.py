@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import product
 from math import ceil, prod
+
 import numpy as np
 
 from sim import Sym
@@ -32,6 +33,7 @@ from ..ir import Node, Value
 from ..layout import TIME_AXIS, W_AXIS, Broadcast, Factor, Layout, Placement
 from ..layout.layout import spread
 from ..transfer.staging import emit_drain, emit_fetch, stage
+from ..transfer.separable import DimTerms
 from .base import Kernel, device_dtype
 from .context import FIRST_FREE_TAG, Arena, EmitContext, Ref
 
@@ -364,16 +366,20 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
         k_local = ceil(p.k / t0.tiles("k"))
         for kp in _kp_options(k_local, pes, epl_in):
             chunks = ceil(k_local / (kp * pes))
-            for rounds in range(1, m_tile + 1):
-                mt = ceil(m_tile / rounds)
-                if rounds > 1 and ceil(m_tile / (rounds - 1)) == mt:
-                    continue
-                t = Tiling(tuple(takes), bl, rounds, mt, chunks, kp, nt, trans_b, half)
-                if not _fits(cg, t, staged_in_float32 and half, out_half):
-                    continue
-                work = _work(cg, t, in_bytes, staged_in_float32, a_runs)
-                feasible.append((replace(t, cost=_cost(cg, t, work)), work))
-                break  # fewer rounds are always at least as good
+            # the fewest rounds whose row tile fits (fewer rounds are always at least as good;
+            # a smaller tile never needs more memory): bisect on the rounds
+            tiling = lambda rounds: Tiling(tuple(takes), bl, rounds, ceil(m_tile / rounds), chunks, kp, nt,  # noqa
+                                           trans_b, half)
+            fits = lambda rounds: _fits(cg, tiling(rounds), staged_in_float32 and half, out_half)  # noqa: E731
+            if m_tile == 0 or not fits(m_tile):
+                continue
+            low, high = 1, m_tile
+            while low < high:
+                mid = (low + high) // 2
+                low, high = (low, mid) if fits(mid) else (mid + 1, high)
+            t = tiling(low)
+            work = _work(cg, t, in_bytes, staged_in_float32, a_runs)
+            feasible.append((replace(t, cost=_cost(cg, t, work)), work))
     # The product is stored in the image of its layout: that image needs notation.
     epl_staged = cg.hw.elements_per_lw("float32") if staged_in_float32 else epl_in
     out_dtype = "float16" if out_half else "float32"
@@ -421,10 +427,12 @@ def _kp_options(k: int, pes: int, epl: int) -> list[int]:
 @dataclass(frozen=True)
 class Source:
     """Where a matrix operand's elements come from: a value's ref, and optionally a gather map
-    (flat element of the operand -> flat element of the ref's tensor, -1 for zero)."""
+    (flat element of the operand -> flat element of the ref's tensor, -1 for zero) or a window
+    of the ref's storage that is the operand (a convolution's im2col matrix)."""
 
     ref: Ref
     index: np.ndarray | None = None
+    window: DimTerms | None = None
 
 
 def layouts_for(cg: EmitContext, t: Tiling, p: Problem, batched: bool, half_in: bool, out_dtype: str = "float32"):
@@ -504,7 +512,7 @@ class _Feed:
                  into: tuple[tuple[str, int], tuple[str, int]]) -> None:
         self.cg, self.into = cg, into
         self.lms = tuple(cg.lm_placement(layout, src.ref.placement.dtype) for src, layout in zip(sources, layouts))
-        self.plans = [cg.fetch_source(src.ref, lm, pad=0.0, index=src.index)
+        self.plans = [cg.fetch_source(src.ref, lm, pad=0.0, index=src.index, window=src.window)
                       for src, lm in zip(sources, self.lms)]
         self.dram = tuple(Sym(src.ref.symbol) for src in sources)
         self.sources = sources
@@ -531,7 +539,8 @@ class _Feed:
                 emit_drain(self.cg.b, st, l2_addr=self.regions[i % self.depth] + offset, lm_mem=memory,
                            lm_word=word, transit=self.cg.transit)
             else:
-                self.cg.download(src.ref, lm, memory=memory, word=word, slice_index=s, pad=0.0, index=src.index)
+                self.cg.download(src.ref, lm, memory=memory, word=word, slice_index=s, pad=0.0, index=src.index,
+                                 window=src.window)
 
 
 class MatmulKernel(Kernel):
@@ -540,6 +549,7 @@ class MatmulKernel(Kernel):
     def __init__(self, node: Node, tiling: Tiling, problem: Problem, batched: bool, ctx: EmitContext) -> None:
         self.node, self.nodes = node, (node,)
         self.t, self.p, self.batched = tiling, problem, batched
+        self.estimate = tiling.cost
         a, b = node.args
         self.half_in = device_dtype(a) == "float16" and device_dtype(b) == "float16"
         self.la, self.lb, _ = layouts_for(ctx, tiling, problem, batched, self.half_in)

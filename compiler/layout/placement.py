@@ -348,11 +348,12 @@ class Placement:
             total = np.add.outer(total, part).ravel()
         return total
 
-    def _dim_terms(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def dim_terms(self, sizes: tuple[int, ...] | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Per dimension, what its index adds to (instance, long word, W) of an element, for each
-        index value: a linear placement's locations are sums of these terms."""
+        index value below `sizes` (default: the shape; up to the extents, padding positions): a
+        linear placement's locations are sums of these terms."""
         out, k = [], 0
-        for d, size in enumerate(self.layout.shape):
+        for d, size in enumerate(sizes if sizes is not None else self.layout.shape):
             factors = self.layout.dims[d]
             idx = np.arange(size, dtype=np.int64)
             terms = [np.zeros(size, dtype=np.int64) for _ in range(3)]
@@ -493,7 +494,7 @@ class Placement:
         if self.copies != other.copies:
             return False
         if self.linear and other.linear:  # locations are sums of per-dimension terms: compare those
-            for mine, theirs in zip(self._dim_terms(), other._dim_terms()):
+            for mine, theirs in zip(self.dim_terms(), other.dim_terms()):
                 if any(not np.array_equal(a, b) for a, b in zip(mine, theirs)):
                     return False
             ours = sorted(zip(self.copy_inst.tolist(), self.copy_slot.tolist()))

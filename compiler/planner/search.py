@@ -55,6 +55,10 @@ ROLE = {"input": "input", "const": "const", "node": "temp"}
 class NeedsRelay(Exception):
     """A candidate whose input would have to be relaid first (refused in the first round)."""
 CANDIDATE_LAYOUTS = 6  # iteration / output layouts the planner times per node (compile-time budget)
+# A candidate whose own estimate exceeds this many times the fastest timed kernel is not timed:
+# kernels' estimates stay within this factor of their timing (tests/compiler/test_planner_properties.py
+# checks it), so such a candidate cannot be the fastest. A compile-time budget, not a hardware number.
+ESTIMATE_SLACK = 2.0
 
 
 class Planner:
@@ -288,13 +292,18 @@ class Planner:
 
     def _best(self, candidates: list[Kernel], allow_relay: bool) -> tuple[tuple | None, list[str]]:
         best = None
+        fastest = None  # the fastest kernel timed, alone
         errors: list[str] = []
         for kernel in candidates:
+            if kernel.estimate is not None and fastest is not None and kernel.estimate > ESTIMATE_SLACK * fastest:
+                continue
             try:
                 refs, pre, placed = self.prepare(kernel, allow_relay)
                 if hasattr(kernel, "feasible") and not kernel.feasible(self.ctx, refs):
                     continue
-                cycles = sum(s.cycles for s in pre) + self.time(kernel, refs) + self.meet_cycles(kernel, refs)
+                alone = self.time(kernel, refs)
+                fastest = alone if fastest is None else min(fastest, alone)
+                cycles = sum(s.cycles for s in pre) + alone + self.meet_cycles(kernel, refs)
             except NeedsRelay:
                 continue
             except UnsupportedOpError:

@@ -33,7 +33,7 @@ from sim import ProgramBuilder, Sym
 from ..errors import LayoutError
 from ..chain import Chain
 from ..layout import Broadcast, Factor, Layout, Placement
-from .gather import Destination, LwSources, emit_runs
+from .gather import LwSources, emit_pieces
 
 DRAM, L2BM, L1BM = "DRAM", "L2BM", "L1BM"
 Address = int | Sym
@@ -69,11 +69,6 @@ class Staging:
             raise LayoutError(f"the DRAM image of {self.lm.layout} is not a PFN layout ({self.why_not}); it can be "
                               f"gathered into but not stored")
         return self.fitted
-
-    @cached_property
-    def destination(self) -> Destination:
-        """Every element's place in the image, as numbers (for gathers into it)."""
-        return Destination.of(self.dram)
 
     @property
     def dram_lw(self) -> int:
@@ -309,13 +304,14 @@ def emit_fetch(b: ProgramBuilder, st: Staging, *, dram: Address, l2_addr: int, f
     base = dram + slice_index * st.image_lw
     if source is not None:
         sources, address, zeros = source
+        pieces = []
         for slot, local in enumerate(st.l2_locals if st.l2_locals is not None else (0,)):
             start = slice_index * st.image_lw + slot * st.n_l2 + first
             targets = range(l2_per_group) if st.l2_locals is None else st.l2_targets(local)
             for g in range(st.chain.groups):
                 for target in targets:  # a broadcast over L2Bs: every L2B of the Group gets the same data
-                    emit_runs(b, sources, dst_group=g, first=start, last=start + count, src=address, zeros=zeros,
-                              l2_instance=g * l2_per_group + target, l2_addr=l2_addr, tag=tag)
+                    pieces.append((g, start, start + count, g * l2_per_group + target))
+        emit_pieces(b, sources, pieces, src=address, zeros=zeros, l2_addr=l2_addr, tag=tag)
     elif st.l2_locals is None:
         b.mv("broadcast", DRAM, base + first, L2BM, l2_addr, count, tag=tag)
     else:
