@@ -87,14 +87,17 @@ def check_capacity(graph: Graph, hw: HwDesc) -> None:
     from .chain import Chain
     chain = Chain.of(hw)
     capacity = hw.memory_lw(chain.dram) * chain.groups  # long words on the chip
-    values = [*graph.inputs.values(), *graph.constants, *(v for n in graph.nodes for v in n.outputs)]
+    made_by = {v: n for n in graph.nodes for v in n.outputs}
+    values = [*graph.inputs.values(), *graph.constants, *made_by]
 
     def lw(v: Value) -> int:
         return -(-prod(v.shape) // hw.elements_per_lw(device_dtype(v)))
     for v in values:
         if lw(v) > capacity:
+            node = made_by.get(v)
+            where = f", made by {node.aten or node.op}" + (f" at {node.source}" if node.source else "") if node else ""
             raise DeviceMemoryError(chain.dram, lw(v), capacity, capacity, "long words",
-                                    what=f"tensor {v.name!r} ({v.dtype}{list(v.shape)})")
+                                    what=f"tensor {v.name!r} ({v.dtype}{list(v.shape)}{where})")
     io = sum(lw(v) for v in [*graph.inputs.values(), *graph.constants, *set(graph.outputs.values())])
     if io > capacity:
         raise DeviceMemoryError(chain.dram, io, capacity, capacity, "long words",

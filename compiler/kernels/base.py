@@ -39,13 +39,16 @@ class Kernel:
 
     nodes: tuple[Node, ...] = ()
     pads: dict[Value, str] = {}  # inputs whose padding must hold a fill pattern (a reduction's identity)
-    # cycles the kernel's own model expects (tilings are ranked by it), or None; the planner does
-    # not time a candidate whose estimate is far above the fastest timed (see ESTIMATE_SLACK)
-    estimate: float | None = None
 
     @property
     def label(self) -> str:
         return self.nodes[0].label if self.nodes else type(self).__name__
+
+    def estimate(self, refs: dict[Value, Ref]) -> float | None:
+        """Cycles the kernel's own model expects with these operands, or None. The planner does not
+        time a candidate whose estimate is far above the fastest timed (see ESTIMATE_SLACK), so an
+        estimate must stay within that factor of the timing above it."""
+        return None
 
     def reads(self) -> dict[Value, Layout]:
         """The LM layout each input is staged into."""

@@ -214,7 +214,8 @@ class Work:
                 self.upload_lw)
 
 
-def _gather_mvs(cg: EmitContext, t: Tiling, a_l2_lw: float, in_bytes: int, source_run: float) -> tuple[float, float]:
+def _gather_mvs(cg: EmitContext, t: Tiling, a_l2_lw: float, in_bytes: int, source_run: float,
+                coinciding: bool = False) -> tuple[float, float]:
     """(MVs, long words moved) per step for an A gathered from runs of `source_run` long words on
     average (im2col): one MV per run, in every Group, into each L2B that holds A there. A run
     also ends where A's L2BM image interleaves other rows: after the PEs of a MAB when the MABs
@@ -224,21 +225,25 @@ def _gather_mvs(cg: EmitContext, t: Tiling, a_l2_lw: float, in_bytes: int, sourc
     run = chain.pes_per_unit * (1 if t.places("a", chain.unit_axis) else per_pe)
     if t.places("a", chain.l1_axis):
         run = min(run, chain.l2_chunk)
-    run = 1 / (1 / run + 1 / source_run)  # either kind of boundary ends an MV
+    if coinciding and t.chunks == 1 and not t.places("a", chain.unit_axis) and not t.places("a", chain.l1_axis):
+        run = a_l2_lw  # whole rows, one after another: at best the image is one block
+    # either kind of boundary ends an MV: as if independent (to rank tilings), or at best coinciding
+    run = min(run, source_run) if coinciding else 1 / (1 / run + 1 / source_run)
     unit = hw.transfers[chain.dram_to_l2].modes["individual"].unit_lw
     targets = _l2_per_group_used(t, chain) if t.places("a", chain.l2_axis) else chain.l2_per_group
     mvs = chain.groups * targets * a_l2_lw / run
     return mvs, mvs * ceil(run / unit) * unit
 
 
-def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None = None) -> Work:
+def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None = None,
+          coinciding: bool = False) -> Work:
     hw, params, chain = cg.hw, cg.params, cg.chain
     traffic = _traffic(cg, t, in_bytes)
     l2_in_group = _l2_per_group_used(t, chain)
     unit = hw.transfers[chain.dram_to_l2].modes["individual"].unit_lw
     block = [ceil(v / unit) * unit for v in traffic.l2]  # one MV per operand, whole units
     if a_runs is not None:  # A's long words come in short runs, not blocks
-        mvs, lw = _gather_mvs(cg, t, traffic.l2[0], in_bytes, a_runs)
+        mvs, lw = _gather_mvs(cg, t, traffic.l2[0], in_bytes, a_runs, coinciding)
         engine_lw, engine_mvs = lw + l2_in_group * block[1], mvs + l2_in_group
     else:
         engine_lw, engine_mvs = l2_in_group * sum(block), 2 * l2_in_group
@@ -264,6 +269,12 @@ def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_
     stream = tuple(v * steps for key in sorted(modes) for v in modes[key])
     return Work(mm * steps, engine_lw * steps, engine_mvs * steps, stream, steps, t.batch_local * t.rounds, serial,
                 c_lw * t.batch_local * t.rounds)
+
+
+def tiling_bound(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None) -> float:
+    """`_cost` of a tiling whose A comes in runs of `a_runs` long words (None: in blocks) that end
+    where its L2BM image's runs end: an estimate to prune by, which must not exceed the timing."""
+    return _cost(cg, t, _work(cg, t, in_bytes, staged_in_float32, a_runs, coinciding=True))
 
 
 def _cost(cg: EmitContext, t: Tiling, work: Work) -> float:
@@ -549,7 +560,6 @@ class MatmulKernel(Kernel):
     def __init__(self, node: Node, tiling: Tiling, problem: Problem, batched: bool, ctx: EmitContext) -> None:
         self.node, self.nodes = node, (node,)
         self.t, self.p, self.batched = tiling, problem, batched
-        self.estimate = tiling.cost
         a, b = node.args
         self.half_in = device_dtype(a) == "float16" and device_dtype(b) == "float16"
         self.la, self.lb, _ = layouts_for(ctx, tiling, problem, batched, self.half_in)
@@ -568,6 +578,9 @@ class MatmulKernel(Kernel):
         out = self.node.out
         image = stage(ctx.lm_placement(self.lc_out, self.out_dtype)).dram
         return {out: Ref(symbols[out], image, self.summed)}
+
+    def estimate(self, refs: dict[Value, Ref]) -> float:
+        return self.t.cost  # A and B come in blocks (a gathered operand only takes longer)
 
     def key(self, refs: dict[Value, Ref]) -> tuple:
         a, b = self.node.args

@@ -295,11 +295,12 @@ class Planner:
         fastest = None  # the fastest kernel timed, alone
         errors: list[str] = []
         for kernel in candidates:
-            if kernel.estimate is not None and fastest is not None and kernel.estimate > ESTIMATE_SLACK * fastest:
-                continue
             try:
                 refs, pre, placed = self.prepare(kernel, allow_relay)
                 if hasattr(kernel, "feasible") and not kernel.feasible(self.ctx, refs):
+                    continue
+                estimate = kernel.estimate(refs)
+                if estimate is not None and fastest is not None and estimate > ESTIMATE_SLACK * fastest:
                     continue
                 alone = self.time(kernel, refs)
                 fastest = alone if fastest is None else min(fastest, alone)

@@ -94,6 +94,27 @@ class DimTerms:
         return DimTerms(self.placement, tuple(terms), self.base, self.copies, self.group_copies, self.every_lane,
                         f"{self.view} {view}".strip())
 
+    def run_lw(self) -> float:
+        """Long words per run when the elements are read in order (last dimension fastest), from
+        the terms: the runs of the inner dimensions, joined across an outer one while the inner
+        ones form one run and the outer one steps by its length; or, when longer, the runs along a
+        single dimension (a gather may run along any one). Holes and box edges are not counted
+        (they only cut runs), so the figure is an upper bound, which is what an estimate that must
+        not exceed the real cost needs."""
+        def runs(group: np.ndarray, lw: np.ndarray, step: float) -> tuple[int, int]:
+            keep = np.concatenate(([True], (group[1:] != group[:-1]) | (lw[1:] != lw[:-1])))
+            g, w = group[keep], lw[keep]  # the distinct long words along the dimension, in order
+            return len(w), int(np.count_nonzero((g[1:] != g[:-1]) | (w[1:] != w[:-1] + step))) + 1
+
+        along_one = max((n / k for n, k in (runs(g, w, 1) for g, w, _ in self.terms)), default=1.0)
+        length = 1.0
+        for group, lw, _ in reversed(self.terms):
+            distinct, count = runs(group, lw, length)
+            if count > 1:
+                return max(along_one, length * distinct / count)
+            length *= distinct
+        return max(along_one, length)
+
     @property
     def readable(self) -> bool:
         """Whether a reader knows which lane holds an element: one lane, or every lane."""

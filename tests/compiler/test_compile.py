@@ -183,3 +183,13 @@ def test_compiles_are_deterministic(tmp_path):
                              env={**__import__("os").environ, "PYTHONHASHSEED": seed})
         digests.add(run.stdout.strip().splitlines()[-1])
     assert len(digests) == 1
+
+
+def test_public_api_names_resolve_to_their_modules():
+    import compiler
+    from compiler.compile import compile_function as direct
+    assert compiler.compile_function is direct
+    for name in compiler.__all__:
+        assert getattr(compiler, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'compile_fn'"):
+        compiler.compile_fn

@@ -119,3 +119,14 @@ def test_runs_from_dimension_terms_are_the_element_by_element_runs(chip, dtype, 
         for g in range(dst.instance_count):
             for x, y in zip(run_arrays(padded[0], g, 0, dst.span_lw + 3), run_arrays(padded[1], g, 0, dst.span_lw + 3)):
                 np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("text, shape, run", [
+    ("(6,8)/((6:4), (4:1, 2_W:1))", None, 24),  # row-major: rows continue each other, one run
+    ("(8,6)/((4:1, 2_W:1), (6:4))", None, 4),  # column-major: read row by row it breaks; a column runs 4
+    (A, None, 768),  # 16 rows of 48 long words per Group, then the next Group
+])
+def test_run_length_of_a_placement_from_its_terms(mncore2, text, shape, run):
+    from compiler.transfer.separable import DimTerms
+    terms = DimTerms.of(Placement(parse(text), mncore2, "DRAM", "float32"))
+    assert terms.run_lw() == run

@@ -89,3 +89,40 @@ def test_a_constraint_never_makes_the_chain_slower(chip, consumer):
         used.inputs["h"]) else 0
     assert tied.outputs["h"].is_memcopyable_to(used.inputs["h"])
     assert tied_cycles <= free_cycles + conversion
+
+
+ESTIMATED = {
+    "product_square": (lambda d: {"c": d["a"] @ d["b"]}, {"a": torch.randn(256, 256), "b": torch.randn(256, 256)}),
+    "product_tall": (lambda d: {"c": d["a"] @ d["b"]}, {"a": torch.randn(1000, 48), "b": torch.randn(48, 200)}),
+    "product_batched": (lambda d: {"c": d["a"] @ d["b"]}, {"a": torch.randn(3, 64, 96), "b": torch.randn(3, 96, 40)}),
+    "conv_3x3": (conv, {"x": torch.randn(2, 16, 14, 14), "w": torch.randn(32, 16, 3, 3)}),
+    "conv_rgb_stride": (lambda d: {"y": F.conv2d(d["x"], d["w"], stride=2, padding=2)},
+                        {"x": torch.randn(1, 3, 32, 32), "w": torch.randn(8, 3, 5, 5)}),
+    "conv_1x1": (lambda d: {"y": F.conv2d(d["x"], d["w"])}, {"x": torch.randn(2, 64, 8, 8), "w": torch.randn(32, 64, 1, 1)}),
+}
+
+
+@pytest.mark.parametrize("chip", ["mini", "mncore2"])
+@pytest.mark.parametrize("case", list(ESTIMATED))
+def test_kernel_estimates_stay_within_the_pruning_slack(chip, case, monkeypatch):
+    """The planner does not time a candidate whose formula estimate exceeds ESTIMATE_SLACK times the
+    fastest timed one; that is safe only while every estimate is at most ESTIMATE_SLACK times the
+    candidate's timed cycles. Time every candidate (no pruning) and check it."""
+    from compiler.planner import search
+    slack = search.ESTIMATE_SLACK
+    monkeypatch.setattr(search, "ESTIMATE_SLACK", float("inf"))
+    seen: list[tuple[str, int, int]] = []
+    timed = search.Planner.time
+
+    def record(self, kernel, refs):
+        cycles = timed(self, kernel, refs)
+        estimate = kernel.estimate(refs)
+        if estimate is not None:
+            seen.append((type(kernel).__name__, estimate, cycles))
+        return cycles
+    monkeypatch.setattr(search.Planner, "time", record)
+    fn, inputs = ESTIMATED[case]
+    compile_function(fn, inputs, hwdesc.load(chip))
+    assert len(seen) >= 2, "the case should offer several estimated candidates"
+    for kind, estimate, cycles in seen:
+        assert estimate <= slack * cycles, (kind, estimate, cycles)
