@@ -270,12 +270,14 @@ class ConvKernel(Kernel):
     def estimate(self, refs: dict[Value, Ref]) -> float:
         """The tiling's cost with A in the runs x's placement gives its window (the NHWC copy's when
         it does not separate; the copy itself is not counted, so the estimate stays below the timing)."""
-        window = im2col_window(refs[self.x].placement, self.c_pad, *self.window_args)
+        x = refs[self.x].placement
+        window = im2col_window(x, self.c_pad, *self.window_args)
         if window is None:
-            window = im2col_window(self.x_placement(self.ctx), self.c_pad, *self.window_args)
+            x = self.x_placement(self.ctx)
+            window = im2col_window(x, self.c_pad, *self.window_args)
         half_in = self.dtype == "float16" and device_dtype(self.w) == "float16"
         return tiling_bound(self.ctx, self.t, self.ctx.hw.element_bytes("float16" if half_in else "float32"),
-                           self.t.half and not half_in, window.run_lw())
+                           self.t.half and not half_in, window.run_lw(), DimTerms.of(x).groups_spanned())
 
     def emit(self, ctx: EmitContext, refs: dict[Value, Ref]) -> None:
         out = self.node.out

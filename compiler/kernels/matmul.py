@@ -215,9 +215,12 @@ class Work:
 
 
 def _gather_mvs(cg: EmitContext, t: Tiling, a_l2_lw: float, in_bytes: int, source_run: float,
-                coinciding: bool = False) -> tuple[float, float]:
-    """(MVs, long words moved) per step for an A gathered from runs of `source_run` long words on
-    average (im2col): one MV per run, in every Group, into each L2B that holds A there. A run
+                bound: bool = False, source_groups: int = 1) -> tuple[float, float]:
+    """(MVs, long words moved by each Data Engine) per step for an A gathered from runs of
+    `source_run` long words on average (im2col): one MV per run, in every Group, into each L2B
+    that holds A there. The PE stream issues them all, so their latencies queue in one stream;
+    their data flows on the Data Engines of the `source_groups` Groups the source is spread over,
+    side by side. A run
     also ends where A's L2BM image interleaves other rows: after the PEs of a MAB when the MABs
     split M (l1bm distribute), after an l2bm chunk when the L1Bs do; each MV moves whole units."""
     hw, chain = cg.hw, cg.chain
@@ -225,25 +228,25 @@ def _gather_mvs(cg: EmitContext, t: Tiling, a_l2_lw: float, in_bytes: int, sourc
     run = chain.pes_per_unit * (1 if t.places("a", chain.unit_axis) else per_pe)
     if t.places("a", chain.l1_axis):
         run = min(run, chain.l2_chunk)
-    if coinciding and t.chunks == 1 and not t.places("a", chain.unit_axis) and not t.places("a", chain.l1_axis):
+    if bound and t.chunks == 1 and not t.places("a", chain.unit_axis) and not t.places("a", chain.l1_axis):
         run = a_l2_lw  # whole rows, one after another: at best the image is one block
     # either kind of boundary ends an MV: as if independent (to rank tilings), or at best coinciding
-    run = min(run, source_run) if coinciding else 1 / (1 / run + 1 / source_run)
+    run = min(run, source_run) if bound else 1 / (1 / run + 1 / source_run)
     unit = hw.transfers[chain.dram_to_l2].modes["individual"].unit_lw
     targets = _l2_per_group_used(t, chain) if t.places("a", chain.l2_axis) else chain.l2_per_group
     mvs = chain.groups * targets * a_l2_lw / run
-    return mvs, mvs * ceil(run / unit) * unit
+    return mvs, mvs / source_groups * ceil(run / unit) * unit
 
 
 def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None = None,
-          coinciding: bool = False) -> Work:
+          bound: bool = False, source_groups: int = 1) -> Work:
     hw, params, chain = cg.hw, cg.params, cg.chain
     traffic = _traffic(cg, t, in_bytes)
     l2_in_group = _l2_per_group_used(t, chain)
     unit = hw.transfers[chain.dram_to_l2].modes["individual"].unit_lw
     block = [ceil(v / unit) * unit for v in traffic.l2]  # one MV per operand, whole units
     if a_runs is not None:  # A's long words come in short runs, not blocks
-        mvs, lw = _gather_mvs(cg, t, traffic.l2[0], in_bytes, a_runs, coinciding)
+        mvs, lw = _gather_mvs(cg, t, traffic.l2[0], in_bytes, a_runs, bound, source_groups)
         engine_lw, engine_mvs = lw + l2_in_group * block[1], mvs + l2_in_group
     else:
         engine_lw, engine_mvs = l2_in_group * sum(block), 2 * l2_in_group
@@ -271,10 +274,12 @@ def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_
                 c_lw * t.batch_local * t.rounds)
 
 
-def tiling_bound(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None) -> float:
+def tiling_bound(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None,
+                 source_groups: int = 1) -> float:
     """`_cost` of a tiling whose A comes in runs of `a_runs` long words (None: in blocks) that end
-    where its L2BM image's runs end: an estimate to prune by, which must not exceed the timing."""
-    return _cost(cg, t, _work(cg, t, in_bytes, staged_in_float32, a_runs, coinciding=True))
+    where its L2BM image's runs end, read from `source_groups` Groups: an estimate to prune by,
+    which should not exceed the timing by more than the planner's slack."""
+    return _cost(cg, t, _work(cg, t, in_bytes, staged_in_float32, a_runs, True, source_groups))
 
 
 def _cost(cg: EmitContext, t: Tiling, work: Work) -> float:
@@ -283,7 +288,10 @@ def _cost(cg: EmitContext, t: Tiling, work: Work) -> float:
     hw, chain = cg.hw, cg.chain
     down = hw.transfers[chain.dram_to_l2]
     rate = down.modes["individual"].src_lw_per_cycle
-    engine = work.engine_lw / rate + work.engine_mvs * down.latency_cycles / hw.data_engine.queue_depth
+    # A Group's queue keeps `queue_depth` MVs in flight: their data flows one after another, their
+    # latencies overlap (the timing engine's rule), so many short MVs cost their latency over the depth
+    data = work.engine_lw / rate
+    engine = max(data, (work.engine_mvs * down.latency_cycles + data) / hw.data_engine.queue_depth)
     stream = float(work.mau)
     keys = sorted([(chain.l2_to_l1, m) for m in ("broadcast", "distribute")] +
                   [(chain.l1_to_pe, m) for m in ("mab_broadcast", "distribute")])

@@ -351,7 +351,14 @@ class Placement:
     def dim_terms(self, sizes: tuple[int, ...] | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Per dimension, what its index adds to (instance, long word, W) of an element, for each
         index value below `sizes` (default: the shape; up to the extents, padding positions): a
-        linear placement's locations are sums of these terms."""
+        linear placement's locations are sums of these terms. Planning asks for the same terms
+        often: they are kept on the placement, read-only."""
+        cache = self.__dict__.setdefault("_terms_cache", {})
+        if sizes not in cache:
+            cache[sizes] = self._dim_terms(sizes)
+        return list(cache[sizes])
+
+    def _dim_terms(self, sizes: tuple[int, ...] | None) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
         out, k = [], 0
         for d, size in enumerate(sizes if sizes is not None else self.layout.shape):
             factors = self.layout.dims[d]
@@ -365,8 +372,10 @@ class Placement:
                     if coef[k + j]:
                         t += coef[k + j] * digit
             k += len(factors)
+            for t in terms:
+                t.setflags(write=False)
             out.append(tuple(terms))
-        return out
+        return tuple(out)
 
     def locate(self, elements: np.ndarray | None = None, *, first_copy_only: bool = False) -> Location:
         """Locations of the given flat element indices (default: all), one row per copy."""

@@ -115,6 +115,13 @@ class DimTerms:
             length *= distinct
         return max(along_one, length)
 
+    def groups_spanned(self) -> int:
+        """How many Groups hold the elements (their Data Engines can serve reads side by side)."""
+        groups = np.zeros(1, dtype=np.int64)
+        for group, _, _ in self.terms:
+            groups = np.unique(np.add.outer(groups, np.unique(group)))
+        return len(groups)
+
     @property
     def readable(self) -> bool:
         """Whether a reader knows which lane holds an element: one lane, or every lane."""

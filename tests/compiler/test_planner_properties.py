@@ -102,14 +102,9 @@ ESTIMATED = {
 }
 
 
-@pytest.mark.parametrize("chip", ["mini", "mncore2"])
-@pytest.mark.parametrize("case", list(ESTIMATED))
-def test_kernel_estimates_stay_within_the_pruning_slack(chip, case, monkeypatch):
-    """The planner does not time a candidate whose formula estimate exceeds ESTIMATE_SLACK times the
-    fastest timed one; that is safe only while every estimate is at most ESTIMATE_SLACK times the
-    candidate's timed cycles. Time every candidate (no pruning) and check it."""
+def estimates_against_timing(fn, inputs, hw, monkeypatch, options=None) -> list[tuple[str, float, int]]:
+    """(kernel kind, estimate, timed cycles) of every candidate the planner considers, none pruned."""
     from compiler.planner import search
-    slack = search.ESTIMATE_SLACK
     monkeypatch.setattr(search, "ESTIMATE_SLACK", float("inf"))
     seen: list[tuple[str, int, int]] = []
     timed = search.Planner.time
@@ -121,8 +116,31 @@ def test_kernel_estimates_stay_within_the_pruning_slack(chip, case, monkeypatch)
             seen.append((type(kernel).__name__, estimate, cycles))
         return cycles
     monkeypatch.setattr(search.Planner, "time", record)
+    compile_function(fn, inputs, hw, options=options)
+    monkeypatch.undo()
+    return seen
+
+
+@pytest.mark.parametrize("chip", ["mini", "mncore2"])
+@pytest.mark.parametrize("case", list(ESTIMATED))
+def test_kernel_estimates_stay_within_the_pruning_slack(chip, case, monkeypatch):
+    """The planner does not time a candidate whose formula estimate exceeds ESTIMATE_SLACK times the
+    fastest timed one; that is safe only while every estimate is at most ESTIMATE_SLACK times the
+    candidate's timed cycles. Time every candidate (no pruning) and check it."""
+    from compiler.planner import search
     fn, inputs = ESTIMATED[case]
-    compile_function(fn, inputs, hwdesc.load(chip))
+    seen = estimates_against_timing(fn, inputs, hwdesc.load(chip), monkeypatch)
     assert len(seen) >= 2, "the case should offer several estimated candidates"
     for kind, estimate, cycles in seen:
-        assert estimate <= slack * cycles, (kind, estimate, cycles)
+        assert estimate <= search.ESTIMATE_SLACK * cycles, (kind, estimate, cycles)
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: for a small convolution multiplied in half, the gather "
+                                       "estimate counts up to 6x the MVs the program issues (the L2BM image's "
+                                       "runs join across rows), so pruning may skip a faster tiling there")
+def test_small_mixed_precision_conv_estimates_stay_within_the_slack(mncore2, monkeypatch):
+    from compiler.planner import search
+    from .models import cnn
+    fn, inputs = cnn()  # its second conv reads the max-pool's output
+    seen = estimates_against_timing(fn, inputs, mncore2, monkeypatch, {"float_dtype": "mixed"})
+    assert all(estimate <= search.ESTIMATE_SLACK * cycles for _, estimate, cycles in seen)

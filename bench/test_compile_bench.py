@@ -1,0 +1,89 @@
+"""Compile time and compile memory of programs compiled through `mlsdk.Context.compile`.
+
+Programs: the seed's producer (x * 2 on 32x64), the model suite's pre-LN transformer block
+(2x16x64, causal; tests/compiler/models.py), ResNet-50 conv2_x's 3x3 layer (64 channels, 56x56)
+at batch 16, and a 16M-element add. The baseline, in the same process, is torch tracing the same
+function to ATen (`make_fx`), which any compiler of torch functions does first: the ratio is what
+planning and emission add on top. Each figure also goes to `benchmark.extra_info` in seconds.
+
+Compile memory is measured in a new process: the peak resident set of the compile over the one
+before it (the inputs already built), against the inputs' own bytes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from mlsdk import Context, MNDevice
+from tests.compiler.models import transformer_block
+
+from .conftest import baseline_seconds, record_ratio
+
+
+def seed():
+    return (lambda d: {"shared": d["x"] * 2}), {"x": torch.randn(32, 64)}
+
+
+def conv2_x(batch: int = 16):
+    torch.manual_seed(0)
+    w = torch.randn(64, 64, 3, 3)
+    return (lambda d: {"y": F.conv2d(d["x"], w, padding=1)}), {"x": torch.randn(batch, 64, 56, 56)}
+
+
+PROGRAMS = {"seed": seed, "transformer_block": transformer_block, "conv2_x_batch16": conv2_x}
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_compile_time_warm(benchmark, name):
+    """Compile in a process that has compiled before (imports done, numba kernels cached)."""
+    fn, inputs = PROGRAMS[name]()
+    context = Context(MNDevice("mncore2:auto"))
+    compile_once = lambda: context.compile(fn, inputs, None, options={"float_dtype": "float"})  # noqa: E731
+    compile_once()
+    baseline = baseline_seconds(lambda: make_fx(fn)(inputs), rounds=3, warmup=1)
+    compiled = benchmark.pedantic(compile_once, rounds=3, iterations=1)
+    ratio = record_ratio(benchmark, "ratio_vs_make_fx", baseline, compile_s=round(benchmark.stats.stats.median, 3),
+                         instructions=len(compiled.compiled.program))
+    print(f"\ncompile {name} on mncore2: {benchmark.stats.stats.median:.2f} s, {ratio:.0f}x torch's make_fx "
+          f"trace of it ({baseline * 1e3:.0f} ms)")
+
+
+PEAK_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    from mlsdk import Context, MNDevice
+
+    def kib(field):  # VmRSS: resident now; VmHWM: the peak since the last reset
+        return int(next(l for l in open("/proc/self/status") if l.startswith(field)).split()[1])
+    context = Context(MNDevice("mncore2:auto"))
+    context.compile(lambda d: {"y": d["x"] + 1}, {"x": torch.randn(64)}, None)  # imports, numba cache
+    n = int(sys.argv[1])
+    inputs = {"a": torch.randn(n), "b": torch.randn(n)}
+    before = kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak to the current resident set (Linux)
+    context.compile(lambda d: {"c": d["a"] + d["b"]}, inputs, None)
+    print(before, kib("VmHWM"))
+""")
+
+
+def test_compile_peak_memory_of_a_16m_add(benchmark):
+    n = 16 * 1024 * 1024
+
+    def run() -> tuple[int, int]:
+        out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(n)], capture_output=True, text=True, check=True)
+        before, peak = map(int, out.stdout.split())
+        return before, peak
+    before, peak = benchmark.pedantic(run, rounds=1, iterations=1)
+    grown_mb = (peak - before) / 1024
+    input_mb = 2 * n * 4 / 2 ** 20
+    benchmark.extra_info.update(peak_rss_mb=round(peak / 1024), compile_growth_mb=round(grown_mb, 1),
+                                growth_vs_inputs=round(grown_mb / input_mb, 3))
+    print(f"\ncompile of a 16M-element add: peak RSS {peak / 1024:.0f} MB, {grown_mb:.1f} MB over the process "
+          f"with its {input_mb:.0f} MB of inputs built ({grown_mb / input_mb:.3f}x the inputs)")
