@@ -15,7 +15,7 @@ from .alloc import Allocator
 from .builder import ProgramBuilder, Sym
 from .errors import DeviceMemoryError, SimError
 from .isa import ALL_GROUPS, TABLE, DType, Dir, Mode, Op, VOp
-from .machine import Machine
+from .machine import Machine, time_code
 from .params import MachineParams
 from .program import Program
 from .stats import RunStats, TraceEvent
@@ -23,4 +23,4 @@ from .validate import disassemble, validate
 
 __all__ = ["ALL_GROUPS", "TABLE", "Allocator", "DType", "DeviceMemoryError", "Dir", "Machine", "MachineParams",
            "Mode", "Op", "Program", "ProgramBuilder", "RunStats", "SimError", "Sym", "TraceEvent", "VOp",
-           "disassemble", "validate"]
+           "disassemble", "time_code", "validate"]

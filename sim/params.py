@@ -53,8 +53,6 @@ class MachineParams:
     step_cycles: int
     vop_dtype_issues: np.ndarray  # [VOp, DType] issues per lane group; 0 = op has no cost entry (not offered)
     vop_lanes: np.ndarray  # [VOp, DType] lanes per PE per step of the op's unit for the dtype; 0 = no vector mode
-    vop_issues: np.ndarray  # [VOp] issues of each op's default entry (pe_ops.<op>.issues), for callers that cost
-    # float ops by op alone (compiler/lower/matmul.py); the timing reads vop_dtype_issues
     mm_rows: np.ndarray  # [DType] MAU matrix rows (0 = dtype not offered)
     mm_cols: np.ndarray
     mm_load_rows: np.ndarray
@@ -139,7 +137,7 @@ def _from_hw(hw: HwDesc) -> MachineParams:
             cross[p, k] = m.cross_group_lw_per_cycle or 0.0
             unit[p, k] = m.unit_lw
             chunk[p, k] = m.chunk_lw or 1
-    vop_issues, vop_dtype_issues, vop_lanes = _vop_costs(hw)
+    vop_dtype_issues, vop_lanes = _vop_costs(hw)
     mau = hw.units.get("MAU")
     mm_rows = np.zeros(len(DType), dtype=np.int64)
     mm_cols = np.zeros(len(DType), dtype=np.int64)
@@ -164,7 +162,7 @@ def _from_hw(hw: HwDesc) -> MachineParams:
         pe_memories=tuple(i for i, n in enumerate(names) if hw.memories[n].level == hw.leaf_level),
         path_names=path_names, path_of=path_of, path_engine=engine, path_latency=latency, path_group=group,
         mode_offered=offered, mode_src_rate=src_rate, mode_dst_rate=dst_rate, mode_cross_rate=cross,
-        mode_unit=unit, mode_chunk=chunk, step_cycles=hw.step_cycles, vop_issues=vop_issues,
+        mode_unit=unit, mode_chunk=chunk, step_cycles=hw.step_cycles,
         vop_dtype_issues=vop_dtype_issues, vop_lanes=vop_lanes,
         mm_rows=mm_rows, mm_cols=mm_cols, mm_load_rows=mm_load, mab_level=mab_level,
         pes_per_mab=hw.fanout(mau.level, hw.leaf_level) if mau else 1,
@@ -181,23 +179,21 @@ def _from_hw(hw: HwDesc) -> MachineParams:
         hazards=dict(hw.hazards))
 
 
-def _vop_costs(hw: HwDesc) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Issues of each op's default entry, and issues and lanes per (op, dtype) from the entry for
+def _vop_costs(hw: HwDesc) -> tuple[np.ndarray, np.ndarray]:
+    """Issues and lanes per (op, dtype) from the entry for
     that dtype (`pe_ops.<op>.dtypes.<format>`, else the default): an int32 add is costed on the
     ALU that runs it, not on the MAU of the float add."""
-    issues = np.zeros(len(VOp), dtype=np.int64)
     dtype_issues = np.zeros((len(VOp), len(DType)), dtype=np.int64)
     lanes = np.zeros((len(VOp), len(DType)), dtype=np.int64)
     for op in VOp:
         entry = hw.pe_ops.get(COST_NAME[op])
         if entry is None:
             continue
-        issues[op] = entry.issues
         for dt in DType:
             cost = entry.cost(DTYPE_FORMAT[dt])
             dtype_issues[op, dt] = cost.issues
             lanes[op, dt] = _lanes(hw, cost.unit, DTYPE_FORMAT[dt])
-    return issues, dtype_issues, lanes
+    return dtype_issues, lanes
 
 
 def _lanes(hw: HwDesc, unit_name: str, fmt: str) -> int:

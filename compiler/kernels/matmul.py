@@ -264,7 +264,8 @@ def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_
     mm = ceil(t.mt / mode.rows) * ceil(t.kp * params.pes_per_mab / mode.cols) * max(t.nt, ceil(mode.rows / mode.load_rows_per_cycle))
     if staged_in_float32 and t.half:  # float32 staged, converted to half in LM: VOP work on the MAU
         lanes = min(params.vop_lanes[VOp.cvt, DType.float32], params.vop_lanes[VOp.cvt, DType.float16])
-        mm += ceil((t.mt * t.kp + t.kp * t.nt) / lanes) * params.vop_issues[VOp.cvt] * hw.step_cycles
+        issues = max(params.vop_dtype_issues[VOp.cvt, DType.float16], params.vop_dtype_issues[VOp.cvt, DType.float32])
+        mm += ceil((t.mt * t.kp + t.kp * t.nt) / lanes) * issues * hw.step_cycles  # as sim.timing costs a cvt
     steps = t.batch_local * t.rounds * t.chunks
     c_lw = t.mt * t.tiles("m", (chain.l1_axis, chain.unit_axis)) * t.nt * t.tiles("n", (chain.l1_axis, chain.unit_axis)) \
         * hw.element_bytes("float32") / hw.long_word_bytes * l2_in_group / t.tiles("k")  # partial sums reduce on the way

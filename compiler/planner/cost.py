@@ -7,15 +7,13 @@ cycles, so among the same candidates it never picks a slower program.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 
-from sim import Machine, MachineParams
+from sim import MachineParams, time_code
 
 
 def cycles_of(params: MachineParams, code: np.ndarray) -> int:
     """Total cycles of an instruction array on the chip `params` describes (timing only)."""
     if len(code) == 0:
         return 0
-    return Machine.time(SimpleNamespace(params=params), code).total_cycles
+    return time_code(params, code).total_cycles
