@@ -32,6 +32,7 @@ from ..errors import CompileError, LayoutError
 from ..ir import Node, Value
 from ..layout import TIME_AXIS, W_AXIS, Broadcast, Factor, Layout, Placement
 from ..layout.layout import spread
+from ..transfer.gather import lw_sources
 from ..transfer.staging import emit_drain, emit_fetch, stage
 from ..transfer.separable import DimTerms
 from .base import Kernel, device_dtype
@@ -304,7 +305,9 @@ def _cost(cg: EmitContext, t: Tiling, work: Work) -> float:
     upload = work.upload_lw / rate + work.rounds * down.latency_cycles
     if work.serial:
         return stream + engine + work.steps * down.latency_cycles + upload
-    return max(stream, engine) + upload
+    # the first operands arrive a DRAM latency after the start, whatever the tiling: the same for
+    # every candidate (the ranking does not move), but small products are mostly this
+    return down.latency_cycles + max(stream, engine) + upload
 
 
 def pareto(items: list, vector) -> list:
@@ -568,7 +571,7 @@ class MatmulKernel(Kernel):
 
     def __init__(self, node: Node, tiling: Tiling, problem: Problem, batched: bool, ctx: EmitContext) -> None:
         self.node, self.nodes = node, (node,)
-        self.t, self.p, self.batched = tiling, problem, batched
+        self.t, self.p, self.batched, self.ctx = tiling, problem, batched, ctx
         a, b = node.args
         self.half_in = device_dtype(a) == "float16" and device_dtype(b) == "float16"
         self.la, self.lb, _ = layouts_for(ctx, tiling, problem, batched, self.half_in)
@@ -589,7 +592,21 @@ class MatmulKernel(Kernel):
         return {out: Ref(symbols[out], image, self.summed)}
 
     def estimate(self, refs: dict[Value, Ref]) -> float:
-        return self.t.cost  # A and B come in blocks (a gathered operand only takes longer)
+        """The tiling's cost with A and B in blocks, or, when an operand is not stored as its
+        staging's image, what its gather's MVs take at least: one DRAM latency per MV over all
+        the Groups' queues (the planner has asked for the gather already: it is cached)."""
+        mvs = 0
+        for v, layout in zip(self.node.args, (self.la, self.lb)):
+            held = refs[v].placement
+            wanted = stage(self.ctx.lm_placement(layout, held.dtype)).dram
+            if not held.same_placement(wanted):
+                try:
+                    mvs += lw_sources(wanted, held).mv_count
+                except LayoutError:
+                    return self.t.cost
+        down = self.ctx.hw.transfers[self.ctx.chain.dram_to_l2]
+        queues = self.ctx.hw.data_engine.queue_depth * self.ctx.chain.groups
+        return max(self.t.cost, mvs * down.latency_cycles / queues)
 
     def key(self, refs: dict[Value, Ref]) -> tuple:
         a, b = self.node.args

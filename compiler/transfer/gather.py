@@ -164,6 +164,13 @@ class LwSources:
         return bool((self.src_group == ZERO).any())
 
     @cached_property
+    def mv_count(self) -> int:
+        """MVs of the whole gather, its runs joined across holes (`run_arrays`): a kernel that
+        fetches it in slices issues at least this many."""
+        groups = np.arange(self.groups, dtype=np.int64)
+        return len(run_arrays_many(self, groups, np.zeros_like(groups), np.full_like(groups, self.span))[1])
+
+    @cached_property
     def longest_zero_run(self) -> int:
         """The longest run of zeros the MVs will read (runs joined across holes): how large a
         zero buffer the gather needs."""

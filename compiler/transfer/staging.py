@@ -83,13 +83,16 @@ class Staging:
         return self.chain.l2_chunk // gcd(self.chain.l2_chunk, self.per_lm_lw)
 
 
+CACHED_STAGINGS = 2048  # a planner asks for a few per candidate (compile-time cache; each is small)
+
+
 def stage(lm: Placement) -> Staging:
     """The staging of an LM placement; raises LayoutError when block copies cannot produce it.
     Kernels ask for the same stagings repeatedly (planning, then emitting), so they are cached."""
     return _stage_cached(lm.layout, lm.hw, lm.memory, lm.dtype)
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=CACHED_STAGINGS)
 def _stage_cached(layout, hw, memory: str, dtype: str) -> Staging:
     return _stage(Placement(layout, hw, memory, dtype, check_capacity=False))
 
