@@ -45,6 +45,7 @@ ALLOWED = {
     ("compiler/transfer/gather.py", 5): "fields of a run record (dst, group, src, n, buffer)",
     ("compiler/transfer/gather.py", 256): "conversions kept for reuse (compile-time cache size)",
     ("compiler/transfer/staging.py", 2048): "stagings kept for reuse (compile-time cache size)",
+    ("compiler/layout/layout.py", 8192): "canonical layouts kept for reuse (compile-time cache size)",
     ("compiler/convert.py", 5): "completion-tag number (software convention)",
     ("compiler/convert.py", 6): "completion-tag number (software convention)",
     ("compiler/transfer/host.py", 7): "completion-tag number of host transfer programs (software convention)",

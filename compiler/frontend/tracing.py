@@ -36,14 +36,17 @@ INPUT_DTYPES = (torch.float32, torch.float16, torch.int64, torch.int32, torch.bo
 
 @contextlib.contextmanager
 def _all_stack_frames() -> Iterator[None]:
-    """make_fx keeps only frames of `forward` methods in node stack traces; keep them all while
-    we trace (we pick the user's frame ourselves), so plain functions get source lines too."""
+    """make_fx keeps only frames of `forward` methods in node stack traces; keep every frame
+    outside torch and the compiler while we trace (we pick the user's innermost one), so plain
+    functions get source lines too, and torch formats no frames of its own."""
     tracer = torch.fx.proxy.TracerBase
     original = tracer.__dict__.get("_filter_traceback_frames")
     if original is None:  # a torch without the hook: source lines may be missing, tracing still works
         yield
         return
-    tracer._filter_traceback_frames = lambda self, summary: summary
+    tracer._filter_traceback_frames = lambda self, summary: traceback.StackSummary.from_list(
+        [f for f in summary if not f.filename.startswith(_INTERNAL) and (f.filename[:1] != "<" or f.line)])
+    # ("<string>" without a line: code torch generated, not the user's)
     try:
         yield
     finally:

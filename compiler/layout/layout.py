@@ -50,6 +50,12 @@ class Broadcast:
         return self.axis if self.size is None else f"{self.size}_{self.axis}:{self.stride}"
 
 
+# Equal layouts are built again and again (planning tries the same ones for many candidates):
+# their canonical forms are shared. A compile-time cache, cleared when full.
+CACHED_CANONICAL = 8192
+_CANONICAL: dict[tuple, "Layout"] = {}
+
+
 @dataclass(frozen=True, eq=False)
 class Layout:
     """A tensor layout in PFN notation; see the module doc."""
@@ -124,9 +130,15 @@ class Layout:
         (computed once per layout: layouts are compared and hashed a lot)."""
         cached = self.__dict__.get("_canonical")
         if cached is None:
-            cached = self._canonical_form()
+            raw = (self.dims, self.shape, self.broadcast)
+            cached = _CANONICAL.get(raw)
+            if cached is None:
+                cached = self._canonical_form()
+                object.__setattr__(cached, "_canonical", cached)
+                if len(_CANONICAL) >= CACHED_CANONICAL:
+                    _CANONICAL.clear()
+                _CANONICAL[raw] = cached
             object.__setattr__(self, "_canonical", cached)
-            object.__setattr__(cached, "_canonical", cached)
         return cached
 
     def _canonical_form(self) -> "Layout":
