@@ -222,17 +222,48 @@ def _gather(b, out, x, dim, index, sparse_grad=False):
         if d != dim and index.shape[d] < x.shape[d]:
             x = b.slice(x, d, 0, index.shape[d])
     size = x.shape[dim]
-    idx = b.cast(index, "int32")
-    idx = b.ew("where", b.ew("lt", idx, 0), b.ew("add", idx, size), idx, dtype="int32")
-    idx = b.reshape(idx, idx.shape[:dim + 1] + (1,) + idx.shape[dim + 1:])  # (..., J, 1, ...)
     table = b.reshape(x, x.shape[:dim] + (1, size) + x.shape[dim + 1:])  # (..., 1, size, ...)
-    iota_shape = (1,) * (dim + 1) + (size,) + (1,) * (x.rank - dim - 1)
-    hit = b.ew("eq", idx, b.iota(iota_shape, dim + 1, "int32"))
+    hit = _hits(b, index, dim, size)
     chosen = b.ew("where", hit, table, 0 if x.dtype != "bool" else False, dtype=x.dtype)
     return b.reduce("max" if x.dtype == "bool" else "sum", chosen, [dim + 1])
 
 
-@rule("scatter", "scatter_add", "index_put", "index_add", "index_copy", "masked_scatter", "scatter_reduce",
+def _hits(b, index: Value, dim: int, size: int) -> Value:
+    """(..., J, size, ...) booleans: whether index[..., j, ...] (negative counts from the end) is
+    each position of a dimension of `size`, the new axis right after `dim`."""
+    idx = b.cast(index, "int32")
+    idx = b.ew("where", b.ew("lt", idx, 0), b.ew("add", idx, size), idx, dtype="int32")
+    idx = b.reshape(idx, idx.shape[:dim + 1] + (1,) + idx.shape[dim + 1:])  # (..., J, 1, ...)
+    iota_shape = (1,) * (dim + 1) + (size,) + (1,) * (index.rank - dim - 1)
+    return b.ew("eq", idx, b.iota(iota_shape, dim + 1, "int32"))
+
+
+@rule("scatter", "scatter_add")
+def _scatter(b, out, x, dim, index, src, reduce=None):
+    """torch.scatter / scatter_add: along `dim`, position index[..., j, ...] of the result takes
+    src[..., j, ...] (a tensor or a number; added to x for scatter_add). Computed as gather is:
+    the index compared with an iota of the dimension, the hits' values summed over j (where one
+    position is hit twice, scatter's result is the sum; torch leaves the winner unspecified).
+    This is how a cross-entropy's gradient puts -1 at each label."""
+    dim = norm_dim(dim, x.rank)
+    if reduce is not None:
+        raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"scatter with reduce={reduce!r}")
+    if any(index.shape[d] != x.shape[d] for d in range(x.rank) if d != dim):
+        raise UnsupportedOpError(b.aten, [list(x.shape), list(index.shape)], b.source,
+                                 "an index smaller than x outside the scattered dimension")
+    hit = _hits(b, index, dim, x.shape[dim])
+    if isinstance(src, Value):
+        for d in range(x.rank):
+            if src.shape[d] > index.shape[d]:
+                src = b.slice(src, d, 0, index.shape[d])
+        src = b.reshape(b.cast(src, x.dtype), src.shape[:dim + 1] + (1,) + src.shape[dim + 1:])
+    placed = b.reduce("sum", b.ew("where", hit, src, 0, dtype=x.dtype), [dim])
+    if b.aten.startswith("aten.scatter_add"):
+        return b.ew("add", x, placed, dtype=x.dtype)
+    return b.ew("where", b.reduce("max", hit, [dim]), placed, x, dtype=x.dtype)
+
+
+@rule("index_put", "index_add", "index_copy", "masked_scatter", "scatter_reduce",
       "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive", "argwhere", "bincount",
       "repeat_interleave", "_local_scalar_dense", "item")
 def _data_dependent(b, out, x, *args, **kwargs):

@@ -121,8 +121,18 @@ def trace(fn: Callable[[Any], Any], inputs: Any) -> Graph:
 
     try:
         with _all_stack_frames():
-            gm = make_fx(functionalize(flat_fn, remove="mutations_and_views"), decomposition_table=table(),
-                         tracing_mode="fake", _allow_non_fake_inputs=True, record_stack_traces=True)(*tensors)
+            traced, keep_meta = flat_fn, contextlib.nullcontext()
+            if any(t.requires_grad for t in tensors):
+                # functionalize hides autograd: trace through autograd first (gradients become
+                # ATen ops), then functionalize that graph, each node keeping its source line
+                joint = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True,
+                                record_stack_traces=True)(*tensors)
+                traced = lambda *args: torch.fx.Interpreter(joint).run(*args)  # noqa: E731
+                keep_meta = torch.fx.traceback.preserve_node_meta()
+                tensors = [t.detach() for t in tensors]
+            with keep_meta:
+                gm = make_fx(functionalize(traced, remove="mutations_and_views"), decomposition_table=table(),
+                             tracing_mode="fake", _allow_non_fake_inputs=True, record_stack_traces=True)(*tensors)
     except CompileError:
         raise
     except Exception as e:  # data-dependent control flow, unsupported Python, ...

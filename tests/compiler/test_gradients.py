@@ -1,0 +1,101 @@
+"""Functions that take gradients (torch.autograd.grad) compile: the backward ops are traced through
+autograd, decomposed like any other op, and run on the chip; values match torch's autograd.
+
+This is the frontend half of training (issue 12): parameters here are plain inputs, and the
+function returns its gradients. Optimizer steps and device-resident parameters come next.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import hwdesc
+from compiler import Device, compile_function
+from compiler.errors import UnsupportedOpError
+
+CHIPS = ("mini", "mncore2")
+
+
+@pytest.fixture(scope="module", params=CHIPS)
+def device(request) -> Device:
+    return Device(hwdesc.load(request.param))
+
+
+def gradient_function(model: nn.Module, loss_fn):
+    """fn(d) -> loss and the gradient of every parameter, with the parameters as inputs."""
+    names = [name for name, _ in model.named_parameters()]
+
+    def fn(d):
+        out = torch.func.functional_call(model, {k: d[k] for k in names}, (d["x"],))
+        loss = loss_fn(out, d)
+        grads = torch.autograd.grad(loss, [d[k] for k in names])
+        return {"loss": loss, **{f"grad.{k}": g for k, g in zip(names, grads)}}
+    params = {k: p.detach().clone().requires_grad_() for k, p in model.named_parameters()}
+    return fn, params
+
+
+def cross_entropy(out, d):
+    return F.cross_entropy(out, d["labels"])
+
+
+def square_mean(out, d):
+    return out.pow(2).mean()
+
+
+def mse_to_zero(out, d):
+    return F.mse_loss(out, torch.zeros_like(out))
+
+
+MODELS = {
+    "mlp_cross_entropy": (lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10)), cross_entropy,
+                          (8, 16)),
+    "layer_norm_gelu": (lambda: nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 16), nn.GELU()), square_mean,
+                        (4, 6, 16)),
+    "softmax_mse": (lambda: nn.Sequential(nn.Linear(12, 12), nn.Softmax(-1)), mse_to_zero, (5, 12)),
+}
+
+
+@pytest.mark.parametrize("case", list(MODELS))
+def test_gradients_match_torch_autograd(device, case):
+    make, loss_fn, shape = MODELS[case]
+    torch.manual_seed(7)
+    fn, params = gradient_function(make(), loss_fn)
+    inputs = {"x": torch.randn(shape), "labels": torch.randint(0, 10, (shape[0],)), **params}
+    compiled = compile_function(fn, inputs, device.hw)
+    got = device.execute(compiled, inputs)
+    want = fn(inputs)
+    assert set(got) == set(want)
+    for name, expected in want.items():
+        expected = expected.detach()
+        torch.testing.assert_close(got[name], expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item(),
+                                   msg=lambda m, name=name: f"{case} {name}: {m}")
+
+
+def test_backward_ops_keep_the_users_line(mini):
+    """A backward op mnsim cannot lower yet is refused naming it and the line that asked for the gradient."""
+    torch.manual_seed(8)
+    fn, params = gradient_function(nn.Conv2d(3, 4, 3), square_mean)
+    with pytest.raises(UnsupportedOpError) as info:
+        compile_function(fn, {"x": torch.randn(1, 3, 6, 6), **params}, mini)
+    message = str(info.value)
+    assert "aten.convolution_backward" in message
+    assert "test_gradients.py" in message and "torch.autograd.grad(loss" in message
+
+
+def test_scatter_matches_torch(device):
+    """scatter (a number and a tensor) and scatter_add, the ops a cross-entropy gradient uses."""
+    torch.manual_seed(9)
+    x, src = torch.randn(6, 5), torch.randn(6, 3)
+    index = torch.randint(0, 5, (6, 1))
+    spread = torch.stack([torch.randperm(5)[:3] for _ in range(6)])
+
+    def fn(d):
+        return {"value": d["x"].scatter(1, d["i"], -1.0), "src": d["x"].scatter(1, d["s"], d["src"]),
+                "add": d["x"].scatter_add(1, d["s"], d["src"])}
+    inputs = {"x": x, "i": index, "s": spread, "src": src}
+    got = device.execute(compile_function(fn, inputs, device.hw), inputs)
+    for name, expected in fn(inputs).items():
+        torch.testing.assert_close(got[name], expected, rtol=1e-6, atol=1e-6)
