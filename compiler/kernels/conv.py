@@ -2,12 +2,11 @@
 
 out[n, co, ho, wo] = sum over (i, j, c) of w[co, c, i, j] * x[n, c, ho*s + i*d - p, wo*s + j*d - p]
 is C = A @ B with rows m = (n, ho, wo), K = (i, j, c) and columns co. A (the im2col matrix) is
-never stored: it is a window of x's storage (element (m, k) sits where x[n, c, ho*s + i*d,
-wo*s + j*d] does), gathered by the Data Engines as each K chunk is downloaded into LM. With
-spatial padding, x is first copied into a zero-bordered buffer (in every Group that reads it)
-and the window is taken over that. The gathers move whole long words, so x keeps its channels
-in the lanes (NHWC underneath the NCHW shape); a convolution's output comes out that way, ready
-for the next. Channels that do not fill a long word (an RGB image) are padded: K runs over the
+never stored: it is a window of x's storage (element (m, k) sits where x[n, c, ho*s + i*d - p,
+wo*s + j*d - p] does), gathered by the Data Engines as each K chunk is downloaded into LM; where
+the window reads the spatial padding it has holes, which arrive as zeros. The gathers move
+whole long words, so x keeps its channels in the lanes (NHWC underneath the NCHW shape); a
+convolution's output comes out that way, ready for the next. Channels that do not fill a long word (an RGB image) are padded: K runs over the
 padded channels, whose weights are zero and whose input lanes hold zeros (an uploaded tensor's
 padding is zero; a computed one is relaid with zero padding first).
 
@@ -28,24 +27,20 @@ import torch
 
 from ..errors import CompileError
 from ..ir import Node, Value
-from ..layout import W_AXIS, Broadcast, Factor, Layout, Placement
+from ..layout import W_AXIS, Factor, Layout, Placement
 from ..layout.reshape import reshape_layout
 from ..layout.spread import Spread, spread
 from ..transfer.gather import lw_sources
-from ..transfer.separable import DimTerms, Terms, is_linear
+from ..transfer.separable import DimTerms, Terms, flatten_terms
 from ..transfer.staging import stage
 from .base import Kernel, device_dtype
 from .context import EmitContext, Ref, lane_compatible
 from .matmul import Problem, Source, emit_product, layouts_for, output_layout, tiling_bound, tilings
 
 
-
-
-def nhwc_layout(ctx: EmitContext, shape: tuple[int, ...], dtype: str, *, rows_over_groups: bool = True) -> Layout:
+def nhwc_layout(ctx: EmitContext, shape: tuple[int, ...], dtype: str) -> Layout:
     """A DRAM layout of an (N, C, H, W) tensor with channels in the lanes (padded to fill them),
-    images split over the Groups' DRAMs, else rows. Without `rows_over_groups` (a buffer that
-    convolution windows read, which must not cross a Group boundary), images that do not split
-    evenly are kept whole in every Group instead."""
+    images split over the Groups' DRAMs, else rows."""
     n, c, h, w = shape
     epl = ctx.hw.elements_per_lw(dtype)
     cl = ceil(c / epl)  # long words per pixel
@@ -55,14 +50,11 @@ def nhwc_layout(ctx: EmitContext, shape: tuple[int, ...], dtype: str, *, rows_ov
     row = w * cl  # long words per image row
     dims = [[Factor(n, None, h * row)], [Factor(cl, None, 1), Factor(epl, W_AXIS, 1)],
             [Factor(h, None, row)], [Factor(w, None, cl)]]
-    broadcast: tuple[Broadcast, ...] = ()
     if groups > 1 and n % groups == 0:
         dims[0] = [Factor(groups, axis, per_group), Factor(n // groups, None, h * row)]
-    elif groups > 1 and h % groups == 0 and rows_over_groups:
+    elif groups > 1 and h % groups == 0:
         dims[2] = [Factor(groups, axis, per_group), Factor(h // groups, None, row)]
-    elif groups > 1 and not rows_over_groups:
-        broadcast = (Broadcast(axis),)
-    return Layout.of([[f for f in d if f.size > 1] or [Factor(1, None, 1)] for d in dims], shape, broadcast)
+    return Layout.of([[f for f in d if f.size > 1] or [Factor(1, None, 1)] for d in dims], shape)
 
 
 def channels_in_lanes(p: Placement) -> bool:
@@ -75,17 +67,6 @@ def _steps(count: int, step: int) -> Terms:
     """Terms of an index that moves `step` long words per position."""
     zeros = np.zeros(count, dtype=np.int64)
     return zeros, np.arange(count, dtype=np.int64) * step, zeros
-
-
-def _outer(*parts: Terms) -> Terms:
-    """The terms of a dimension that flattens `parts` (the first outermost)."""
-    out = []
-    for k in range(3):
-        total = np.zeros(1, dtype=np.int64)
-        for part in parts:
-            total = np.add.outer(total, part[k]).ravel()
-        out.append(total)
-    return tuple(out)
 
 
 def _reads(terms: Terms, out: int, kernel: int, size: int, stride: int, pad: int, dilation: int):
@@ -129,8 +110,8 @@ def im2col_window(p: Placement, c_pad: int, out_hw: tuple[int, int], kernel, str
     if rows is None or cols is None:
         return None
     (row_step, row_reads), (col_step, col_reads) = rows, cols
-    m = _outer(tn, _steps(ho, stride[0] * row_step), _steps(wo, stride[1] * col_step))
-    k = _outer(_steps(kh, dilation[0] * row_step), _steps(kw, dilation[1] * col_step), tc)
+    m = flatten_terms(tn, _steps(ho, stride[0] * row_step), _steps(wo, stride[1] * col_step))
+    k = flatten_terms(_steps(kh, dilation[0] * row_step), _steps(kw, dilation[1] * col_step), tc)
     origin = -(padding[0] * row_step + padding[1] * col_step)
     images = np.arange(n, dtype=np.int64) * ho
     channels = np.arange(c_pad, dtype=np.int64)
@@ -191,7 +172,7 @@ class ConvKernel(Kernel):
         self.ctx = ctx
         a = node.attrs
         self.window_args = ((ho, wo), (kh, kw), tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]))
-        half_in = self.dtype == "float16" and device_dtype(w) == "float16"
+        self.half_in = half_in = self.dtype == "float16" and device_dtype(w) == "float16"
         self.la, self.lb, _ = layouts_for(ctx, tiling, self.p, False, half_in)
         self.out_dtype = device_dtype(node.out)
         self.lc_out, self.summed = output_layout(ctx, tiling, self.p, False, half_in, self.out_dtype)
@@ -255,29 +236,32 @@ class ConvKernel(Kernel):
     def outputs(self) -> list[Value]:
         return [self.node.out]
 
-    def im2col(self, ctx: EmitContext, x: Ref) -> tuple[Ref, DimTerms]:
-        """The storage the im2col matrix is a window of, and the window: x itself, unless its
-        placement does not separate (then a copy of x in the usual NHWC layout, which the Data
-        Engines write first)."""
-        window = im2col_window(x.placement, self.c_pad, *self.window_args)
+    def window(self, x: Placement) -> tuple[Placement, DimTerms]:
+        """The placement the im2col matrix is a window of, and the window: x's own, unless x's
+        placement does not separate (then that of a copy of x in the usual NHWC layout)."""
+        window = im2col_window(x, self.c_pad, *self.window_args)
         if window is not None:
             return x, window
-        nhwc = self.x_placement(ctx)
-        copy = ctx.buffer("temp", nhwc, f"{self.x.name}_nhwc")
-        ctx.gather(lw_sources(nhwc, x.placement), copy, [x])
-        return copy, im2col_window(nhwc, self.c_pad, *self.window_args)
+        nhwc = self.x_placement(self.ctx)
+        return nhwc, im2col_window(nhwc, self.c_pad, *self.window_args)
+
+    def im2col(self, ctx: EmitContext, x: Ref) -> tuple[Ref, DimTerms]:
+        """The storage the im2col matrix is a window of (x, or its NHWC copy, which the Data
+        Engines write first), and the window."""
+        placement, window = self.window(x.placement)
+        if placement is x.placement:
+            return x, window
+        copy = ctx.buffer("temp", placement, f"{self.x.name}_nhwc")
+        ctx.gather(lw_sources(placement, x.placement), copy, [x])
+        return copy, window
 
     def estimate(self, refs: dict[Value, Ref]) -> float:
-        """The tiling's cost with A in the runs x's placement gives its window (the NHWC copy's when
-        it does not separate; the copy itself is not counted, so the estimate stays below the timing)."""
-        x = refs[self.x].placement
-        window = im2col_window(x, self.c_pad, *self.window_args)
-        if window is None:
-            x = self.x_placement(self.ctx)
-            window = im2col_window(x, self.c_pad, *self.window_args)
-        half_in = self.dtype == "float16" and device_dtype(self.w) == "float16"
-        return tiling_bound(self.ctx, self.t, self.ctx.hw.element_bytes("float16" if half_in else "float32"),
-                           self.t.half and not half_in, window.run_lw(), DimTerms.of(x).groups_spanned())
+        """The tiling's cost with A in the runs its window gives (an NHWC copy of x is not
+        counted, so the estimate stays below the timing)."""
+        x, window = self.window(refs[self.x].placement)
+        in_bytes = self.ctx.hw.element_bytes("float16" if self.half_in else "float32")
+        return tiling_bound(self.ctx, self.t, in_bytes, self.t.half and not self.half_in, window.run_lw(),
+                            DimTerms.of(x).groups_spanned())
 
     def emit(self, ctx: EmitContext, refs: dict[Value, Ref]) -> None:
         out = self.node.out

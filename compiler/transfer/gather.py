@@ -164,27 +164,24 @@ class LwSources:
         return bool((self.src_group == ZERO).any())
 
     @cached_property
+    def _joined(self) -> tuple[np.ndarray, ...]:
+        """The MVs of the whole gather, every Group: `run_arrays_many` over each Group's span."""
+        groups = np.arange(self.groups, dtype=np.int64)
+        return run_arrays_many(self, groups, np.zeros_like(groups), np.full_like(groups, self.span))
+
+    @property
     def mv_count(self) -> int:
         """MVs of the whole gather, its runs joined across holes (`run_arrays`): a kernel that
         fetches it in slices issues at least this many."""
-        groups = np.arange(self.groups, dtype=np.int64)
-        return len(run_arrays_many(self, groups, np.zeros_like(groups), np.full_like(groups, self.span))[1])
+        return len(self._joined[1])
 
-    @cached_property
+    @property
     def longest_zero_run(self) -> int:
         """The longest run of zeros the MVs will read (runs joined across holes): how large a
         zero buffer the gather needs."""
-        longest = 0
-        for g in range(self.groups):
-            _, group, _, n, _ = run_arrays(self, g, 0, self.span)
-            if (group == ZERO).any():
-                longest = max(longest, int(n[group == ZERO].max()))
-        return longest
-
-    @property
-    def words(self) -> int:
-        """Destination long words the runs cover."""
-        return int(self.n.sum())
+        _, _, group, _, n, _ = self._joined
+        zero = group == ZERO
+        return int(n[zero].max()) if zero.any() else 0
 
     def zero_holes(self, span: int = 0) -> "LwSources":
         """Holes become zeros, up to `span` long words (past the last element too): for operands
@@ -208,12 +205,6 @@ class LwSources:
                                 for k, p in enumerate(parts)])
                 for name in RUN_FIELDS]
         return LwSources.from_runs(*cols, parts[0].groups, max(p.span for p in parts))
-
-    @property
-    def is_identity(self) -> bool:
-        """Every long word read comes from the same place in the same Group of buffer 0."""
-        used = self.src_group != ZERO
-        return bool(np.all(~used | ((self.src_group == self.dst_group) & (self.src == self.dst) & (self.buffer == 0))))
 
 
 _CACHE: "OrderedDict[tuple, LwSources | LaneMismatch]" = OrderedDict()

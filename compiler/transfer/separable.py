@@ -85,12 +85,7 @@ class DimTerms:
         the (N*H*W, C) matrix. Flattening is a sum of terms, so it always separates."""
         if self.boxes is not None:
             raise LayoutError("internal: regrouping a window with boxes")
-        terms = []
-        for dims in groups:
-            parts = [np.zeros(1, dtype=np.int64) for _ in range(3)]
-            for d in dims:
-                parts = [np.add.outer(p, t).ravel() for p, t in zip(parts, self.terms[d])]
-            terms.append(tuple(parts))
+        terms = [flatten_terms(*(self.terms[d] for d in dims)) for dims in groups]
         return DimTerms(self.placement, tuple(terms), self.base, self.copies, self.group_copies, self.every_lane,
                         f"{self.view} {view}".strip())
 
@@ -128,10 +123,15 @@ class DimTerms:
         return self.copies is None or len(np.unique(self.copies[1])) == 1 or self.every_lane
 
 
-def is_linear(terms: Terms) -> bool:
-    """Whether a dimension's terms grow by the same step per index (a window may add indices)."""
-    n = len(terms[0])
-    return all(np.array_equal(t, np.arange(n, dtype=np.int64) * (int(t[1]) if n > 1 else 0)) for t in terms)
+def flatten_terms(*parts: Terms) -> Terms:
+    """The terms of a dimension that flattens `parts` (the first outermost): sums of theirs."""
+    out = []
+    for k in range(3):
+        total = np.zeros(1, dtype=np.int64)
+        for part in parts:
+            total = np.add.outer(total, part[k]).ravel()
+        out.append(total)
+    return tuple(out)
 
 
 def separable_sources(dst: "Placement | DimTerms", src: "Placement | DimTerms") -> LwSources | None:
