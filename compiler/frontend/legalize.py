@@ -450,4 +450,4 @@ def ensure_float(b: Builder, x: Value, dtype: str = "float32") -> Value:
     return x if x.dtype in FLOAT_DTYPES else b.cast(x, dtype)
 
 
-from . import legalize_movement, legalize_nn  # noqa: E402,F401  (register their rules)
+from . import legalize_backward, legalize_movement, legalize_nn  # noqa: E402,F401  (register their rules)

@@ -49,7 +49,7 @@ def _convolution(b, out, x, w, bias, stride, padding, dilation, transposed=False
     return b.cast(y, dtype)
 
 
-def _pool_geometry(x: Value, kernel, stride, padding, dilation, ceil_mode: bool):
+def pool_geometry(x: Value, kernel, stride, padding, dilation, ceil_mode: bool):
     kh, kw = (kernel * 2 if len(kernel) == 1 else kernel)
     stride = stride or (kh, kw)
     sh, sw = (stride * 2 if len(stride) == 1 else stride)
@@ -79,7 +79,7 @@ def _patches(b: Builder, x: Value, geometry, fill) -> Value:
 
 @rule("max_pool2d_with_indices", "max_pool2d")
 def _max_pool(b, out, x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
-    geometry = _pool_geometry(x, kernel, stride, padding, dilation, ceil_mode)
+    geometry = pool_geometry(x, kernel, stride, padding, dilation, ceil_mode)
     lowest = float("-inf") if x.dtype != "int32" else INT32_MIN
     patches = _patches(b, x, geometry, lowest)
     last = (patches.rank - 2, patches.rank - 1)
@@ -97,7 +97,7 @@ def _max_pool(b, out, x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mo
 @rule("avg_pool2d")
 def _avg_pool(b, out, x, kernel, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
               divisor_override=None):
-    geometry = _pool_geometry(x, kernel, stride, padding, (1,), ceil_mode)
+    geometry = pool_geometry(x, kernel, stride, padding, (1,), ceil_mode)
     (kh, kw), _, (ph, pw), _, (ho, wo) = geometry
     x = ensure_float(b, x)
     patches = _patches(b, x, geometry, 0.0)

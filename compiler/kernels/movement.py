@@ -41,9 +41,11 @@ def view_transform(node: Node) -> tuple[Callable[[Layout], Layout | None], Calla
 
 
 def view_ref(ref: Ref, forward: Callable[[Layout], Layout | None]) -> Ref | None:
-    """A stored value read through a view, or None when its layout cannot express the view."""
+    """A stored value read through a view, or None when its layout cannot express the view (or
+    would split a long word's lanes inside a dimension, which nothing could relay from)."""
+    from .relayout import lanes_innermost
     layout = forward(ref.placement.layout)
-    if layout is None:
+    if layout is None or not lanes_innermost(layout):
         return None
     lm = forward(ref.lm) if ref.lm is not None else None
     return Ref(ref.symbol, Placement(layout, ref.placement.hw, ref.placement.memory, ref.placement.dtype), lm)

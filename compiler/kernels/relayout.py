@@ -45,6 +45,16 @@ def unpacked(layout: Layout) -> Layout:
     return Layout.of(dims, layout.shape, tuple(b for b in layout.broadcast if b.axis != W_AXIS) + (Broadcast(W_AXIS),))
 
 
+def lanes_innermost(layout: Layout) -> bool:
+    """Whether the lanes (if packed) are the innermost digit of one dimension: the layouts whose
+    lanes an LM layout can keep, so the only ones a relayout can start from."""
+    for dim in layout.dims:
+        for k, f in enumerate(dim):
+            if f.axis == W_AXIS and f.size > 1:
+                return f.stride == 1 and all(g.size == 1 for g in dim[k + 1:])
+    return True
+
+
 def lane_matched(p: Placement, budget_lw: int) -> Layout:
     """An LM layout of p's tensor whose staging image keeps p's lanes (so that it stages from p
     by a long-word gather)."""
@@ -54,7 +64,7 @@ def lane_matched(p: Placement, budget_lw: int) -> Layout:
     if not w:
         return spread(shape, epl, p.hw.axes, Spread(None, False), budget_lw)
     (d, k, f), = w
-    if f.size == epl and f.stride == 1 and all(g.size == 1 for g in layout.dims[d][k + 1:]):
+    if f.size == epl and lanes_innermost(layout):
         return spread(shape, epl, p.hw.axes, Spread(d, False), budget_lw)
     raise CompileError(f"cannot relay a tensor stored as {layout} on the device: its lanes are not the innermost "
                        f"digit of one dimension")
@@ -72,6 +82,26 @@ def _shuffle(ctx: EmitContext, src: Layout, dst: Layout, src_at: tuple[str, int]
     for lane in lanes:
         emit_vops(ctx.b, "copy", dtype, loops, LoopOperand(dst_at[0], dst_at[1] * per_word + lane, d_st),
                   LoopOperand(src_at[0], src_at[1] * per_word, s_st))
+
+
+def _pass_budget(ctx: EmitContext, epl: int) -> int:
+    """Long words per PE of a layout's slice such that a pass holds it and its unpacked form
+    (epl times larger), each region in one PE memory (regions start aligned, as in the planner)."""
+    capacities = sorted(ctx.hw.memory_lw(m) for m in ctx.chain.scratch)
+    align = max(1, ctx.hw.long_word_bytes // ctx.hw.word_bytes)
+
+    def fits(lw: int) -> bool:
+        rest = list(capacities)
+        big = next((k for k, c in enumerate(rest) if c >= epl * lw + align), None)  # smallest that holds it
+        if big is None:
+            return False
+        rest[big] -= epl * lw + align
+        return max(rest) >= lw + align
+    low, high = 1, max(1, sum(capacities) // (1 + epl))
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
 
 
 def _uploadable(ctx: EmitContext, layout: Layout, dtype: str) -> bool:
@@ -143,8 +173,7 @@ class RelayoutKernel(Kernel):
                 return
         except LaneMismatch:
             pass
-        # each pass holds a layout and its unpacked form (epl times larger) in the PE memories
-        budget = max(1, sum(ctx.hw.memory_lw(m) for m in ctx.chain.scratch) // (1 + ctx.hw.elements_per_lw(dtype)))
+        budget = _pass_budget(ctx, ctx.hw.elements_per_lw(dtype))
         spread_ref = self._unpack(ctx, src, dtype, budget)
         packed = self.layout if self.layout is not None and _uploadable(ctx, self.layout, dtype) else \
             lane_matched(target, budget)  # then gathered into the target by the Data Engines

@@ -1,8 +1,8 @@
 """Functions that take gradients (torch.autograd.grad) compile: the backward ops are traced through
 autograd, decomposed like any other op, and run on the chip; values match torch's autograd.
 
-This is the frontend half of training (issue 12): parameters here are plain inputs, and the
-function returns its gradients. Optimizer steps and device-resident parameters come next.
+Parameters here are plain inputs and the function returns its gradients; training steps with
+device-resident parameters and optimizers are tested in tests/mlsdk/test_training.py.
 """
 
 from __future__ import annotations
@@ -55,6 +55,15 @@ MODELS = {
     "layer_norm_gelu": (lambda: nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 16), nn.GELU()), square_mean,
                         (4, 6, 16)),
     "softmax_mse": (lambda: nn.Sequential(nn.Linear(12, 12), nn.Softmax(-1)), mse_to_zero, (5, 12)),
+    "conv_batch_norm_pool": (lambda: nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8, track_running_stats=False),
+                                                   nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 4 * 4, 10)),
+                             cross_entropy, (2, 3, 8, 8)),
+    "conv_strided_grouped": (lambda: nn.Sequential(nn.Conv2d(4, 8, 3, stride=2, padding=1), nn.ReLU(),
+                                                   nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=4)),
+                             square_mean, (2, 4, 9, 9)),
+    "pool_overlapping_conv1d": (lambda: nn.Sequential(nn.Conv1d(3, 4, 5, stride=2), nn.Tanh(),
+                                                      nn.MaxPool1d(3, stride=2, padding=1)),
+                                square_mean, (2, 3, 21)),
 }
 
 
@@ -77,11 +86,11 @@ def test_gradients_match_torch_autograd(device, case):
 def test_backward_ops_keep_the_users_line(mini):
     """A backward op mnsim cannot lower yet is refused naming it and the line that asked for the gradient."""
     torch.manual_seed(8)
-    fn, params = gradient_function(nn.Conv2d(3, 4, 3), square_mean)
+    fn, params = gradient_function(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Upsample(scale_factor=2)), square_mean)
     with pytest.raises(UnsupportedOpError) as info:
         compile_function(fn, {"x": torch.randn(1, 3, 6, 6), **params}, mini)
     message = str(info.value)
-    assert "aten.convolution_backward" in message
+    assert "aten.upsample_nearest2d_backward" in message
     assert "test_gradients.py" in message and "torch.autograd.grad(loss" in message
 
 

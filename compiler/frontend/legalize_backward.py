@@ -1,0 +1,138 @@
+"""Legalization of the backward ops of convolution and max-pooling, which torch leaves whole
+(convolution_backward has no decomposition) or decomposes into a scatter (max-pool backward
+scatters through its indices, which the device would run as a comparison against every input
+position: quadratic in the image). Both become forward primitives:
+
+* the input gradient of a convolution is a convolution of the output gradient, dilated by the
+  stride and padded, with the weights transposed and flipped;
+* its weight gradient is a convolution of the input with the output gradient as the kernel
+  (batch and channel axes swapped, the stride becoming the dilation);
+* the input gradient of a max-pool is, for each of the kh x kw window offsets, the output
+  gradient where that offset held the maximum, dilated by the stride and shifted into place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import UnsupportedOpError
+from ..ir import CONV_RANK, Value
+from .build import Builder
+from .legalize import ensure_float, rule
+from .legalize_nn import pool_geometry
+
+
+def _dilate(b: Builder, x: Value, dim: int, step: int) -> Value:
+    """step - 1 zeros between neighbours along `dim`: size n becomes (n - 1) * step + 1."""
+    if step == 1:
+        return x
+    n = x.shape[dim]
+    spread = b.reshape(x, x.shape[:dim + 1] + (1,) + x.shape[dim + 1:])
+    spread = b.pad(spread, [(0, 0)] * (dim + 1) + [(0, step - 1)] + [(0, 0)] * (x.rank - dim - 1))
+    spread = b.reshape(spread, x.shape[:dim] + (n * step,) + x.shape[dim + 1:])
+    return b.slice(spread, dim, 0, (n - 1) * step + 1)
+
+
+def _placed(b: Builder, g: Value, size: tuple[int, int], stride: tuple[int, int], offset: tuple[int, int]) -> Value:
+    """(..., Ho, Wo) -> (..., H, W) with g[o] at position o * stride + offset (zeros elsewhere;
+    positions outside the image are dropped)."""
+    for k, dim in enumerate((g.rank - 2, g.rank - 1)):
+        g = _dilate(b, g, dim, stride[k])
+        before = offset[k]
+        after = size[k] - g.shape[dim] - before
+        pads = [(0, 0)] * g.rank
+        pads[dim] = (before, after)
+        g = b.pad(g, pads)
+    return g
+
+
+@rule("convolution_backward")
+def _convolution_backward(b, out, gy, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                          groups, output_mask):
+    shapes = [list(gy.shape), list(x.shape), list(w.shape)]
+    if transposed:
+        raise UnsupportedOpError(b.aten, shapes, b.source, "gradients of transposed convolutions")
+    one_d = x.rank == 3
+    if one_d:  # (N, C, L): a 2-D convolution of height 1
+        gy, x, w = (b.reshape(t, (t.shape[0], t.shape[1], 1, t.shape[2])) for t in (gy, x, w))
+        stride, padding, dilation = (1, stride[0]), (0, padding[0]), (1, dilation[0])
+    elif x.rank != CONV_RANK:
+        raise UnsupportedOpError(b.aten, shapes, b.source, f"gradients of {x.rank - 2}-D convolutions")
+    compute = "float16" if gy.dtype == x.dtype == w.dtype == "float16" else "float32"
+    gy, x, w = (ensure_float(b, t, compute) for t in (gy, x, w))
+    results: list[Any] = [None, None, None]
+    if output_mask[0]:
+        results[0] = _input_grad(b, gy, w, x.shape, tuple(stride), tuple(padding), tuple(dilation), groups)
+    if output_mask[1]:
+        results[1] = _weight_grad(b, gy, x, w.shape, tuple(stride), tuple(padding), tuple(dilation), groups)
+    if output_mask[2]:
+        results[2] = b.reduce("sum", gy, (0, 2, 3))
+    if one_d:
+        results[0] = None if results[0] is None else b.reshape(results[0], out[0].shape)
+        results[1] = None if results[1] is None else b.reshape(results[1], out[1].shape)
+    return tuple(results)
+
+
+def _input_grad(b: Builder, gy: Value, w: Value, x_shape: tuple[int, ...], stride, padding, dilation,
+                groups: int) -> Value:
+    """dL/dx[n, c, i] = sum over (o, k) with i = o * s + k * d - p of gy[n, co, o] w[co, c, k]:
+    gy dilated by s and padded by d (k - 1) - p, correlated with the flipped, transposed weights."""
+    co, cg, kh, kw = w.shape
+    g = gy
+    for k, dim in enumerate((2, 3)):
+        g = _dilate(b, g, dim, stride[k])
+    k_size = (kh, kw)
+    pads = [(0, 0), (0, 0)]
+    for k in range(2):
+        lo = dilation[k] * (k_size[k] - 1) - padding[k]
+        hi = x_shape[2 + k] + dilation[k] * (k_size[k] - 1) - g.shape[2 + k] - lo
+        pads.append((lo, hi))
+    g = b.pad(g, pads)
+    # weights (g * Co/g, C/g, kh, kw) -> (g * C/g, Co/g, kh, kw), flipped in both spatial axes
+    split = b.reshape(w, (groups, co // groups, cg, kh, kw))
+    a = [[1, 0, 0, 0, 0], [0, 0, 1, 0, 0], [0, 1, 0, 0, 0], [0, 0, 0, -1, 0], [0, 0, 0, 0, -1]]
+    flipped = b.window(split, (groups, cg, co // groups, kh, kw), a, (0, 0, 0, kh - 1, kw - 1))
+    flipped = b.reshape(flipped, (groups * cg, co // groups, kh, kw))
+    return b.conv(g, flipped, (1, 1), (0, 0), dilation, groups)
+
+
+def _weight_grad(b: Builder, gy: Value, x: Value, w_shape: tuple[int, ...], stride, padding, dilation,
+                 groups: int) -> Value:
+    """dL/dw[co, c, k] = sum over (n, o) of gy[n, co, o] x[n, c, o * s + k * d - p]: a convolution
+    of x (channels of a group as the batch, (group, n) as channels) by gy ((co, n) as the
+    kernel), stride d and dilation s, cropped to the kernel's size."""
+    n, c, h, wd = x.shape
+    co, cg, kh, kw = w_shape
+    ho, wo = gy.shape[2:]
+    spatial = (3, 3 + 1)  # (n, group, channel, H, W): the image axes stay last
+    xs = b.reshape(x, (n, groups, cg, h, wd))
+    xs = b.reshape(b.permute(xs, (2, 1, 0, *spatial)), (cg, groups * n, h, wd))
+    gs = b.reshape(gy, (n, groups, co // groups, ho, wo))
+    gs = b.reshape(b.permute(gs, (1, 2, 0, *spatial)), (co, n, ho, wo))
+    full = b.conv(xs, gs, dilation, padding, stride, groups)
+    cropped = b.slice(b.slice(full, 2, 0, kh), 3, 0, kw)
+    return b.permute(cropped, (1, 0, 2, 3))
+
+
+@rule("max_pool2d_with_indices_backward")
+def _max_pool_backward(b, out, gy, x, kernel, stride, padding, dilation, ceil_mode, indices):
+    """Each window offset (i, j) sends the output gradient where the forward's index says the
+    maximum was at that offset; the offsets' contributions, placed on the input grid, add up."""
+    geometry = pool_geometry(x, kernel, stride, padding, dilation, ceil_mode)
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw), (ho, wo) = geometry
+    h, w = x.shape[-2:]
+    gy = ensure_float(b, gy)
+    rows, cols = b.iota((ho, wo), 0, "int32"), b.iota((ho, wo), 1, "int32")
+    total = None
+    for i in range(kh):
+        for j in range(kw):
+            r = b.ew("add", b.ew("mul", rows, sh), i * dh - ph)
+            c = b.ew("add", b.ew("mul", cols, sw), j * dw - pw)
+            inside = b.ew("and", b.ew("and", b.ew("ge", r, 0), b.ew("lt", r, h)),
+                          b.ew("and", b.ew("ge", c, 0), b.ew("lt", c, w)))
+            where = b.ew("where", inside, b.ew("add", b.ew("mul", r, w), c), -1, dtype="int32")
+            hit = b.ew("eq", indices, b.expand(where, indices.shape))
+            part = b.ew("where", hit, gy, 0.0, dtype=gy.dtype)
+            placed = _placed(b, part, (h, w), (sh, sw), (i * dh - ph, j * dw - pw))
+            total = placed if total is None else b.ew("add", total, placed)
+    return total
