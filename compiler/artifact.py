@@ -65,7 +65,8 @@ def save(compiled: Compiled, directory: str | Path) -> Path:
              "output_shapes": {k: list(v) for k, v in compiled.output_shapes.items()},
              "out_spec": pytree.treespec_dumps(compiled.out_spec) if compiled.out_spec is not None else None,
              "resident": list(compiled.resident), "symbols": list(p.symbols), "labels": [list(x) for x in p.labels],
-             "buffers": buffers, "scratch_lw": compiled.scratch_lw}
+             "buffers": buffers, "scratch_lw": compiled.scratch_lw, "updates": compiled.updates,
+             "donated": sorted(compiled.donated), "phases": [list(x) for x in compiled.phases]}
     (d / "specs.json").write_text(json.dumps(specs, indent=1))
     summary = dict(compiled.summary)
     summary.setdefault("estimated_cycles", estimate_cycles(compiled))
@@ -119,7 +120,9 @@ def load(directory: str | Path, hw: HwDesc | None = None) -> Compiled:
                             {k: IOSpec.from_json(v) for k, v in specs["outputs"].items()}, specs["input_symbols"],
                             specs["output_symbols"], {k: tuple(v) for k, v in specs["output_shapes"].items()},
                             pytree.treespec_loads(specs["out_spec"]) if specs["out_spec"] else None,
-                            json.loads((d / "summary.json").read_text()), scratch_lw=specs["scratch_lw"])
+                            json.loads((d / "summary.json").read_text()), scratch_lw=specs["scratch_lw"],
+                            updates=specs.get("updates", {}), donated=set(specs.get("donated", [])),
+                            phases=[tuple(x) for x in specs.get("phases", [])])
         compiled.resident = {name: torch.from_numpy(arrays[f"resident_{name}"]) for name in specs.get("resident", [])}
     except (KeyError, ValueError, TypeError) as e:
         raise ArtifactError(f"{d} is corrupt: {type(e).__name__}: {e}") from None

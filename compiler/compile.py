@@ -24,8 +24,9 @@ from sim import DeviceMemoryError, Program
 
 from .emit import emit
 from .frontend.tracing import trace
+from .donate import can_write_in_place
 from .iospec import IOSpec
-from .ir import Graph, Value
+from .ir import Graph, Value, update_output
 from .kernels.base import device_dtype
 from .kernels.context import Buffer
 from .planner.rewrite import rewrite
@@ -50,34 +51,32 @@ class Compiled:
     """Device-resident inputs (registered tensors) and their values at compile time: a codegen_dir
     carries them so that a loader need not register the model again."""
     scratch_lw: int = 0  # long words per Group of the region the temporaries share
+    updates: dict[str, str] = field(default_factory=dict)
+    """Resident input name -> the output holding its new value (a training step's state)."""
+    donated: set[str] = field(default_factory=set)
+    """Update outputs the program writes into their input's own buffer (every read of the old
+    value comes first), so the state is updated in place."""
+    phases: list[tuple[int, int, str]] = field(default_factory=list)
+    """[start, end) instruction ranges of the forward, backward and optimizer parts of the program."""
 
 
 def compile_function(fn: Callable, inputs: Any, hw: HwDesc, *, options: dict | None = None,
                      constraints: dict[str, IOSpec] | None = None,
                      resident: Callable[[torch.Tensor], str | None] | None = None) -> Compiled:
     """`resident(t)` names captured tensors that live on the device between calls (registered
-    parameters): they become inputs of that name instead of constants."""
+    parameters, buffers, optimizer state): they become inputs of that name instead of constants,
+    and what the function writes into them becomes an update the program leaves for the next call."""
     start = time.perf_counter()
-    return compile_traced(trace(fn, inputs), hw, options=options, constraints=constraints, resident=resident,
-                          start=start)
+    return compile_traced(trace(fn, inputs, resident), hw, options=options, constraints=constraints, start=start)
 
 
 def compile_traced(graph: Graph, hw: HwDesc, *, options: dict | None = None,
-                   constraints: dict[str, IOSpec] | None = None,
-                   resident: Callable[[torch.Tensor], str | None] | None = None,
-                   start: float | None = None) -> Compiled:
+                   constraints: dict[str, IOSpec] | None = None, start: float | None = None) -> Compiled:
     """`compile_function` for a graph already traced (a cache lookup traces first)."""
     start = time.perf_counter() if start is None else start
-    promoted: dict[str, torch.Tensor] = {}
-    if resident is not None:
-        for value in list(graph.constants):
-            name = resident(value.origin)
-            if name is not None:
-                graph.promote(value, name)
-                promoted[name] = value.origin.detach()
     compiled = compile_graph(graph, hw, options=options or {}, constraints=constraints or {})
     compiled.graph = graph
-    compiled.resident = promoted
+    compiled.resident = {name: t.detach() for name, t in graph.resident.items()}
     compiled.summary["compile_seconds"] = round(time.perf_counter() - start, 4)
     return compiled
 
@@ -116,12 +115,15 @@ def compile_graph(graph: Graph, hw: HwDesc, *, options: dict, constraints: dict[
     _check_dram(hw, buffers, scratch_lw)
     inputs = {name: _spec(name, graph.inputs[name], buffers[sym]) for name, sym in plan.input_symbols.items()}
     outputs = {name: _spec(name, graph.outputs[name], buffers[sym]) for name, sym in plan.output_symbols.items()}
+    updates = {name: update_output(name) for name in graph.updates}
+    donated = {out for name, out in updates.items()
+               if can_write_in_place(program, plan.input_symbols[name], plan.output_symbols[out])}
     summary = {"chip": hw.name, "ops": [n.label for n in graph.nodes], "instructions": len(program),
                "steps": plan.describe(), "planned_cycles": plan.cycles,
                "layouts": {b.symbol: str(b.placement.layout) for b in buffers.values()}}
     return Compiled(hw, program, buffers, inputs, outputs, plan.input_symbols, plan.output_symbols,
                     {name: graph.outputs[name].shape for name in graph.outputs}, graph.out_spec, summary,
-                    scratch_lw=scratch_lw)
+                    scratch_lw=scratch_lw, updates=updates, donated=donated, phases=emitted.phases)
 
 
 def plan_params(hw: HwDesc):

@@ -154,8 +154,10 @@ class Device:
         if loaded.scratch is not None:
             self.free(loaded.scratch)
 
-    def call(self, loaded: Loaded, inputs: dict[str, DeviceBuffer]) -> tuple[dict[str, DeviceBuffer], RunStats]:
-        """Run a loaded program on bound input buffers; outputs get fresh buffers."""
+    def call(self, loaded: Loaded, inputs: dict[str, DeviceBuffer], into: dict[str, DeviceBuffer] | None = None
+             ) -> tuple[dict[str, DeviceBuffer], RunStats]:
+        """Run a loaded program on bound input buffers; outputs get fresh buffers, except those
+        named in `into` (a donated input's buffer, written in place)."""
         compiled = loaded.compiled
         bases = dict(loaded.bases)
         for name, symbol in compiled.input_symbols.items():
@@ -166,7 +168,11 @@ class Device:
             bases[symbol] = inputs[name].address
         outputs = {}
         for name, symbol in compiled.output_symbols.items():
-            outputs[name] = self.alloc(compiled.buffers[symbol].placement, compiled.buffers[symbol].lw)
+            buf = (into or {}).get(name)
+            if buf is not None and buf.lw < compiled.buffers[symbol].lw:
+                raise ValueError(f"output {name!r}: the buffer given holds {buf.lw} long words per Group; the program "
+                                 f"writes {compiled.buffers[symbol].lw}")
+            outputs[name] = buf or self.alloc(compiled.buffers[symbol].placement, compiled.buffers[symbol].lw)
             bases[symbol] = outputs[name].address
         stats = self.machine.run(compiled.program, bases=bases)
         return outputs, stats

@@ -105,6 +105,7 @@ class Node:
     outputs: tuple[Value, ...] = ()
     source: str = ""  # "file.py:12: y = x @ w", the user's line that produced it
     aten: str = ""  # the ATen op it was legalized from (messages and reports)
+    phase: str = "forward"  # forward | backward | optimizer: which part of a training step made it
 
     @property
     def inputs(self) -> list[Value]:
@@ -133,6 +134,11 @@ class Node:
         return f"{', '.join(map(repr, self.outputs))} = {self.kind}.{self.op}({args}{attrs})"
 
 
+def update_output(name: str) -> str:
+    """The output that carries the new value of resident input `name`."""
+    return f"{name}@updated"
+
+
 @dataclass(eq=False)
 class Graph:
     """Inputs and outputs keep the names the user gave them (key paths of the pytrees)."""
@@ -144,6 +150,17 @@ class Graph:
     out_spec: Any = None  # pytree spec of the function's return value
     in_spec: Any = None
     module: Any = None  # the traced torch.fx GraphModule (flat tensors in, flat list out): reference runs
+    resident: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    """Inputs that are device-resident tensors (registered parameters, buffers, optimizer state),
+    by name, with the host tensors they were traced from."""
+    updates: dict[str, Value] = field(default_factory=dict)
+    """Resident input name -> the value the function leaves in it (also the output named
+    `update_output(name)`): what a training step writes back into its state."""
+    gradients_left: list[torch.Tensor] = field(default_factory=list, repr=False)
+    """Captured tensors whose `.grad` the function left holding a gradient it computed."""
+
+    def has_phase(self, phase: str) -> bool:
+        return any(n.phase == phase for n in self.nodes)
 
     def promote(self, value: Value, name: str) -> None:
         """Make a captured constant an input named `name` (a registered parameter: device-resident,

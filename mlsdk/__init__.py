@@ -17,6 +17,7 @@ from .device import MNDevice
 from .errors import InputError, InvalidatedError, MLSDKError
 from .function import CompiledFunction
 from .naming import get_tensor_name, set_buffer_name_in_optimizer, set_tensor_name, set_tensor_name_in_module
+from .optim import MNCoreAdam, MNCoreAdamW, MNCoreLRScheduler, MNCoreOptimizer, MNCoreSGD
 from .proxy import TensorLike, TensorProxy
 from .pytrees import register_pytree_dataclass, register_pytree_namedtuple
 from .trace import trace_event, trace_scope
@@ -25,7 +26,7 @@ path = storage.path  # mlsdk.path(), an alias some documentation uses
 
 __all__ = [
     "CacheOptions", "CompiledFunction", "Context", "IOSpec", "InputError", "InvalidatedError", "MLSDKError",
-    "MNDevice", "TensorLike", "TensorProxy", "get_tensor_name", "path", "register_pytree_dataclass",
+    "MNCoreAdam", "MNCoreAdamW", "MNCoreLRScheduler", "MNCoreOptimizer", "MNCoreSGD", "MNDevice", "TensorLike", "TensorProxy", "get_tensor_name", "path", "register_pytree_dataclass",
     "register_pytree_namedtuple", "set_buffer_name_in_optimizer", "set_tensor_name", "set_tensor_name_in_module",
     "storage", "trace_event", "trace_scope",
 ]

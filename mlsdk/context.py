@@ -7,6 +7,7 @@ record that reports read. `Context.switch_context(ctx)` makes a context current,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -16,12 +17,13 @@ import shutil
 import time
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
 from compiler import artifact
-from compiler.compile import Compiled, compile_function, compile_traced
+from compiler.compile import Compiled, compile_traced
+from compiler.ir import update_output
 from compiler.convert import Conversion, build_conversion
 from compiler.device import DeviceBuffer, Loaded, spec_placement
 from compiler.errors import CompileError
@@ -37,7 +39,8 @@ from . import trace
 from .device import MNDevice
 from .errors import InputError, InvalidatedError, MLSDKError
 from .function import CompiledFunction
-from .naming import get_tensor_name, set_buffer_name_in_optimizer, set_tensor_name, set_tensor_name_in_module
+from .naming import (get_tensor_name, optimizer_tensors, set_buffer_name_in_optimizer, set_tensor_name,
+                     set_tensor_name_in_module)
 from .proxy import TORCH_DTYPES, TensorProxy
 from .resident import ResidentTensors, layout_key
 from .session import BINDING, CALL, DOWNLOAD, LOAD, UPLOAD, Binding, Run, new_session
@@ -72,10 +75,8 @@ class Registry:
                 self._context._register(t)
         elif isinstance(obj, torch.optim.Optimizer):
             set_buffer_name_in_optimizer(obj, name, only_unnamed=True)  # names given before are kept
-            for state in obj.state.values():
-                for t in state.values():
-                    if isinstance(t, torch.Tensor):
-                        self._context._register(t)
+            for _, t in optimizer_tensors(obj):
+                self._context._register(t)
         else:
             raise TypeError(f"registry.register takes an nn.Module or an optimizer, got {type(obj).__name__}")
 
@@ -137,6 +138,9 @@ class Context:
     def register_optimizer_buffers(self, optimizer: Any) -> None:
         self.registry.register(getattr(optimizer, "_mnsim_name", "optimizer"), optimizer)
 
+    def is_registered(self, t: torch.Tensor) -> bool:
+        return self._name_of(t) is not None
+
     def _name_of(self, t: torch.Tensor | None) -> str | None:
         if t is None:
             return None
@@ -174,14 +178,23 @@ class Context:
         return {name: name for name in compiled.resident}
 
     def synchronize(self) -> None:
-        """Write the device values of registered tensors back into the host tensors."""
+        """Write the device values of registered tensors that programs or handles changed back
+        into the host tensors."""
         self._check()
-        for name in self._resident.names():
+        if self.device.reference:
+            return
+        for name in self._resident.written_names():
             buf, spec = self._resident.any_copy(name)
             value, stats = self.device.board.download(buf, spec.dtype, tuple(spec.shape))
             self._record(DOWNLOAD, f"registered {name}", stats)
             with torch.no_grad():
                 self._registered[name].copy_(value)
+        self._resident.synced()
+
+    def resident_bytes(self) -> int:
+        """Bytes of device memory the registered tensors' copies hold (parameters, buffers,
+        optimizer state, gradients kept for the host)."""
+        return 0 if self.device.reference else self._resident.resident_bytes()
 
     def invalidate(self) -> None:
         """Release every device buffer of this Context; its proxies and functions stop working."""
@@ -205,24 +218,27 @@ class Context:
     # ---- compiling ----------------------------------------------------------------------------
 
     def compile(self, function: Callable, inputs: Any, codegen_dir: str | os.PathLike, options: dict | None = None,
-                cache_options: CacheOptions | None = None, training: bool = False,
+                cache_options: CacheOptions | None = None, training: bool | None = None,
                 io_spec_constraints: dict[str, IOSpec] | None = None, export_kwargs: dict | None = None,
                 num_compiler_threads: int = -1, quiet: bool = False, optimizers: Any = None) -> CompiledFunction:
         """Compile `function(inputs) -> dict of tensors` for this Context's device.
 
+        A function that calls `backward()` (and an MNCore optimizer's `step()`) compiles into one
+        training program: forward, backward and update, the registered tensors it writes updated
+        on the device at every call. `training` defaults to detecting that; `training=False`
+        refuses a function that computes gradients.
+
         `export_kwargs`, `num_compiler_threads`, `quiet` and `optimizers` are accepted as PFN's
         examples pass them and do not change what mnsim builds."""
         self._check()
-        if training:
-            raise CompileError("training=True graphs (backward and optimiser in one program) are not supported by "
-                               "mnsim yet; compile inference functions with training=False")
         t0 = time.perf_counter()
         opts = options_mod.check(options)
         name = function_name(function)
+        graph = self._trace(function, inputs, name, training)
         if self.device.reference:
-            fn = self._reference_function(name, function, inputs)
+            fn = self._reference_function(name, graph)
         else:
-            compiled = self._compile_cached(function, inputs, opts, io_spec_constraints or {}, cache_options)
+            compiled = self._compile_cached(graph, opts, io_spec_constraints or {}, cache_options)
             if codegen_dir is not None:
                 artifact.save(compiled, os.fspath(codegen_dir))
             fn = CompiledFunction(self, name, compiled, resident=self._adopt_resident(compiled))
@@ -231,27 +247,59 @@ class Context:
         trace.record_host(f"compile {name}", t0, "compile")
         return fn
 
-    def _compile_cached(self, function: Callable, inputs: Any, opts: dict, constraints: dict,
-                        cache: CacheOptions | None) -> Compiled:
+    def _trace(self, function: Callable, inputs: Any, name: str, training: bool | None) -> Any:
+        """The primitive graph of `function`, registered tensors as resident inputs. A function
+        that computes gradients of registered parameters and applies no optimizer (the
+        gradient-only pattern) accumulates them into `p.grad`, which is registered (as
+        `<name>@grad`, zeros if it was None) so the device keeps it for `synchronize()`."""
+        for t in list(self._registered.values()):  # gradients the host allocated: kept with their parameter
+            if t.grad is not None:
+                self._register_grad(t)
+        with _grads_kept(self._registered.values()):
+            graph = trace_graph(function, inputs, self._name_of)
+        got_grad = {id(t) for t in graph.gradients_left}
+        left = [t for t in graph.resident.values() if id(t) in got_grad]
+        if left and not graph.has_phase("optimizer"):
+            for t in left:
+                if t.grad is None:
+                    t.grad = torch.zeros_like(t)
+                self._register_grad(t)
+            with _grads_kept(self._registered.values()):
+                graph = trace_graph(function, inputs, self._name_of)
+        backward = graph.has_phase("backward")
+        if training is False and backward:
+            line = next((n.source for n in graph.nodes if n.phase == "backward" and n.source), "")
+            raise CompileError(f"{name}: training=False, but the function computes gradients (backward() or "
+                               f"torch.autograd.grad)" + (f"\n  at {line}" if line else "")
+                               + "; compile it with training=True or without the argument")
+        return graph
+
+    def _register_grad(self, t: torch.Tensor) -> None:
+        if self._name_of(t.grad) is None:
+            if get_tensor_name(t.grad) is None:
+                set_tensor_name(t.grad, f"{self._name_of(t)}@grad")
+            self._register(t.grad)
+
+    def _compile_cached(self, graph: Any, opts: dict, constraints: dict, cache: CacheOptions | None) -> Compiled:
         hw = self.device.hw
         if cache is None or not cache.enable_app_cache:
-            return compile_function(function, inputs, hw, options=opts, constraints=constraints, resident=self._name_of)
-        graph = trace_graph(function, inputs)
-        key = _cache_key(graph, opts, constraints, hw.fingerprint, self._name_of)
+            return compile_traced(graph, hw, options=opts, constraints=constraints)
+        key = _cache_key(graph, opts, constraints, hw.fingerprint)
         where = Path(os.fspath(cache.cache_dir)) / key
         if (where / "manifest.json").exists():
             try:
                 return artifact.load(where, hw)
             except CompileError:
                 shutil.rmtree(where, ignore_errors=True)  # a stale or broken entry is rebuilt
-        compiled = compile_traced(graph, hw, options=opts, constraints=constraints, resident=self._name_of)
+        compiled = compile_traced(graph, hw, options=opts, constraints=constraints)
         artifact.save(compiled, where)
         return compiled
 
-    def _reference_function(self, name: str, function: Callable, inputs: Any) -> CompiledFunction:
-        graph = trace_graph(function, inputs)
-        specs_in = {k: _host_spec(k, v) for k, v in graph.inputs.items()}
-        specs_out = {k: _host_spec(k, v) for k, v in graph.outputs.items()}
+    def _reference_function(self, name: str, graph: Any) -> CompiledFunction:
+        """pfvm:cpu: torch runs the traced program, writing the registered host tensors."""
+        updates = {update_output(k) for k in graph.updates}
+        specs_in = {k: _host_spec(k, v) for k, v in graph.inputs.items() if k not in graph.resident}
+        specs_out = {k: _host_spec(k, v) for k, v in graph.outputs.items() if k not in updates}
         return CompiledFunction(self, name, None, reference=graph, specs=(specs_in, specs_out))
 
     def compile_automap(self, function: Callable, args: tuple, kwargs: dict, codegen_dir: str | os.PathLike,
@@ -402,7 +450,7 @@ class AutomapFunction:
 def _host_spec(name: str, v: Any) -> IOSpec:
     """IOSpecs of a reference (pfvm:cpu) function: host tensors, row-major."""
     shape = tuple(v.shape)
-    dtype = v.dtype if isinstance(v.dtype, str) else str(v.dtype).replace("torch.", "")
+    dtype = getattr(v, "torch_dtype", "") or (v.dtype if isinstance(v.dtype, str) else str(v.dtype).replace("torch.", ""))
     layout = Layout.of([[Factor(s, None, 1)] for s in shape] or [[Factor(1, None, 1)]], shape or (1,))
     size = math.prod(shape) * TORCH_DTYPES[dtype].itemsize
     return IOSpec(name, shape, dtype, "host", layout, size, "pfvm", "pfvm")
@@ -433,14 +481,26 @@ def _pair_key(src: IOSpec, dst: IOSpec) -> tuple[str, str]:
     return layout_key(src), layout_key(dst)
 
 
-def _cache_key(graph: Any, opts: dict, constraints: dict, fingerprint: str, resident: Callable) -> str:
+def _cache_key(graph: Any, opts: dict, constraints: dict, fingerprint: str) -> str:
+    """Resident inputs are in the signature by name and shape; constants also by value."""
     h = hashlib.sha256()
     h.update(json.dumps([fingerprint, opts, sorted((k, v.to_json()) for k, v in constraints.items())],
                         sort_keys=True, default=str).encode())
     h.update(graph.signature().encode())
     for c in graph.constants:
-        h.update(f"const {c.shape} {c.dtype} {resident(c.origin)}".encode())
-        if resident(c.origin) is None:
-            h.update(c.data.detach().cpu().contiguous().numpy().tobytes())
+        h.update(f"const {c.shape} {c.dtype}".encode())
+        h.update(c.data.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:24]
+
+
+@contextlib.contextmanager
+def _grads_kept(tensors: Any) -> Iterator[None]:
+    """Tracing runs `zero_grad()` and `backward()`: the host tensors' `.grad` stay as they were."""
+    kept = [(t, t.grad) for t in list(tensors)]
+    try:
+        yield
+    finally:
+        for t, grad in kept:
+            if t.grad is not grad:
+                t.grad = grad
 

@@ -46,7 +46,8 @@ class CompiledFunction:
             self._inputs, self._outputs = specs
         else:
             self._inputs = {k: v for k, v in compiled.inputs.items() if k not in self._resident}
-            self._outputs = dict(compiled.outputs)
+            updates = set(compiled.updates.values())
+            self._outputs = {k: v for k, v in compiled.outputs.items() if k not in updates}
 
     @property
     def input_specs(self) -> dict[str, IOSpec]:
@@ -114,11 +115,12 @@ class CompiledFunction:
 
     def _call_reference(self, values: dict[str, Any]) -> Any:
         graph = self._reference
-        flat = [values[name].cpu() if isinstance(values[name], TensorProxy) else values[name] for name in graph.inputs]
+        host = {**values, **graph.resident}  # the traced program writes the registered host tensors
+        flat = [host[name].cpu() if isinstance(host[name], TensorProxy) else host[name] for name in graph.inputs]
         with torch.no_grad():
             results = graph.module(*flat)
         proxies = [TensorProxy(self._context, self._outputs[name], host=r.detach().clone())
-                   for name, r in zip(graph.outputs, results)]
+                   for name, r in zip(graph.outputs, results) if name in self._outputs]
         return pytree.tree_unflatten(proxies, graph.out_spec)
 
     def _call_device(self, values: dict[str, Any]) -> Any:
@@ -141,16 +143,20 @@ class CompiledFunction:
                 buf, binding = ctx._resident.bind(self, name, registered, compiled.inputs[name], self._need(name))
                 bound[name] = buf
                 bindings.append(binding)
-            outputs, stats = board.call(self._loaded, bound)
+            into = {out: bound[name] for name, out in compiled.updates.items() if out in compiled.donated}
+            outputs, stats = board.call(self._loaded, bound, into)
         finally:  # inputs uploaded or converted for this call only, also when a later one fails
             for buf in temporary:
                 board.free(buf)
+        for name, out in compiled.updates.items():  # the state the step leaves: its one device copy
+            ctx._resident.replace(self._resident[name], outputs.pop(out), compiled.inputs[name])
         ctx._record(CALL, self.name, stats, compiled.program.labels)
+        ctx.session.resident_bytes = ctx.resident_bytes()
         ctx.session.calls.append(Call(self.name, stats, compiled.program.labels, bindings,
-                                      ctx.session.runs[first_run:]))
+                                      ctx.session.runs[first_run:], compiled.phases))
         proxies = [TensorProxy(ctx, compiled.outputs[name], buffer=outputs[name], producer=f"{self.name}.{name}",
                                shape=compiled.output_shapes[name], origin=(self.name, name))
-                   for name in compiled.outputs]
+                   for name in self._outputs]
         for p in proxies:
             ctx._own(p)
         if compiled.out_spec is None:

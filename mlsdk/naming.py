@@ -28,12 +28,22 @@ def set_tensor_name_in_module(module: torch.nn.Module, prefix: str, *, only_unna
             set_tensor_name(t, f"{prefix}@{name.replace('.', '@')}")
 
 
-def set_buffer_name_in_optimizer(optimizer: torch.optim.Optimizer, prefix: str, *, only_unnamed: bool = False) -> None:
-    """Name every state tensor of an optimizer `prefix@<param index>@<state key>`, the index
-    counting the parameters of all its groups (for `Context.register_optimizer_buffers`)."""
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
+    """An optimizer's state tensors with their names' suffixes: `<param index>@<state key>` (the
+    index counts the parameters of all its groups) and, for tensors kept in a parameter group
+    (MNCore optimizers' learning rates), `group<group index>@<key>`."""
     index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
-    for param, state in optimizer.state.items():
-        for key, t in state.items():
-            if isinstance(t, torch.Tensor) and not (only_unnamed and get_tensor_name(t) is not None):
-                set_tensor_name(t, f"{prefix}@{index[id(param)]}@{key}")
+    out = [(f"{index[id(param)]}@{key}", t) for param, state in optimizer.state.items()
+           for key, t in state.items() if isinstance(t, torch.Tensor)]
+    out += [(f"group{g}@{key}", t) for g, group in enumerate(optimizer.param_groups)
+            for key, t in group.items() if key != "params" and isinstance(t, torch.Tensor) and key != "initial_lr"]
+    return out
+
+
+def set_buffer_name_in_optimizer(optimizer: torch.optim.Optimizer, prefix: str, *, only_unnamed: bool = False) -> None:
+    """Name every state tensor of an optimizer `prefix@<suffix>` (see optimizer_tensors), for
+    `Context.register_optimizer_buffers`."""
+    for suffix, t in optimizer_tensors(optimizer):
+        if not (only_unnamed and get_tensor_name(t) is not None):
+            set_tensor_name(t, f"{prefix}@{suffix}")
     optimizer._mnsim_name = prefix  # type: ignore[attr-defined]

@@ -71,6 +71,16 @@ def tables(report: Report) -> list:
                         _n(o.span_cycles))
         out.append(ops)
 
+    if r.phases:
+        ph = Table(title="training steps: cycles per phase (what each adds to the calls)", title_justify="left")
+        for col in ("function", "phase", "calls", "cycles", "share"):
+            ph.add_column(col, justify="left" if col in ("function", "phase") else "right")
+        for row in r.phases:
+            total = sum(x.cycles for x in r.phases if x.function == row.function)
+            ph.add_row(row.function, row.phase, str(row.calls), _n(row.cycles), _pct(row.cycles / total if total else 0))
+        ph.caption = f"resident state (parameters, buffers, optimizer state): {r.resident_bytes:,} bytes"
+        out.append(ph)
+
     if r.bindings:
         b = Table(title="input bindings: the path taken and its alternatives, in cycles summed over the calls "
                         "(conv. = DRAM-to-DRAM conversion, host = round trip through the host)", title_justify="left")
@@ -108,6 +118,11 @@ def csv_text(report: Report) -> str:
     for o in r.ops:
         for metric in ("calls", "cycles", "span_cycles"):
             w.writerow(["ops", f"{o.function}:{o.op}", metric, getattr(o, metric)])
+    for ph in r.phases:
+        for metric in ("calls", "cycles"):
+            w.writerow(["phases", f"{ph.function}:{ph.phase}", metric, getattr(ph, metric)])
+    if r.resident_bytes:
+        w.writerow(["summary", "", "resident_bytes", r.resident_bytes])
     for b in r.bindings:
         w.writerow(["bindings", b.consumer, "path", b.path])
         w.writerow(["bindings", b.consumer, "producer", b.producer or ""])

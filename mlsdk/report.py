@@ -10,6 +10,8 @@ timed without data). Every number comes from the simulator's `RunStats`:
 * ops: per compiled function and op label, the cycles the op adds to its calls (the advance of
   the latest finishing instruction, so the ops of a call sum to the call) and its span (first
   start to last end; ops overlap in a pipelined machine, so spans need not add up);
+* phases: per training step function, the cycles its forward, backward and optimizer parts add
+  to its calls (counted like ops, so they sum to the calls), and the bytes of resident state;
 * bindings: per consumer input, the path taken (upload, relocation, conversion, host round trip),
   its cycles, the cycles of the alternatives, and what relocation saves (or would save);
 * timeline: utilisation per unit in equal slices of the session, for the utilisation plot.
@@ -59,6 +61,14 @@ class OpRow:
 
 
 @dataclass
+class PhaseRow:
+    function: str
+    phase: str  # forward | backward | optimizer
+    calls: int
+    cycles: int  # cycles the phase adds to its calls, summed over calls
+
+
+@dataclass
 class BindingRow:
     function: str
     input: str
@@ -92,6 +102,8 @@ class Report:
     timeline_slice_cycles: int = 0
     timeline: dict[str, list[float]] = field(default_factory=dict)
     source: str = ""  # what was reported: a script, a codegen_dir
+    phases: list[PhaseRow] = field(default_factory=list)
+    resident_bytes: int = 0  # device memory of registered tensors (parameters, buffers, optimizer state)
 
     @property
     def time_us(self) -> float:
@@ -120,7 +132,8 @@ class Report:
         return Report(d["chip"], d["clock_hz"], d["total_cycles"], [RunRow(**r) for r in d["runs"]],
                       [UnitRow(**u) for u in d["units"]], dict(d["paths"]), [OpRow(**o) for o in d["ops"]],
                       [BindingRow(**b) for b in d["bindings"]], [tuple(c) for c in d["compiles"]],
-                      d["timeline_slice_cycles"], {k: list(v) for k, v in d["timeline"].items()}, d.get("source", ""))
+                      d["timeline_slice_cycles"], {k: list(v) for k, v in d["timeline"].items()}, d.get("source", ""),
+                      [PhaseRow(**p) for p in d.get("phases", [])], d.get("resident_bytes", 0))
 
     def save(self, path: str | os.PathLike) -> None:
         with open(path, "w") as f:
@@ -153,6 +166,8 @@ def build(sessions: Iterable[Session], source: str = "") -> Report:
     report.units = _units(runs, report.total_cycles)
     report.paths = _paths(runs)
     report.ops = _ops([(c.function, c.stats, c.labels) for c in calls])
+    report.phases = _phases(calls)
+    report.resident_bytes = sum(s.resident_bytes for s in sessions)
     report.bindings = _bindings([b for c in calls for b in c.bindings])
     report.compiles = [(name, round(seconds, 4)) for s in sessions for name, seconds in s.compiles]
     report.timeline_slice_cycles, report.timeline = _timeline(runs, report.total_cycles)
@@ -230,6 +245,23 @@ def _ops(calls: list[tuple[str, RunStats, list]]) -> list[OpRow]:
             row.cycles += cycles
             row.span_cycles += span
     return sorted(rows.values(), key=lambda r: -r.cycles)
+
+
+def _phases(calls: list[Call]) -> list[PhaseRow]:
+    """Forward / backward / optimizer cycles of the calls of training steps (programs with a
+    backward part); instructions outside every phase range count with the forward."""
+    rows: dict[tuple[str, str], PhaseRow] = {}
+    for c in calls:
+        if not any(phase == "backward" for _, _, phase in c.phases):
+            continue
+        for phase, cycles, _ in op_cycles(c.stats, c.phases):
+            phase = "forward" if phase == "(other)" else phase
+            row = rows.setdefault((c.function, phase), PhaseRow(c.function, phase, 0, 0))
+            row.cycles += cycles
+        for phase in {p for _, _, p in c.phases}:
+            rows[(c.function, phase)].calls += 1
+    order = {"forward": 0, "backward": 1, "optimizer": 2}
+    return sorted(rows.values(), key=lambda r: (r.function, order.get(r.phase, 3)))
 
 
 def _bindings(bindings: list[Binding]) -> list[BindingRow]:

@@ -3,8 +3,10 @@
 A registered tensor has one copy per layout that some compiled function reads it in: the first
 copy is uploaded from the host, any other is converted from an existing copy on the device once
 and kept, so functions that disagree on a weight's layout do not convert it on every call.
-Compiled functions do not write registered tensors, so the copies stay equal; writing one
-through a handle (`get_registered_value_proxy(t).load_from(...)`) drops the others.
+Writing a tensor makes the written copy the only one and drops the others: a training step
+leaving its new parameters and optimizer state (`replace`), or a handle's
+`get_registered_value_proxy(t).load_from(...)` (`written`). Written tensors are the ones
+`Context.synchronize()` downloads.
 """
 
 from __future__ import annotations
@@ -37,9 +39,21 @@ class ResidentTensors:
         self._ctx = context
         self._copies: dict[str, dict[str, tuple[DeviceBuffer, IOSpec]]] = {}  # name -> layout key -> copy
         self._handles: dict[str, "weakref.WeakSet[TensorProxy]"] = {}
+        self._dirty: set[str] = set()
 
     def names(self) -> list[str]:
         return list(self._copies)
+
+    def written_names(self) -> list[str]:
+        """Tensors whose device value a program or handle wrote since the last `synced()`."""
+        return [name for name in self._dirty if name in self._copies]
+
+    def synced(self) -> None:
+        self._dirty.clear()
+
+    def resident_bytes(self) -> int:
+        """Bytes of the device copies (every layout) of registered tensors."""
+        return sum(spec.size_bytes for copies in self._copies.values() for _, spec in copies.values())
 
     def any_copy(self, name: str) -> tuple[DeviceBuffer, IOSpec]:
         return next(iter(self._copies[name].values()))
@@ -75,14 +89,19 @@ class ResidentTensors:
 
     def written(self, handle: TensorProxy) -> None:
         """`handle`'s copy was overwritten: it is now the only one, and every handle shows it."""
-        name = handle._registered
+        self.replace(handle._registered, handle._buffer, handle.spec)
+
+    def replace(self, name: str, buf: DeviceBuffer, spec: IOSpec) -> None:
+        """`buf` (in `spec`'s layout) holds the new value of `name`: the only copy from now on,
+        shown by every handle; the other copies are freed (a buffer written in place stays)."""
         board = self._ctx.device.board
-        for buf, _ in self._copies[name].values():
-            if buf is not handle._buffer:
-                board.free(buf)
-        self._copies[name] = {layout_key(handle.spec): (handle._buffer, handle.spec)}
+        for old, _ in self._copies.get(name, {}).values():
+            if old is not buf:
+                board.free(old)
+        self._copies[name] = {layout_key(spec): (buf, spec)}
+        self._dirty.add(name)
         for other in self._handles.get(name, ()):
-            other._buffer, other._spec, other._cache = handle._buffer, handle.spec, None
+            other._buffer, other._spec, other._cache = buf, spec, None
 
     def free_all(self) -> None:
         board = self._ctx.device.board

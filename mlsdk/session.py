@@ -50,6 +50,7 @@ class Call:
     labels: Labels
     bindings: list[Binding]
     runs: list[Run] = field(default_factory=list)  # this call's binding runs, then the program
+    phases: Labels = field(default_factory=list)  # forward / backward / optimizer ranges of the program
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Session:
     compiles: list[tuple[str, float]] = field(default_factory=list)  # (function, seconds)
     runs: list[Run] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
+    resident_bytes: int = 0  # device memory of the Context's registered tensors, after the last call
 
     @property
     def bindings(self) -> list[Binding]:

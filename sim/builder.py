@@ -91,6 +91,11 @@ class ProgramBuilder:
     def _symbol(self, name: str) -> int:
         return self._symbols.setdefault(name, len(self._symbols))
 
+    @property
+    def count(self) -> int:
+        """Instructions emitted so far (the index the next one gets)."""
+        return self._count
+
     @contextlib.contextmanager
     def label(self, name: str) -> Iterator[None]:
         """Name the instructions emitted inside the block (for reports and traces)."""

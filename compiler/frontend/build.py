@@ -43,6 +43,7 @@ class Builder:
         self.taken = taken
         self.source = ""
         self.aten = ""
+        self.phase = "forward"
         self.stem = "v"
         self.used: set[int] = set()  # outputs of the ATen node being legalized that something reads
 
@@ -58,7 +59,7 @@ class Builder:
 
     def node(self, kind: str, op: str, args: Sequence[Any], attrs: dict[str, Any],
              outs: Sequence[tuple[tuple[int, ...], str]]) -> Node:
-        node = Node(kind, op, tuple(args), dict(attrs), (), self.source, self.aten)
+        node = Node(kind, op, tuple(args), dict(attrs), (), self.source, self.aten, self.phase)
         values = []
         for k, (shape, dtype) in enumerate(outs):
             v = Value(self.fresh(self.stem), tuple(int(s) for s in shape), dtype, "node", node, k)
@@ -146,6 +147,9 @@ class Builder:
             raise CompileError(f"{list(order)} is not a permutation of {x.rank} dimensions")
         if order == tuple(range(x.rank)):
             return x
+        if x.producer is not None and x.producer.kind == "permute":  # a permute of a permute is one
+            inner = x.producer.attrs["order"]
+            return self.permute(x.producer.args[0], tuple(inner[d] for d in order))
         return self.node("permute", "permute", (x,), {"order": order},
                          [(tuple(x.shape[d] for d in order), x.dtype)]).out
 

@@ -18,13 +18,15 @@ import traceback
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, make_fx
 from torch.func import functionalize
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils import _pytree as pytree
 
 from ..dtypes import INT32_MAX, INT32_MIN
 from ..errors import CompileError, UnsupportedOpError
-from ..ir import Graph, Value
+from ..ir import Graph, Value, update_output
 from . import legalize
 from .build import Builder
 from .decompositions import table
@@ -95,8 +97,15 @@ def device_constant(name: str, data: torch.Tensor) -> tuple[str, torch.Tensor]:
     return dtype, data
 
 
-def trace(fn: Callable[[Any], Any], inputs: Any) -> Graph:
-    """Trace `fn(inputs)` into a primitive Graph whose inputs and outputs keep their names."""
+def trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tensor], str | None] | None = None) -> Graph:
+    """Trace `fn(inputs)` into a primitive Graph whose inputs and outputs keep their names.
+
+    `resident(t)` names captured tensors that live on the device between calls (registered
+    parameters, buffers, optimizer state): they become graph inputs of that name, and what the
+    function writes into them (an optimizer step, BatchNorm's running statistics, gradients
+    accumulated by `backward()`) becomes `graph.updates[name]`, the value the program leaves in
+    that tensor for the next call. A write into any other captured tensor is refused.
+    """
     leaves, in_spec = pytree.tree_flatten_with_path(inputs)
     names = [key_name(path) for path, _ in leaves]
     tensors = [leaf for _, leaf in leaves]
@@ -121,18 +130,20 @@ def trace(fn: Callable[[Any], Any], inputs: Any) -> Graph:
 
     try:
         with _all_stack_frames():
-            traced, keep_meta = flat_fn, contextlib.nullcontext()
-            if any(t.requires_grad for t in tensors):
-                # functionalize hides autograd: trace through autograd first (gradients become
-                # ATen ops), then functionalize that graph, each node keeping its source line
+            # pass 1, through autograd and the optimizer: backward() and step() become ATen ops on
+            # the captured tensors (functionalize would hide autograd, so it comes second)
+            with autograd_phases():
                 joint = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True,
                                 record_stack_traces=True)(*tensors)
-                traced = lambda *args: torch.fx.Interpreter(joint).run(*args)  # noqa: E731
-                keep_meta = torch.fx.traceback.preserve_node_meta()
-                tensors = [t.detach() for t in tensors]
-            with keep_meta:
-                gm = make_fx(functionalize(traced, remove="mutations_and_views"), decomposition_table=table(),
-                             tracing_mode="fake", _allow_non_fake_inputs=True, record_stack_traces=True)(*tensors)
+            state, gradients_left = _captured_state(joint, resident)
+            tensors = [t.detach() for t in tensors]
+            # pass 2: functionalized (writes become values, writes into inputs a final copy_) and
+            # decomposed, each node keeping its source line and phase
+            with torch.fx.traceback.preserve_node_meta():
+                gm = make_fx(functionalize(lambda *args: torch.fx.Interpreter(joint).run(*args),
+                                           remove="mutations_and_views"), decomposition_table=table(),
+                             tracing_mode="fake", _allow_non_fake_inputs=True, record_stack_traces=True)(
+                    *tensors, *(t.detach() for t in state.values()))
     except CompileError:
         raise
     except Exception as e:  # data-dependent control flow, unsupported Python, ...
@@ -140,9 +151,179 @@ def trace(fn: Callable[[Any], Any], inputs: Any) -> Graph:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CompileError(f"tracing {getattr(fn, '__name__', fn)} failed: {type(e).__name__}: {first}"
                            + (f"\n  at {line}" if line else "")) from e
-    graph = _legalize(gm, names, tensors, out_info["names"], out_info["spec"], in_spec)
+    graph = _legalize(gm, [*names, *state], [*tensors, *state.values()], out_info["names"], out_info["spec"],
+                      in_spec, state)
+    graph.gradients_left = gradients_left
     graph.module = gm  # the traced function itself, runnable with real tensors (reference runs)
     return graph
+
+
+BACKWARD, OPTIMIZER, FORWARD = "backward", "optimizer", "forward"
+_PHASE_MARK = "mnsim:"
+
+
+class _TrainingTrace(torch.overrides.TorchFunctionMode):
+    """Pass 1's torch-function mode. It brackets `backward()` and `torch.autograd.grad` with
+    profiler marks, so the nodes autograd adds are known as the backward pass (optimizers bracket
+    their own steps); runs attention as its math composite (see autograd_phases); and keeps the
+    user's tensors as they were: fake tensor mode computes an op whose tensor operands are all
+    real for real, so `step.add_(1)` on an optimizer's counter or `buf.mul_(momentum)` would write
+    the captured tensor while tracing. Each real tensor written in place is saved first and
+    restored by `restore()`."""
+
+    GRADIENTS = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.GRADIENTS:
+            with torch.autograd.profiler.record_function(_PHASE_MARK + BACKWARD):
+                return func(*args, **kwargs)
+        if func is _FUSED_ATTENTION:
+            return _math_attention(*args, **kwargs)
+        if args and _writes_first(func) and _is_real(args[0]) and id(args[0]) not in self.saved:
+            with torch.no_grad(), unset_fake_temporarily(), disable_proxy_modes_tracing():  # a real copy
+                self.saved[id(args[0])] = (args[0], args[0].detach().clone())
+        return func(*args, **kwargs)
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for t, value in self.saved.values():
+                t.copy_(value)
+        self.saved.clear()
+
+
+def _writes_first(func: Any) -> bool:
+    """Tensor.add_, torch.Tensor.__iadd__, ...: methods that write their first operand."""
+    name = getattr(func, "__name__", "")
+    return name.startswith("__i") or (name.endswith("_") and not name.endswith("__"))
+
+
+def _is_real(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and not isinstance(t, torch._subclasses.FakeTensor) \
+        and type(t) in (torch.Tensor, torch.nn.Parameter)
+
+
+_FUSED_ATTENTION = torch.nn.functional.scaled_dot_product_attention
+
+
+def _math_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """Attention as its math composite when gradients are taken, so autograd differentiates ops
+    we lower (the fused CPU kernel's backward is one opaque op)."""
+    if torch.is_grad_enabled():
+        return torch.ops.aten._scaled_dot_product_attention_math(*args, **kwargs)[0]
+    return _FUSED_ATTENTION(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def autograd_phases() -> Iterator[None]:
+    """While tracing: mark the backward pass, refuse optimizers that keep state on the host, and
+    run attention as its math composite (called directly, or through torch.nn.functional from
+    inside other torch functions, such as multi-head attention, which the mode does not see)."""
+    handle = register_optimizer_step_pre_hook(_check_optimizer)
+    torch.nn.functional.scaled_dot_product_attention = _math_attention
+    mode = _TrainingTrace()
+    try:
+        with mode:
+            yield
+    finally:
+        mode.restore()
+        torch.nn.functional.scaled_dot_product_attention = _FUSED_ATTENTION
+        handle.remove()
+
+
+def _check_optimizer(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if not getattr(optimizer, "traceable_step", False):
+        raise CompileError(f"{type(optimizer).__module__}.{type(optimizer).__name__}.step() in a compiled function: "
+                           "its state is created on the host at the first step; use mlsdk.MNCoreSGD, MNCoreAdam "
+                           "or MNCoreAdamW, whose state lives on the device")
+
+
+def _captured_state(joint: torch.fx.GraphModule, resident: Callable[[torch.Tensor], str | None] | None
+                    ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """Rewrite pass 1's graph in place: captured tensors that `resident` names become placeholders
+    (after the inputs), profiler marks become each node's phase. Returns name -> tensor, and the
+    captured tensors in whose `.grad` backward() left a gradient (reset to None here)."""
+    graph = joint.graph
+    last_input: list[Any] = [n for n in graph.nodes if n.op == "placeholder"][-1:] or [None]
+    state: dict[str, torch.Tensor] = {}
+    placeholders: dict[str, torch.fx.Node] = {}
+    phase, marks, profiler_nodes, gradients_left = FORWARD, [], [], []
+    for node in list(graph.nodes):
+        if node.op == "get_attr":
+            captured = getattr(joint, node.target)
+            if isinstance(captured, torch.Tensor) and isinstance(captured.grad, torch._subclasses.FakeTensor):
+                captured.grad = None  # backward() set it while tracing
+                gradients_left.append(captured)
+            name = resident(captured) if resident is not None and isinstance(captured, torch.Tensor) else None
+            if name is None:
+                continue
+            if name not in placeholders:
+                anchor = last_input[-1]
+                with graph.inserting_after(anchor) if anchor is not None else \
+                        graph.inserting_before(next(iter(graph.nodes))):
+                    placeholders[name] = graph.placeholder(_placeholder_name(name))
+                last_input.append(placeholders[name])
+                state[name] = captured
+            node.replace_all_uses_with(placeholders[name])
+            graph.erase_node(node)
+        elif node.op == "call_function" and getattr(node.target, "namespace", "") == "profiler":
+            profiler_nodes.append(node)
+            if node.target is torch.ops.profiler._record_function_enter_new.default:
+                marks.append(phase)
+                label = str(node.args[0])
+                if label == _PHASE_MARK + BACKWARD:
+                    phase = BACKWARD
+                elif label.startswith("Optimizer.step#"):
+                    phase = OPTIMIZER
+            elif marks:
+                phase = marks.pop()
+        elif node.op == "call_function":
+            node.meta["custom"] = {**node.meta.get("custom", {}), "mnsim_phase": phase}
+            _refuse_captured_write(node, joint)
+    for node in reversed(profiler_nodes):  # exits before the entries they use
+        graph.erase_node(node)
+    joint.recompile()
+    return state, gradients_left
+
+
+def _placeholder_name(name: str) -> str:
+    return "state_" + re.sub(r"\W", "_", name)
+
+
+def _refuse_captured_write(node: torch.fx.Node, joint: torch.fx.GraphModule) -> None:
+    """A write into a captured tensor the device does not keep would be lost after the call."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return
+    for arg, value in zip(schema.arguments, node.args):
+        if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.fx.Node) \
+                and value.op == "get_attr":
+            t = getattr(joint, value.target)
+            raise CompileError(f"{node.target} writes a captured tensor ({str(t.dtype).replace('torch.', '')}"
+                               f"{list(t.shape)}) that is not registered in the Context, so the device would not "
+                               f"keep the new value; register it (register_param, register_buffer or "
+                               f"register_optimizer_buffers)" + _at(node))
+
+
+def _at(node: torch.fx.Node) -> str:
+    line = user_line(node.meta.get("stack_trace"))
+    return f"\n  at {line}" if line else ""
+
+
+def _drop_dead(graph: Graph) -> None:
+    """Remove primitives nothing reads (legalization leaves some, e.g. a permute folded into the
+    next one), so the planner does not place and run them."""
+    needed = set(graph.outputs.values())
+    kept = []
+    for node in reversed(graph.nodes):
+        if any(v in needed for v in node.outputs):
+            kept.append(node)
+            needed.update(node.inputs)
+    graph.nodes = kept[::-1]
 
 
 def _static_shape(val: Any) -> bool:
@@ -159,8 +340,8 @@ def _op_key(target: Any) -> str:
 
 
 def _legalize(gm: torch.fx.GraphModule, in_names: list[str], samples: list[torch.Tensor], out_names: list[str],
-              out_spec: Any, in_spec: Any) -> Graph:
-    graph = Graph({}, {}, [], [], out_spec, in_spec)
+              out_spec: Any, in_spec: Any, state: dict[str, torch.Tensor]) -> Graph:
+    graph = Graph({}, {}, [], [], out_spec, in_spec, resident=dict(state))
     b = Builder(graph, set(in_names) | set(out_names))
     env: dict[torch.fx.Node, Any] = {}
     placeholders = iter(zip(in_names, samples))
@@ -196,6 +377,11 @@ def _legalize(gm: torch.fx.GraphModule, in_names: list[str], samples: list[torch
                 if isinstance(val, torch.Tensor) and val.dtype == torch.int64 and v.dtype == "int32":
                     v.torch_dtype = "int64"
                 graph.outputs[name] = v
+            for name, v in graph.updates.items():
+                if graph.inputs[name].torch_dtype and v.kind == "node":
+                    v.torch_dtype = graph.inputs[name].torch_dtype
+                graph.outputs[update_output(name)] = v
+            _drop_dead(graph)
             return graph
     raise CompileError("the traced graph has no output")
 
@@ -213,12 +399,12 @@ def _call(b: Builder, fx_node: torch.fx.Node, val: Any, convert: Callable[[Any],
         raise UnsupportedOpError(aten, shapes, source, "its output shape depends on the data")
     key = _op_key(fx_node.target)
     if key == "copy_":
-        raise UnsupportedOpError(aten, shapes, source, "the function writes one of its inputs in place; return the "
-                                 "new value instead")
+        return _write_back(b, args, aten, shapes, source)
     fn = legalize.RULES.get(key)
     if fn is None:
         raise UnsupportedOpError(aten, shapes, source)
     b.source, b.aten, b.stem = source, aten, fx_node.name
+    b.phase = fx_node.meta.get("custom", {}).get("mnsim_phase", FORWARD)
     b.used = {u.args[1] for u in fx_node.users if u.target is operator.getitem}
     kwargs = {k: v for k, v in kwargs.items() if k not in ("layout", "device", "pin_memory", "memory_format",
                                                           "non_blocking", "requires_grad")}
@@ -229,6 +415,19 @@ def _call(b: Builder, fx_node: torch.fx.Node, val: Any, convert: Callable[[Any],
             raise
         raise CompileError(f"{aten} with shapes {shapes}: {e}\n  at {source}") from None
     return _check(b, aten, source, shapes, val, result)
+
+
+def _write_back(b: Builder, args: tuple, aten: str, shapes: list, source: str) -> Value:
+    """functionalize ends with `copy_(input, new)` for each input the function wrote: for a
+    device-resident tensor that is its update; a user's input cannot be written."""
+    dst, src = args[0], args[1]
+    if not (isinstance(dst, Value) and dst.kind == "input" and dst.name in b.graph.resident):
+        raise UnsupportedOpError(aten, shapes, source, "the function writes one of its inputs in place; return the "
+                                 "new value instead")
+    if tuple(src.shape) != dst.shape:
+        src = b.expand(src, dst.shape)
+    b.graph.updates[dst.name] = b.cast(src, dst.dtype)
+    return dst
 
 
 def _check(b: Builder, aten: str, source: str, shapes: list, val: Any, result: Any) -> Any:

@@ -7,7 +7,10 @@
   filter summed over the window (vector work, no matrix product), and otherwise one convolution
   per group joined by a cat;
 * a reduction whose kept part is small and reduced part large (a loss over a batch) is split into
-  a partial reduction spread over the chip and a final one over the partials.
+  a partial reduction spread over the chip and a final one over the partials;
+* a product whose only use is its transpose, (A B)^T, becomes B^T A^T (autograd's weight
+  gradients have this form): the transposes are views the planner reads the operands through,
+  where transposing the product would move every element across lanes.
 
 Each rewrite keeps the original output Value, so consumers and graph outputs are untouched.
 """
@@ -33,11 +36,49 @@ def rewrite(graph: Graph, hw: HwDesc) -> None:
     nodes = graph.nodes
     graph.nodes = []
     b = Builder(graph, taken)
+    transposed = _transposed_products(graph)
+    skip = set(transposed.values())
     for node in nodes:
-        b.source, b.aten, b.stem = node.source, node.aten, node.out.name
+        if node in skip:
+            continue
+        b.source, b.aten, b.stem, b.phase = node.source, node.aten, node.out.name, node.phase
+        if node in transposed:
+            _swap_product(b, node, transposed[node].out)
+            continue
         fn = RULES.get(node.kind)
         if fn is None or not fn(b, node, hw):
             graph.nodes.append(node)
+
+
+def _transposed_products(graph: Graph) -> dict[Node, Node]:
+    """matmul nodes in kernel form (2-D, or 3-D with one batch) whose output is only read by a
+    permute that swaps its last two dimensions -> that permute."""
+    users = graph.users()
+    outputs = set(graph.outputs.values())
+    found = {}
+    for node in graph.nodes:
+        if node.kind != "permute":
+            continue
+        src = node.args[0]
+        mm = src.producer
+        swap = tuple(range(src.rank - 2)) + (src.rank - 1, src.rank - 2)
+        if mm is None or mm.kind != "matmul" or tuple(node.attrs["order"]) != swap or src in outputs \
+                or len(users.get(src, [])) != 1:
+            continue
+        a, w = mm.args
+        if a.rank == w.rank == src.rank and a.rank in (2, 3) and a.shape[:-2] == w.shape[:-2]:
+            found[mm] = node
+    return found
+
+
+def _swap_product(b: Builder, mm: Node, out: Value) -> None:
+    """(A B)^T computed as B^T A^T into `out`, the transpose's value."""
+    a, w = mm.args
+    swap = tuple(range(a.rank - 2)) + (a.rank - 1, a.rank - 2)
+    y = b.matmul(b.permute(w, swap), b.permute(a, swap), out.dtype)
+    if mm.attrs.get("exact"):
+        y.producer.attrs["exact"] = True
+    _bind(b, y, out)
 
 
 def _bind(b: Builder, result: Value, original: Value) -> None:

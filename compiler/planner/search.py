@@ -23,14 +23,14 @@ from hwdesc import HwDesc
 
 from ..errors import CompileError, LayoutError, SpecMismatchError, UnsupportedOpError
 from ..iospec import IOSpec
-from ..ir import Graph, Node, Value
+from ..ir import Graph, Node, Value, update_output
 from ..kernels import plan_kernels
 from ..kernels.base import Kernel, device_dtype
 from ..kernels.context import Buffer, EmitContext, Ref, lane_compatible
 from ..kernels.elementwise import ElementwiseKernel, Group, fuse_elementwise
 from ..kernels.movement import GatherKernel, view_ref, view_transform
 from ..kernels.operands import restrict
-from ..kernels.relayout import RelayoutKernel
+from ..kernels.relayout import RelayoutKernel, lane_matched
 from ..layout import Layout, Placement
 from ..layout.spread import lm_layouts
 from ..transfer.host import host_transfer
@@ -72,6 +72,7 @@ class Planner:
         self.steps: list[Step] = []
         self.users = graph.users()
         self.outputs = set(graph.outputs.values())
+        self.updated_state = {graph.outputs[update_output(n)]: graph.inputs[n] for n in graph.updates}
         self.constraints = constraints
         self.output_wishes: dict[Value, Layout] = {}
         self.costs: dict[object, int] = {}
@@ -117,7 +118,8 @@ class Planner:
 
     def register(self, v: Value, ref: Ref, role: str | None = None) -> Ref:
         role = role or ROLE[v.kind]
-        if role in ("input", "const"):  # uploaded by the host: padding is zero
+        if role == "const" or role == "input" and v.name not in self.graph.resident:
+            # uploaded by the host: padding is zero (a resident tensor may have been written by a program)
             self.clean.add(ref.symbol)
         data = v.data.reshape(v.shape or (1,)) if v.kind == "const" else None
         self.buffers[ref.symbol] = Buffer(ref.symbol, role, ref.placement, v.name, data, ref.lm)
@@ -324,6 +326,9 @@ class Planner:
         total = 0
         for v in kernel.outputs():
             wanted = getattr(self, "output_constraints", {}).get(v)
+            state = self.updated_state.get(v)  # a resident tensor's new value goes where the old one is
+            if wanted is None and state is not None and state in self.refs:
+                wanted = self.refs[state].placement
             if wanted is not None and v in refs and not refs[v].placement.same_placement(wanted):
                 copy = RelayoutKernel.copy(v, refs[v], wanted)
                 total += self.time(copy, {v: refs[v], copy.out: Ref("output", wanted)})
@@ -388,6 +393,13 @@ class Planner:
             ref = self.refs.get(v)
             if ref is not None and ref.lm is not None and v.shape == group.shape:
                 add(ref.lm)
+        for v in group.inputs:  # layouts that stage an operand where it is by long-word gathers (the
+            ref = self.refs.get(v)  # state a training step updates: read and written back in place)
+            if ref is not None and v.shape == group.shape:
+                try:
+                    add(lane_matched(ref.placement, budget))
+                except CompileError:
+                    pass
         common = tuple(d for d in range(len(shape)) if all(
             len(shape) - d <= v.rank and v.shape[v.rank - len(shape) + d] == shape[d] for v in group.inputs))
         for layout in lm_layouts(shape, dtype, self.hw, budget, common if len(common) < len(shape) else None):
@@ -498,9 +510,12 @@ class Planner:
         """Each output in a buffer of its own, in its constrained layout if it has one."""
         out_symbols: dict[str, str] = {}
         constraints = getattr(self, "output_constraints", {})
+        updated = {update_output(name): self.graph.inputs[name] for name in self.graph.updates}
         for name, v in self.graph.outputs.items():
             ref = self.place_default(v)
             wanted = constraints.get(v)
+            if name in updated:  # a resident tensor's new value: in the layout it is read in
+                wanted = self.refs[updated[name]].placement
             buffer = self.buffers[ref.symbol]
             shared = ref.symbol in taken or buffer.role in ("input", "const") or self.owner.get(ref.symbol) is not v
             if wanted is not None and not ref.placement.same_placement(wanted):

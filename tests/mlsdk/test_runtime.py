@@ -225,11 +225,6 @@ def test_invalidate_stops_proxies_and_functions(ctx, tmp_path):
     assert torch.equal(again({"x": torch.ones(2, 2)})["shared"].cpu(), torch.full((2, 2), 2.0))
 
 
-def test_training_graphs_are_refused_clearly(ctx, tmp_path):
-    with pytest.raises(CompileError, match="training=True"):
-        ctx.compile(producer, {"x": torch.zeros(2, 2)}, tmp_path / "p", training=True)
-
-
 def test_proxy_from_another_device_is_refused(ctx, tmp_path):
     other = Context(MNDevice("mini:1"))
     p = other.compile(producer, {"x": torch.zeros(2, 2)}, tmp_path / "p")

@@ -1,0 +1,250 @@
+"""MLSDK's optimizers: `MNCoreSGD`, `MNCoreAdam`, `MNCoreAdamW`, and `MNCoreLRScheduler`.
+
+They are `torch.optim.Optimizer`s whose state is device-resident: every state tensor exists
+from construction (torch's optimizers make theirs at the first step, on the host), each group's
+learning rate is a 0-d tensor (a scheduler changes it between calls without a recompile), and
+`step()` is in-place tensor arithmetic on parameters and state, so a compiled training step
+traces it into the program and the device updates the state in place. They also run eagerly
+on the host, with the same arithmetic.
+
+PFN does not publish MN-Core's update rules; these follow torch.optim's single-tensor
+implementations (torch 2.x), operation for operation where the arithmetic allows, so a model
+trained here matches one trained with torch.optim on the host to float32 rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+from .errors import MLSDKError
+
+LR_KEY = "lr"
+
+
+def _scalar(value: Any) -> torch.Tensor:
+    """A hyper-parameter the program reads at every call: a 0-d float32 tensor."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(torch.float32).reshape(())
+    return torch.tensor(float(value), dtype=torch.float32)
+
+
+def _scalar_value(value: Any) -> float:
+    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+
+
+class MNCoreOptimizer(torch.optim.Optimizer):
+    """Base of the MN-Core optimizers: state made eagerly by `init_state`, the learning rate of
+    each group a 0-d tensor (`group["lr"]`, registered with the state), and `update` called per
+    parameter that has a gradient."""
+
+    traceable_step = True  # compiler.frontend.tracing accepts this optimizer's step()
+
+    def __init__(self, params: Iterable, defaults: dict[str, Any]) -> None:
+        if _scalar_value(defaults[LR_KEY]) < 0:
+            raise MLSDKError(f"{type(self).__name__}: invalid learning rate {_scalar_value(defaults[LR_KEY])}")
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        group[LR_KEY] = _scalar(group[LR_KEY])
+        for p in group["params"]:
+            if not p.is_floating_point():
+                raise MLSDKError(f"{type(self).__name__}: parameter of dtype {p.dtype} cannot be trained")
+            self.state[p].update(self.init_state(p, group))
+
+    def init_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The state tensors of parameter `p`, as they are before the first step."""
+        return {}
+
+    def update(self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor],
+               group: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    grad = p.grad if not group.get("maximize", False) else -p.grad
+                    self.update(p, grad, self.state[p], group)
+        return loss
+
+
+class MNCoreSGD(MNCoreOptimizer):
+    """Stochastic gradient descent, positional like torch.optim.SGD: `(params, lr, momentum,
+    dampening, weight_decay, nesterov)`. torch's rule: g += weight_decay * p; with momentum,
+    buf = g at the first step and momentum * buf + (1 - dampening) * g after it (nesterov:
+    g + momentum * buf); p -= lr * buf. The momentum buffer starts at zero, which gives torch's
+    first step when dampening is 0; otherwise a step counter in the state selects it."""
+
+    def __init__(self, params: Iterable, lr: float | torch.Tensor = 1e-3, momentum: float = 0.0,
+                 dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, *,
+                 maximize: bool = False) -> None:
+        if momentum < 0 or weight_decay < 0:
+            raise MLSDKError(f"MNCoreSGD: invalid momentum {momentum} or weight_decay {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise MLSDKError("MNCoreSGD: nesterov momentum requires a momentum and zero dampening")
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                                      nesterov=nesterov, maximize=maximize))
+
+    def init_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
+        state = {}
+        if group["momentum"] != 0:
+            state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            if group["dampening"] != 0:
+                state["step"] = torch.tensor(0.0)
+        return state
+
+    def update(self, p, grad, state, group):
+        if group["weight_decay"] != 0:
+            grad = grad.add(p, alpha=group["weight_decay"])
+        momentum = group["momentum"]
+        if momentum != 0:
+            buf = state["momentum_buffer"]
+            if "step" in state:  # (1 - dampening) after the first step, 1 at it
+                first = (state["step"] == 0).to(grad.dtype)
+                buf.mul_(momentum).add_(grad * (1 - group["dampening"] + group["dampening"] * first))
+                state["step"].add_(1)
+            else:
+                buf.mul_(momentum).add_(grad)
+            grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
+        p.sub_(group[LR_KEY] * grad)
+
+
+class _AdamBase(MNCoreOptimizer):
+    """torch's Adam: m = lerp(m, g, 1 - beta1); v = beta2 v + (1 - beta2) g^2; step t;
+    p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps). `decoupled` is AdamW's
+    p *= 1 - lr * weight_decay first; otherwise weight decay is L2 (g += weight_decay * p).
+    With `torch_eps=False` (ONNX's Adam, MLSDK's `chainer_use_torch=False`) eps is added to
+    sqrt(v) before the bias correction: p -= lr sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + eps)."""
+
+    decoupled = False
+
+    def __init__(self, params: Iterable, lr: Any, betas: tuple[float, float], eps: float, weight_decay: float,
+                 torch_eps: bool = True, maximize: bool = False) -> None:
+        beta1, beta2 = betas
+        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0) or eps < 0 or weight_decay < 0:
+            raise MLSDKError(f"{type(self).__name__}: invalid betas {betas}, eps {eps} or weight_decay {weight_decay}")
+        super().__init__(params, dict(lr=lr, betas=(float(beta1), float(beta2)), eps=float(eps),
+                                      weight_decay=float(weight_decay), torch_eps=torch_eps, maximize=maximize))
+
+    def init_state(self, p, group):
+        return {"step": torch.tensor(0.0),
+                "exp_avg": torch.zeros_like(p, memory_format=torch.contiguous_format),
+                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.contiguous_format)}
+
+    def update(self, p, grad, state, group):
+        beta1, beta2 = group["betas"]
+        lr, wd, eps = group[LR_KEY], group["weight_decay"], group["eps"]
+        step = state["step"]
+        step.add_(1)
+        if wd != 0:
+            if self.decoupled:
+                p.mul_(1 - lr * wd)
+            else:
+                grad = grad.add(p, alpha=wd)
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        exp_avg.add_((grad - exp_avg) * (1 - beta1))
+        exp_avg_sq.mul_(beta2).add_(grad * grad * (1 - beta2))
+        bias_correction1 = 1 - torch.pow(beta1, step)
+        bias_correction2_sqrt = torch.sqrt(1 - torch.pow(beta2, step))
+        if group["torch_eps"]:
+            denom = exp_avg_sq.sqrt() / bias_correction2_sqrt + eps
+            p.sub_(lr / bias_correction1 * (exp_avg / denom))
+        else:
+            p.sub_(lr * bias_correction2_sqrt / bias_correction1 * (exp_avg / (exp_avg_sq.sqrt() + eps)))
+
+
+def _pick(kwargs: dict[str, Any], names: tuple[str, ...], default: Any, owner: str) -> Any:
+    given = [n for n in names if n in kwargs]
+    if len(given) > 1:
+        raise MLSDKError(f"{owner}: {' and '.join(given)} name the same hyper-parameter; pass one")
+    return kwargs.pop(given[0]) if given else default
+
+
+class MNCoreAdam(_AdamBase):
+    """Adam, in either of MLSDK's spellings: `(params, lr=, betas=, eps=, weight_decay=,
+    chainer_use_torch=True)` (torch's names and rule) or `(params, learning_rate=, alpha=, beta=,
+    norm_coefficient=, epsilon=, chainer_use_torch=False)` (ONNX Adam's names: alpha and beta
+    are the two averaging coefficients, norm_coefficient the L2 weight decay; eps added before
+    the bias correction unless chainer_use_torch). Weight decay is L2, as torch.optim.Adam."""
+
+    def __init__(self, params: Iterable, lr: Any = None, betas: tuple[float, float] | None = None,
+                 eps: float | None = None, weight_decay: float | None = None, **kwargs: Any) -> None:
+        owner = "MNCoreAdam"
+        lr = _pick({"lr": lr, **kwargs} if lr is not None else kwargs, ("lr", "learning_rate"), 1e-3, owner)
+        beta1 = _pick(kwargs, ("alpha", "beta1"), None, owner)
+        beta2 = _pick(kwargs, ("beta", "beta2"), None, owner)
+        if betas is None:
+            betas = (0.9 if beta1 is None else beta1, 0.999 if beta2 is None else beta2)
+        eps = _pick(kwargs, ("epsilon",), 1e-8 if eps is None else eps, owner)
+        weight_decay = _pick(kwargs, ("norm_coefficient",), 0.0 if weight_decay is None else weight_decay, owner)
+        torch_eps = bool(kwargs.pop("chainer_use_torch", True))
+        maximize = bool(kwargs.pop("maximize", False))
+        if kwargs:
+            raise MLSDKError(f"{owner}: unknown arguments {', '.join(sorted(kwargs))}")
+        super().__init__(params, lr, betas, eps, weight_decay, torch_eps, maximize)
+
+
+class MNCoreAdamW(_AdamBase):
+    """AdamW (decoupled weight decay, torch.optim.AdamW's rule and defaults), in either spelling:
+    `(params, lr=, betas=, eps=, weight_decay=)` or `(params, learning_rate=, beta1=, beta2=,
+    eps=, weight_decay=)`. PFN notes theirs is not bit-compatible with LibTorch's; this one is
+    torch's arithmetic."""
+
+    decoupled = True
+
+    def __init__(self, params: Iterable, lr: Any = None, betas: tuple[float, float] | None = None,
+                 eps: float = 1e-8, weight_decay: float = 1e-2, **kwargs: Any) -> None:
+        owner = "MNCoreAdamW"
+        lr = _pick({"lr": lr, **kwargs} if lr is not None else kwargs, ("lr", "learning_rate"), 1e-3, owner)
+        beta1 = _pick(kwargs, ("beta1",), None, owner)
+        beta2 = _pick(kwargs, ("beta2",), None, owner)
+        if betas is None:
+            betas = (0.9 if beta1 is None else beta1, 0.999 if beta2 is None else beta2)
+        maximize = bool(kwargs.pop("maximize", False))
+        if kwargs:
+            raise MLSDKError(f"{owner}: unknown arguments {', '.join(sorted(kwargs))}")
+        super().__init__(params, lr, betas, eps, weight_decay, True, maximize)
+
+
+class MNCoreLRScheduler:
+    """`MNCoreLRScheduler(torch_scheduler, context)`: `.step()` steps the torch scheduler on the
+    host and writes each group's new learning rate into its device copy, so the next call of the
+    compiled step uses it (no recompile: the rate is a resident 0-d tensor)."""
+
+    def __init__(self, scheduler: Any, context: Any) -> None:
+        optimizer = getattr(scheduler, "optimizer", None)
+        if not isinstance(optimizer, MNCoreOptimizer):
+            raise MLSDKError("MNCoreLRScheduler wraps a torch LR scheduler of an MNCore optimizer "
+                             f"(got one of {type(optimizer).__name__})")
+        self.scheduler, self.context = scheduler, context
+        self._rates = [group[LR_KEY] for group in optimizer.param_groups]  # the registered tensors
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        self.scheduler.step(*args, **kwargs)
+        for group, rate in zip(self.scheduler.optimizer.param_groups, self._rates):
+            if group[LR_KEY] is not rate:  # a scheduler that assigned a number: into the same tensor
+                rate.fill_(_scalar_value(group[LR_KEY]))
+                group[LR_KEY] = rate
+            if self.context.is_registered(rate):
+                self.context.get_registered_value_proxy(rate).load_from(rate)
+
+    def get_last_lr(self) -> list[float]:
+        return [_scalar_value(x) for x in self.scheduler.get_last_lr()]
+
+    def state_dict(self) -> dict:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scheduler.load_state_dict(state)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.scheduler, name)

@@ -1,0 +1,355 @@
+"""Training steps compiled into one device program: forward, backward and optimizer update, the
+parameters, BatchNorm statistics and optimizer state resident on the device and updated there.
+
+Every model is trained twice from the same weights on the same batches: by the compiled step on
+the simulated chip, and by torch.optim on the host. Losses per step and final weights must agree
+to float32 rounding (1e-4 relative).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from compiler.errors import CompileError
+from mlsdk.render import csv_text
+from mlsdk import (Context, MNCoreAdam, MNCoreAdamW, MNCoreLRScheduler, MNCoreSGD, MNDevice,
+                   set_buffer_name_in_optimizer, set_tensor_name_in_module)
+
+STEPS = 5
+RTOL = 1e-4
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden, self.out = nn.Linear(16, 32), nn.Linear(32, 10)
+
+    def forward(self, x, t):
+        return F.cross_entropy(self.out(torch.relu(self.hidden(x))), t)
+
+
+class SmallCNN(nn.Module):
+    """Conv + BatchNorm (training mode: batch statistics, running statistics updated) + max-pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x, t):
+        y = F.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+        return F.cross_entropy(self.head(y.flatten(1)), t)
+
+
+class Block(nn.Module):
+    """A transformer encoder block (attention, layer norms, GELU MLP) and a classifier head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation="gelu", batch_first=True,
+                                                bias=False)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x, t):
+        return F.cross_entropy(self.head(self.block(x)).mean(1), t)
+
+
+MODELS = {"mlp": (MLP, (8, 16)), "cnn_batch_norm": (SmallCNN, (4, 3, 8, 8)), "transformer_block": (Block, (2, 6, 16))}
+OPTIMIZERS = {
+    "sgd_momentum": (lambda ps: MNCoreSGD(ps, 0.1, 0.9, 0.0), lambda ps: torch.optim.SGD(ps, 0.1, 0.9, 0.0)),
+    "adamw": (lambda ps: MNCoreAdamW(ps, lr=1e-2, weight_decay=0.1),
+              lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)),
+}
+
+
+def registered(ctx: Context, model: nn.Module, optimizer, name: str = "model") -> None:
+    set_tensor_name_in_module(model, name)
+    for p in model.parameters():
+        ctx.register_param(p)
+    for b in model.buffers():
+        ctx.register_buffer(b)
+    set_buffer_name_in_optimizer(optimizer, f"{name}_optim")
+    ctx.register_optimizer_buffers(optimizer)
+
+
+def training_step(model: nn.Module, optimizer, *, zero_grad: bool = True):
+    """The step PFN's examples compile: zero the gradients, loss, backward, optimizer step."""
+    def train_step(inp):
+        if zero_grad:
+            optimizer.zero_grad()
+        loss = model(inp["x"], inp["t"])
+        loss.backward()
+        optimizer.step()
+        return {"loss": loss}
+    return train_step
+
+
+def batches(shape: tuple[int, ...], n: int = STEPS) -> list[dict[str, torch.Tensor]]:
+    return [{"x": torch.randn(shape), "t": torch.randint(0, 10, (shape[0],))} for _ in range(n)]
+
+
+def assert_state_close(model: nn.Module, ref: nn.Module) -> None:
+    for (name, got), want in zip(model.state_dict().items(), ref.state_dict().values()):
+        scale = want.abs().max().item() if want.is_floating_point() else 1
+        torch.testing.assert_close(got, want, rtol=RTOL, atol=RTOL * scale, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def train_both(chip: str, model_name: str, optimizer_name: str) -> tuple[Context, nn.Module, nn.Module]:
+    make, shape = MODELS[model_name]
+    make_mn, make_torch = OPTIMIZERS[optimizer_name]
+    torch.manual_seed(0)
+    model, ref = make(), make()
+    ref.load_state_dict(model.state_dict())
+    model.train(), ref.train()
+    ctx = Context(MNDevice(f"{chip}:auto"))
+    optimizer = make_mn(model.parameters())
+    registered(ctx, model, optimizer)
+    ref_optimizer = make_torch(ref.parameters())
+    data = batches(shape)
+    step = ctx.compile(training_step(model, optimizer), data[0], None)
+    for inp in data:
+        loss = step(inp)["loss"].item()
+        ref_optimizer.zero_grad()
+        want = ref(inp["x"], inp["t"])
+        want.backward()
+        ref_optimizer.step()
+        assert loss == pytest.approx(want.item(), rel=RTOL)
+    ctx.synchronize()
+    return ctx, model, ref
+
+
+@pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
+@pytest.mark.parametrize("model_name", list(MODELS))
+def test_training_matches_torch_optim_on_mini(model_name, optimizer_name):
+    _, model, ref = train_both("mini", model_name, optimizer_name)
+    assert_state_close(model, ref)  # parameters and BatchNorm's running statistics
+
+
+@pytest.mark.parametrize("model_name", list(MODELS))
+def test_training_matches_torch_optim_on_mncore2(model_name):
+    _, model, ref = train_both("mncore2", model_name, "sgd_momentum" if model_name != "mlp" else "adamw")
+    assert_state_close(model, ref)
+
+
+def pfn_train_py(device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """PFN's examples/train.py as it is written (Linear(10, 1), weights and bias 1, SGD(0.1, 0.9, 0.0),
+    ten steps of relu(linear(x)).sum()), returning the bias before and after."""
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(10, 1)
+
+        def forward(self, *, x):
+            return {"y": self.linear(x)}
+    context = Context(MNDevice(device))
+    Context.switch_context(context)
+    sample = {"x": torch.ones(1, 10)}
+    model = Model()
+    model.linear.weight.data.fill_(1.0)
+    model.linear.bias.data.fill_(1.0)
+    model.train()
+    set_tensor_name_in_module(model, "model")
+    for p in model.parameters():
+        context.register_param(p)
+    for b in model.buffers():
+        context.register_buffer(b)
+    optimizer = MNCoreSGD(model.parameters(), 0.1, 0.9, 0.0)
+    set_buffer_name_in_optimizer(optimizer, "optim0")
+    context.register_optimizer_buffers(optimizer)
+
+    def f(inp):
+        optimizer.zero_grad()
+        loss = torch.relu(model(**inp)["y"]).sum()
+        loss.backward()
+        optimizer.step()
+        return {"loss": loss}
+    compiled_f = context.compile(f, sample, None)
+    before = model.linear.bias.detach().clone()
+    for _ in range(10):
+        compiled_f(sample)
+    context.synchronize()
+    return before, model.linear.bias.detach().clone()
+
+
+@pytest.mark.parametrize("device", ["mncore2:auto", "mini:auto", "pfvm:cpu"])
+def test_pfn_train_py_gives_torchs_bias(device):
+    ref = torch.nn.Linear(10, 1)
+    ref.weight.data.fill_(1.0)
+    ref.bias.data.fill_(1.0)
+    opt = torch.optim.SGD(ref.parameters(), 0.1, 0.9, 0.0)
+    for _ in range(10):
+        opt.zero_grad()
+        torch.relu(ref(torch.ones(1, 10))).sum().backward()
+        opt.step()
+    before, after = pfn_train_py(device)
+    assert before.item() == 1.0
+    assert after.item() == pytest.approx(ref.bias.item(), rel=RTOL)
+    assert after.item() == pytest.approx(-1.8237, abs=1e-4)  # the value PFN's documentation quotes
+
+
+def test_state_is_updated_in_place_and_reported(tmp_path):
+    """One device copy per state tensor, written in place by the program; the report splits the
+    step into forward, backward and optimizer cycles and counts the resident bytes."""
+    ctx, model, _ = train_both("mini", "mlp", "sgd_momentum")
+    fn = ctx._functions[-1]
+    compiled = fn.compiled
+    assert set(compiled.updates) == {n for n in compiled.resident if not n.endswith("@lr")}  # the rate is only read
+    assert compiled.donated == set(compiled.updates.values())
+    assert set(fn.output_specs) == {"loss"}  # updates are not user outputs
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert ctx.resident_bytes() >= 2 * params  # parameters and momentum buffers
+    report = ctx.report()
+    phases = {row.phase: row.cycles for row in report.phases}
+    assert set(phases) == {"forward", "backward", "optimizer"}
+    step_cycles = sum(c.stats.total_cycles for c in ctx.session.calls)
+    assert sum(phases.values()) == step_cycles
+    assert report.resident_bytes == ctx.resident_bytes()
+    assert "phases,train_step:optimizer,cycles" in csv_text(report)
+
+
+def test_gradient_only_pattern_accumulates_into_p_grad():
+    """Compile only loss.backward(): gradients accumulate into p.grad on the device, and
+    synchronize brings them to the host (slm_sft's pattern, with a host optimizer)."""
+    torch.manual_seed(3)
+    model = MLP()
+    ctx = Context(MNDevice("mini:auto"))
+    set_tensor_name_in_module(model, "model")
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+        ctx.register_param(p)
+    data = batches((8, 16), 2)
+
+    def backward_only(inp):
+        loss = model(inp["x"], inp["t"])
+        loss.backward()
+        return {"loss": loss}
+    step = ctx.compile(backward_only, data[0], None)
+    for inp in data:
+        step(inp)
+    ctx.synchronize()
+    ref = MLP()
+    ref.load_state_dict(model.state_dict())
+    for inp in data:
+        ref(inp["x"], inp["t"]).backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=RTOL, atol=RTOL * q.grad.abs().max().item())
+    # the host pushes new weights and zeroed gradients, as slm_sft does after its CPU optimizer step
+    for p in model.parameters():
+        ctx.get_registered_value_proxy(p).load_from(torch.zeros_like(p), clone=False)
+        ctx.get_registered_value_proxy(p.grad).load_from(torch.zeros_like(p), clone=False)
+    loss = step(data[0])["loss"].item()
+    assert loss == pytest.approx(torch.log(torch.tensor(10.0)).item(), rel=RTOL)  # all-zero weights: uniform
+
+
+def test_gradients_without_a_place_are_kept_in_p_grad():
+    """A backward-only step whose parameters have no .grad yet: mnsim keeps the gradients in
+    new p.grad tensors (registered as <name>@grad), as torch would leave them."""
+    torch.manual_seed(4)
+    model = MLP()
+    ctx = Context(MNDevice("mini:auto"))
+    set_tensor_name_in_module(model, "model")
+    for p in model.parameters():
+        ctx.register_param(p)
+    inp = batches((8, 16), 1)[0]
+    step = ctx.compile(lambda d: {"loss": model(d["x"], d["t"]).backward() or torch.zeros(1)}, inp, None)
+    step(inp)
+    ctx.synchronize()
+    ref = MLP()
+    ref.load_state_dict(model.state_dict())
+    ref(inp["x"], inp["t"]).backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=RTOL, atol=RTOL * q.grad.abs().max().item())
+
+
+def test_lr_scheduler_changes_the_rate_without_recompiling():
+    torch.manual_seed(5)
+    model, ref = MLP(), MLP()
+    ref.load_state_dict(model.state_dict())
+    ctx = Context(MNDevice("mini:auto"))
+    optimizer = MNCoreSGD(model.parameters(), 0.2, 0.5)
+    registered(ctx, model, optimizer)
+    scheduler = MNCoreLRScheduler(torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5), ctx)
+    ref_optimizer = torch.optim.SGD(ref.parameters(), 0.2, 0.5)
+    ref_scheduler = torch.optim.lr_scheduler.StepLR(ref_optimizer, step_size=1, gamma=0.5)
+    data = batches((8, 16), 3)
+    step = ctx.compile(training_step(model, optimizer), data[0], None)
+    for inp in data:
+        step(inp)
+        scheduler.step()
+        ref_optimizer.zero_grad()
+        ref(inp["x"], inp["t"]).backward()
+        ref_optimizer.step()
+        ref_scheduler.step()
+    ctx.synchronize()
+    assert scheduler.get_last_lr() == pytest.approx(ref_scheduler.get_last_lr())
+    assert len(ctx.session.compiles) == 1
+    assert_state_close(model, ref)
+
+
+def test_adam_spellings_agree_with_torch():
+    """MNCoreAdam in torch's spelling is torch.optim.Adam; the ONNX spelling names the same rule."""
+    torch.manual_seed(6)
+    a, b, c = (torch.randn(5, requires_grad=True) for _ in range(3))
+    with torch.no_grad():
+        b.copy_(a)
+        c.copy_(a)
+    ours = MNCoreAdam([a], lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
+    onnx = MNCoreAdam([c], learning_rate=0.01, alpha=0.8, beta=0.99, norm_coefficient=0.1, epsilon=1e-6,
+                      chainer_use_torch=True)
+    torchs = torch.optim.Adam([b], lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
+    for _ in range(4):
+        g = torch.randn(5)
+        for p, opt in ((a, ours), (b, torchs), (c, onnx)):
+            p.grad = g.clone()
+            opt.step()
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(c, b)
+    with pytest.raises(Exception, match="lr and learning_rate"):
+        MNCoreAdam([a], lr=0.1, learning_rate=0.1)
+
+
+def test_training_false_with_a_backward_is_refused():
+    torch.manual_seed(7)
+    model = MLP()
+    ctx = Context(MNDevice("mini:auto"))
+    optimizer = MNCoreSGD(model.parameters(), 0.1)
+    registered(ctx, model, optimizer)
+    train_step = training_step(model, optimizer, zero_grad=False)
+    inp = batches((8, 16), 1)[0]
+    with pytest.raises(CompileError, match=r"training=False.*\n  at .*test_training.py:\d+: +loss.backward\(\)"):
+        ctx.compile(train_step, inp, None, training=False)
+    weight = model.hidden.weight.detach().clone()
+    step = ctx.compile(train_step, inp, None)  # the Context stays usable, the weights untouched
+    assert torch.equal(model.hidden.weight.detach(), weight)
+    step(inp)
+
+
+def test_host_optimizers_and_unregistered_state_are_refused():
+    torch.manual_seed(8)
+    model = SmallCNN()
+    ctx = Context(MNDevice("mini:auto"))
+    set_tensor_name_in_module(model, "model")
+    for p in model.parameters():
+        ctx.register_param(p)  # buffers (BatchNorm statistics) not registered
+    host = torch.optim.SGD(model.parameters(), 0.1)
+    inp = batches((4, 3, 8, 8), 1)[0]
+
+    def with_host_optimizer(d):
+        host.zero_grad()
+        loss = model(d["x"], d["t"])
+        loss.backward()
+        host.step()
+        return {"loss": loss}
+    with pytest.raises(CompileError, match="torch.optim.sgd.SGD.step.*use mlsdk.MNCoreSGD"):
+        ctx.compile(with_host_optimizer, inp, None)
+    optimizer = MNCoreSGD(model.parameters(), 0.1)
+    set_buffer_name_in_optimizer(optimizer, "optim")
+    ctx.register_optimizer_buffers(optimizer)
+    running = model.bn.running_mean.clone()
+    with pytest.raises(CompileError, match=r"not registered in the Context.*\n  at .*test_training.py"):
+        ctx.compile(training_step(model, optimizer), inp, None)
+    assert torch.equal(model.bn.running_mean, running)
