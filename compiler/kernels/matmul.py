@@ -644,10 +644,18 @@ def plan(node: Node, planner) -> list[Kernel]:
                            f"compiler.planner.rewrite makes products 2-D or batched 3-D")
     p, batched = problem_of(node)
     out = []
-    for trans_b in (False, True):
+    for trans_b in ((True,) if _state_read_transposed(b, planner) else (False, True)):
         for t in _tilings_for(node, planner, trans_b):
             out.append(MatmulKernel(node, t, p, batched, planner.ctx))
     return out
+
+
+def _state_read_transposed(b: Value, planner) -> bool:
+    """B is W^T for a state W the program updates (a Linear layer's weight in a training step):
+    the product reads it with lanes along K, which are W's rows' lanes, the lanes its gradient
+    (dL/dW = G^T X) and the input gradient's product (G W) have, so the update needs no relayout."""
+    src = b.producer.args[0] if b.producer is not None and b.producer.kind == "permute" else None
+    return src is not None and src.kind == "input" and src.name in planner.graph.updates and src.rank == b.rank
 
 
 def wishes(user: Node, v: Value, planner) -> list[Layout]:

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from compiler.errors import CompileError
+from compiler.layout import W_AXIS
 from mlsdk.render import csv_text
 from mlsdk import (Context, MNCoreAdam, MNCoreAdamW, MNCoreLRScheduler, MNCoreSGD, MNDevice,
                    set_buffer_name_in_optimizer, set_tensor_name_in_module)
@@ -200,6 +201,10 @@ def test_state_is_updated_in_place_and_reported(tmp_path):
     assert set(compiled.updates) == {n for n in compiled.resident if not n.endswith("@lr")}  # the rate is only read
     assert compiled.donated == set(compiled.updates.values())
     assert set(fn.output_specs) == {"loss"}  # updates are not user outputs
+    # the forward reads W^T with lanes along K: W's rows, the lanes its gradient G^T X has
+    for name in ("model@hidden@weight", "model@out@weight"):
+        layout = compiled.inputs[name].placement(compiled.hw, "float32").layout
+        assert [d for d, dim in enumerate(layout.dims) for f in dim if f.axis == W_AXIS and f.size > 1] == [1]
     params = sum(p.numel() * 4 for p in model.parameters())
     assert ctx.resident_bytes() >= 2 * params  # parameters and momentum buffers
     report = ctx.report()
