@@ -19,30 +19,15 @@ from ..errors import UnsupportedOpError
 from ..ir import CONV_RANK, Value
 from .build import Builder
 from .legalize import ensure_float, rule
-from .legalize_nn import pool_geometry
-
-
-def _dilate(b: Builder, x: Value, dim: int, step: int) -> Value:
-    """step - 1 zeros between neighbours along `dim`: size n becomes (n - 1) * step + 1."""
-    if step == 1:
-        return x
-    n = x.shape[dim]
-    spread = b.reshape(x, x.shape[:dim + 1] + (1,) + x.shape[dim + 1:])
-    spread = b.pad(spread, [(0, 0)] * (dim + 1) + [(0, step - 1)] + [(0, 0)] * (x.rank - dim - 1))
-    spread = b.reshape(spread, x.shape[:dim] + (n * step,) + x.shape[dim + 1:])
-    return b.slice(spread, dim, 0, (n - 1) * step + 1)
+from .legalize_movement import dilate, spaced
+from .legalize_nn import avg_divisor, pool_geometry
 
 
 def _placed(b: Builder, g: Value, size: tuple[int, int], stride: tuple[int, int], offset: tuple[int, int]) -> Value:
     """(..., Ho, Wo) -> (..., H, W) with g[o] at position o * stride + offset (zeros elsewhere;
     positions outside the image are dropped)."""
     for k, dim in enumerate((g.rank - 2, g.rank - 1)):
-        g = _dilate(b, g, dim, stride[k])
-        before = offset[k]
-        after = size[k] - g.shape[dim] - before
-        pads = [(0, 0)] * g.rank
-        pads[dim] = (before, after)
-        g = b.pad(g, pads)
+        g = spaced(b, g, dim, size[k], stride[k], offset[k])
     return g
 
 
@@ -80,7 +65,7 @@ def _input_grad(b: Builder, gy: Value, w: Value, x_shape: tuple[int, ...], strid
     co, cg, kh, kw = w.shape
     g = gy
     for k, dim in enumerate((2, 3)):
-        g = _dilate(b, g, dim, stride[k])
+        g = dilate(b, g, dim, stride[k])
     k_size = (kh, kw)
     pads = [(0, 0), (0, 0)]
     for k in range(2):
@@ -136,3 +121,46 @@ def _max_pool_backward(b, out, gy, x, kernel, stride, padding, dilation, ceil_mo
             placed = _placed(b, part, (h, w), (sh, sw), (i * dh - ph, j * dw - pw))
             total = placed if total is None else b.ew("add", total, placed)
     return total
+
+
+@rule("avg_pool2d_backward")
+def _avg_pool_backward(b, out, gy, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    """Every input position of a window receives the window's gradient over its divisor."""
+    geometry = pool_geometry(x, kernel, stride, padding, (1,), ceil_mode)
+    return _spread_windows(b, gy, x, geometry, avg_divisor(b, x, geometry, ceil_mode, count_include_pad,
+                                                           divisor_override))
+
+
+@rule("_adaptive_avg_pool2d_backward")
+def _adaptive_avg_pool_backward(b, out, gy, x):
+    (ho, wo), (h, w) = gy.shape[-2:], x.shape[-2:]
+    if h % ho or w % wo:
+        raise UnsupportedOpError(b.aten, [list(gy.shape), list(x.shape)], b.source,
+                                 f"gradients of adaptive pooling from {h}x{w} to {ho}x{wo} (uneven windows)")
+    k = (h // ho, w // wo)
+    geometry = pool_geometry(x, k, k, (0,), (1,), False)
+    return _spread_windows(b, gy, x, geometry, float(k[0] * k[1]))
+
+
+def _spread_windows(b: Builder, gy: Value, x: Value, geometry, divisor: float | Value) -> Value:
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw), _ = geometry
+    g = ensure_float(b, gy)
+    g = b.ew("mul", g, 1.0 / divisor) if not isinstance(divisor, Value) else b.ew("div", g, divisor)
+    total = None
+    for i in range(kh):
+        for j in range(kw):
+            placed = _placed(b, g, x.shape[-2:], (sh, sw), (i * dh - ph, j * dw - pw))
+            total = placed if total is None else b.ew("add", total, placed)
+    return total
+
+
+@rule("upsample_nearest2d_backward")
+def _upsample_nearest_backward(b, out, gy, output_size, input_size, *scales):
+    """Integer scale factors: each input pixel's gradient is the sum over its s_h x s_w copies."""
+    n, c, h, w = input_size
+    ho, wo = gy.shape[-2:]
+    if ho % h or wo % w:
+        raise UnsupportedOpError(b.aten, [list(gy.shape)], b.source, f"gradients of nearest upsampling from "
+                                 f"{h}x{w} to {ho}x{wo} (only integer scale factors)")
+    grid = b.reshape(ensure_float(b, gy), (n, c, h, ho // h, w, wo // w))
+    return b.reduce("sum", grid, (3, 5))

@@ -263,7 +263,89 @@ def _scatter(b, out, x, dim, index, src, reduce=None):
     return b.ew("where", b.reduce("max", hit, [dim]), placed, x, dtype=x.dtype)
 
 
-@rule("index_put", "index_add", "index_copy", "masked_scatter", "scatter_reduce",
+def dilate(b: Builder, x: Value, dim: int, step: int) -> Value:
+    """step - 1 zeros between neighbours along `dim`: size n becomes (n - 1) * step + 1."""
+    if step == 1:
+        return x
+    n = x.shape[dim]
+    spread = b.reshape(x, x.shape[:dim + 1] + (1,) + x.shape[dim + 1:])
+    spread = b.pad(spread, [(0, 0)] * (dim + 1) + [(0, step - 1)] + [(0, 0)] * (x.rank - dim - 1))
+    spread = b.reshape(spread, x.shape[:dim] + (n * step,) + x.shape[dim + 1:])
+    return b.slice(spread, dim, 0, (n - 1) * step + 1)
+
+
+def spaced(b: Builder, x: Value, dim: int, size: int, step: int, start: int) -> Value:
+    """`x` along `dim` laid into `size` positions: element k at start + k * step, zeros
+    elsewhere; positions outside 0 .. size - 1 are dropped."""
+    x = dilate(b, x, dim, step)
+    pads = [(0, 0)] * x.rank
+    pads[dim] = (start, size - x.shape[dim] - start)
+    return b.pad(x, pads)
+
+
+@rule("slice_scatter")
+def _slice_scatter(b, out, x, src, dim=0, start=None, end=None, step=1):
+    """x with x[..., start:end:step, ...] = src along `dim` (a slice's gradient)."""
+    dim = norm_dim(dim, x.rank)
+    size = x.shape[dim]
+    start, end, _ = slice(start, end, step).indices(size)
+    if src.shape[dim] == 0:
+        return x
+    placed = spaced(b, b.cast(src, x.dtype), dim, size, step, start)
+    k = b.iota(tuple(size if d == dim else 1 for d in range(x.rank)), dim, "int32")
+    inside = b.ew("and", b.ew("ge", k, start), b.ew("lt", k, start + step * src.shape[dim]))
+    if step > 1:
+        inside = b.ew("and", inside, b.ew("eq", b.ew("rem", b.ew("sub", k, start), step), 0))
+    return b.ew("where", inside, placed, x, dtype=x.dtype)
+
+
+@rule("index_put", "index_put_")
+def _index_put(b, out, x, indices, values, accumulate=False):
+    """x[i0, i1, ...] = values (+= with accumulate; an embedding's gradient) for index tensors on
+    adjacent dimensions: the indexed dimensions are brought first and flattened, and the rows a
+    one-hot of the flat index selects are summed by a matrix product (repeated indices add up,
+    where torch's plain index_put leaves the winner unspecified)."""
+    used = [d for d, i in enumerate(indices) if i is not None]
+    shapes = [list(x.shape), list(values.shape)]
+    if not used or used != list(range(used[0], used[-1] + 1)) or \
+            any(i.dtype == "bool" for i in indices if i is not None):
+        raise UnsupportedOpError(b.aten, shapes, b.source, "index_put other than with integer index tensors on "
+                                 "adjacent dimensions")
+    first, last = used[0], used[-1]
+    order = list(range(first, last + 1)) + [d for d in range(x.rank) if not first <= d <= last]
+    moved = b.permute(x, order)
+    rows = prod(x.shape[first:last + 1])
+    rest = moved.shape[last - first + 1:]
+    shape = broadcast_shapes(*[indices[d].shape for d in used])
+    flat = None
+    for d in used:
+        idx = b.cast(indices[d], "int32")
+        idx = b.ew("where", b.ew("lt", idx, 0), b.ew("add", idx, x.shape[d]), idx, dtype="int32")
+        idx = b.expand(idx, shape) if idx.shape != shape else idx
+        flat = idx if flat is None else b.ew("add", b.ew("mul", flat, x.shape[d]), idx)
+    n = prod(shape)
+    indexed_shape = x.shape[:first] + shape + x.shape[last + 1:]  # what x[indices] would be
+    vals = b.cast(values, "float32")
+    vals = b.expand(vals, indexed_shape) if vals.shape != indexed_shape else vals
+    lead = len(x.shape[:first])
+    vals = b.permute(vals, list(range(lead, lead + len(shape))) + list(range(lead)) +
+                     list(range(lead + len(shape), vals.rank)))
+    vals = b.reshape(vals, (n, prod(rest)))
+    hits = b.ew("eq", b.iota((rows, 1), 0, "int32"), b.reshape(flat, (1, n)))  # (rows, n)
+    summed = b.matmul(b.cast(hits, "float32"), vals, dtype="float32")
+    b.graph.nodes[-1].attrs["exact"] = True  # a selection: never in reduced precision
+    summed = b.cast(b.reshape(summed, (rows,) + rest), x.dtype)
+    base = b.reshape(moved, (rows,) + rest)
+    if accumulate:
+        result = b.ew("add", base, summed, dtype=x.dtype)
+    else:
+        hit = b.reshape(b.reduce("max", hits, [1]), (rows,) + (1,) * len(rest))
+        result = b.ew("where", hit, summed, base, dtype=x.dtype)
+    result = b.reshape(result, moved.shape)
+    return b.permute(result, [order.index(d) for d in range(x.rank)])
+
+
+@rule("index_add", "index_copy", "masked_scatter", "scatter_reduce",
       "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive", "argwhere", "bincount",
       "repeat_interleave", "_local_scalar_dense", "item")
 def _data_dependent(b, out, x, *args, **kwargs):

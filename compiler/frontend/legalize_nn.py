@@ -98,22 +98,28 @@ def _max_pool(b, out, x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mo
 def _avg_pool(b, out, x, kernel, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
               divisor_override=None):
     geometry = pool_geometry(x, kernel, stride, padding, (1,), ceil_mode)
-    (kh, kw), _, (ph, pw), _, (ho, wo) = geometry
     x = ensure_float(b, x)
     patches = _patches(b, x, geometry, 0.0)
     total = b.reduce("sum", patches, (patches.rank - 2, patches.rank - 1))
+    divisor = avg_divisor(b, x, geometry, ceil_mode, count_include_pad, divisor_override)
+    return b.ew("mul", total, 1.0 / divisor) if not isinstance(divisor, Value) else b.ew("div", total, divisor)
+
+
+def avg_divisor(b: Builder, x: Value, geometry, ceil_mode: bool, count_include_pad: bool,
+                divisor_override: int | None) -> float | Value:
+    """What torch divides each window's sum by: a number, or (Ho, Wo) counts where windows are
+    clipped (padding not counted, or ceil mode's partial windows)."""
+    (kh, kw), _, (ph, pw), _, (ho, wo) = geometry
     if divisor_override:
-        return b.ew("mul", total, 1.0 / divisor_override)
+        return float(divisor_override)
+    if not ceil_mode and (count_include_pad or (ph, pw) == (0, 0)):
+        return float(kh * kw)
     h, w = x.shape[-2:]
     if count_include_pad:  # patches clipped to the padded input count
         ones = b.full((h + 2 * ph, w + 2 * pw), 1.0, x.dtype)
         unpadded = ((kh, kw), geometry[1], (0, 0), (1, 1), (ho, wo))
-        counts = b.reduce("sum", _patches(b, ones, unpadded, 0.0), (2, 3))
-    else:
-        counts = b.reduce("sum", _patches(b, b.full((h, w), 1.0, x.dtype), geometry, 0.0), (2, 3))
-    if not ceil_mode and (count_include_pad or (ph, pw) == (0, 0)):
-        return b.ew("mul", total, 1.0 / (kh * kw))
-    return b.ew("div", total, counts)
+        return b.reduce("sum", _patches(b, ones, unpadded, 0.0), (2, 3))
+    return b.reduce("sum", _patches(b, b.full((h, w), 1.0, x.dtype), geometry, 0.0), (2, 3))
 
 
 @rule("upsample_nearest2d")
