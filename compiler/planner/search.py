@@ -78,6 +78,7 @@ class Planner:
         self.costs: dict[object, int] = {}
         self.wish_cache: dict[Value, list[Layout]] = {}
         self.clean: set[str] = set()  # buffers whose padding is known to hold zeros
+        self.provisional: dict[Value, Ref] = {}  # what the candidate being prepared has placed so far
 
     # ---- the whole graph ----------------------------------------------------------------------
 
@@ -136,6 +137,8 @@ class Planner:
         steps that would make it (a view its base's layout cannot express is gathered)."""
         if v in self.refs:
             return self.refs[v], [], []
+        if v in self.provisional:  # placed by an earlier operand of the same candidate
+            return self.provisional[v], [], []
         if v in self.pending:
             p = self.pending[v]
             base_layout = p.to_base(wanted) if wanted is not None else None
@@ -218,6 +221,14 @@ class Planner:
                 ) -> tuple[dict[Value, Ref], list[Step], list[tuple[Value, Ref]]]:
         """The refs a candidate would read and write, the relayout steps its inputs would need, and
         the values it would place. Without `allow_relay`, a candidate that needs one is refused."""
+        self.provisional = {}
+        try:
+            return self._prepare(kernel, allow_relay)
+        finally:
+            self.provisional = {}
+
+    def _prepare(self, kernel: Kernel, allow_relay: bool
+                 ) -> tuple[dict[Value, Ref], list[Step], list[tuple[Value, Ref]]]:
         refs: dict[Value, Ref] = {}
         pre: list[Step] = []
         placed: list[tuple[Value, Ref]] = []
@@ -236,6 +247,7 @@ class Planner:
         for v, layout in kernel.reads().items():
             ref, more, made = self.tentative(v, layout)
             placed += more
+            self.provisional.update(more)
             pre += made
             wanted = stage(self.ctx.lm_placement(layout, device_dtype(v))).dram
             index = kernel.gather_index(v) if hasattr(kernel, "gather_index") else None
@@ -247,6 +259,7 @@ class Planner:
             want = kernel.source_placement(v, self.ctx) if hasattr(kernel, "source_placement") else None
             ref, more, made = self.tentative_dram(v, want)
             placed += more
+            self.provisional.update(more)
             pre += made
             clean = ref.symbol in self.clean or any(r is ref for _, r in more)
             if hasattr(kernel, "source_ok") and not kernel.source_ok(v, ref, self.ctx, clean):
@@ -259,7 +272,7 @@ class Planner:
     def tentative_dram(self, v: Value, want: Placement | None) -> tuple[Ref, list[tuple[Value, Ref]], list[Step]]:
         """Where `v` would be for a kernel that reads it from DRAM (a gather): as `want` when it
         is not placed yet (the host uploads any layout), else where it is."""
-        if v in self.refs or v in self.pending or want is None:
+        if v in self.refs or v in self.provisional or v in self.pending or want is None:
             return self.tentative(v, None)
         if v.kind in ("input", "const"):
             ref = Ref(self.symbol_for(v), want, None)

@@ -84,6 +84,14 @@ def test_views_reductions_and_broadcasting(device):
     check(device, fn, {"x": torch.randn(4, 6, 8), "bias": torch.randn(8)})
 
 
+def test_one_kernel_reading_an_input_and_its_transpose(device):
+    """x + x.t(): both operands of one kernel come from the same input; it is placed once, and the
+    view reads that placement (it used to be placed twice, so the program added x to itself)."""
+    torch.manual_seed(5)
+    check(device, lambda d: {"sym": d["x"] + d["x"].t(), "mixed": d["y"] * d["y"].t().reshape(8, 6)},
+          {"x": torch.randn(4, 4), "y": torch.randn(8, 6)})
+
+
 def test_layouts_follow_the_chip():
     """The same function gets other layouts on another chip: mncore2's 4096 PEs each multiply a
     few of the 2048 elements, mini's 16 PEs many (the VOP's element count per PE)."""
