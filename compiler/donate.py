@@ -28,16 +28,20 @@ def _ranges(program: Program, symbol: str, field: int) -> tuple[np.ndarray, np.n
 
 
 def can_write_in_place(program: Program, input_symbol: str, output_symbol: str) -> bool:
-    """True when no MV reads a long word of `input_symbol` after some MV wrote it in `output_symbol`."""
+    """True when no MV reads a long word of `input_symbol` after some MV wrote it in `output_symbol`
+    (an MV that reads and writes overlapping long words counts, unless it writes them where it
+    reads them: it copies in order, so a shifted overlap would read what it has just written)."""
     r_at, r_lo, r_hi = _ranges(program, input_symbol, isa.MV_SRC_ADDR)
     w_at, w_lo, w_hi = _ranges(program, output_symbol, isa.MV_DST_ADDR)
     if len(r_at) == 0 or len(w_at) == 0:
         return True
     order = np.argsort(w_at, kind="stable")
     w_at, w_lo, w_hi = w_at[order], w_lo[order], w_hi[order]
-    written_before = np.searchsorted(w_at, r_at, side="left")  # writes strictly earlier than each read
-    for k in np.flatnonzero(written_before):
-        n = written_before[k]
-        if np.any((w_lo[:n] < r_hi[k]) & (w_hi[:n] > r_lo[k])):
+    written_up_to = np.searchsorted(w_at, r_at, side="right")  # writes no later than each read
+    for k in np.flatnonzero(written_up_to):
+        n = written_up_to[k]
+        overlap = (w_lo[:n] < r_hi[k]) & (w_hi[:n] > r_lo[k])
+        same_mv_in_place = (w_at[:n] == r_at[k]) & (w_lo[:n] == r_lo[k])
+        if np.any(overlap & ~same_mv_in_place):
             return False
     return True

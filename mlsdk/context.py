@@ -128,6 +128,8 @@ class Context:
             raise MLSDKError(f"another tensor is already registered as {name!r}; give each model its own prefix")
         self._registered[name] = t
         self._name_by_id[id(t)] = name
+        if not self.device.reference:  # registered again: the host value is the one to use from now on
+            self._resident.refresh(name)
 
     def register_param(self, tensor: torch.Tensor) -> None:
         self._register(tensor)
@@ -257,21 +259,25 @@ class Context:
                 self._register_grad(t)
         with _grads_kept(self._registered.values()):
             graph = trace_graph(function, inputs, self._name_of)
-        got_grad = {id(t) for t in graph.gradients_left}
-        left = [t for t in graph.resident.values() if id(t) in got_grad]
-        if left and not graph.has_phase("optimizer"):
-            for t in left:
-                if t.grad is None:
-                    t.grad = torch.zeros_like(t)
-                self._register_grad(t)
-            with _grads_kept(self._registered.values()):
-                graph = trace_graph(function, inputs, self._name_of)
-        backward = graph.has_phase("backward")
-        if training is False and backward:
+        if training is False and graph.has_phase("backward"):
             line = next((n.source for n in graph.nodes if n.phase == "backward" and n.source), "")
             raise CompileError(f"{name}: training=False, but the function computes gradients (backward() or "
                                f"torch.autograd.grad)" + (f"\n  at {line}" if line else "")
                                + "; compile it with training=True or without the argument")
+        got_grad = {id(t) for t in graph.gradients_left}
+        left = [t for t in graph.resident.values() if id(t) in got_grad]
+        if left and not graph.has_phase("optimizer"):
+            if any(t.grad is not None for t in left):  # registered .grad replaced, not accumulated into
+                raise CompileError(f"{name}: backward() leaves new gradients in .grad of "
+                                   f"{', '.join(self._name_of(t) for t in left[:3])}: the function sets .grad "
+                                   "to None first (zero_grad()); in a step without an optimizer, gradients "
+                                   "accumulate into the registered p.grad: remove zero_grad() and zero them "
+                                   "with get_registered_value_proxy(p.grad).load_from(...)")
+            for t in left:
+                t.grad = torch.zeros_like(t)
+                self._register_grad(t)
+            with _grads_kept(self._registered.values()):
+                graph = trace_graph(function, inputs, self._name_of)
         return graph
 
     def _register_grad(self, t: torch.Tensor) -> None:
@@ -288,7 +294,9 @@ class Context:
         where = Path(os.fspath(cache.cache_dir)) / key
         if (where / "manifest.json").exists():
             try:
-                return artifact.load(where, hw)
+                compiled = artifact.load(where, hw)
+                compiled.resident = {k: t.detach() for k, t in graph.resident.items()}  # today's values
+                return compiled
             except CompileError:
                 shutil.rmtree(where, ignore_errors=True)  # a stale or broken entry is rebuilt
         compiled = compile_traced(graph, hw, options=opts, constraints=constraints)

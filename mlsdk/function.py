@@ -143,7 +143,8 @@ class CompiledFunction:
                 buf, binding = ctx._resident.bind(self, name, registered, compiled.inputs[name], self._need(name))
                 bound[name] = buf
                 bindings.append(binding)
-            into = {out: bound[name] for name, out in compiled.updates.items() if out in compiled.donated}
+            into = {out: bound[name] for name, out in compiled.updates.items()  # written in place when it fits
+                    if out in compiled.donated and bound[name].lw >= compiled.buffers[compiled.output_symbols[out]].lw}
             outputs, stats = board.call(self._loaded, bound, into)
         finally:  # inputs uploaded or converted for this call only, also when a later one fails
             for buf in temporary:

@@ -14,6 +14,7 @@ trained here matches one trained with torch.optim on the host to float32 roundin
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 import torch
@@ -58,6 +59,25 @@ class MNCoreOptimizer(torch.optim.Optimizer):
     def init_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The state tensors of parameter `p`, as they are before the first step."""
         return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's load, with the values copied into this optimizer's own state tensors and
+        learning rates, so the tensors a Context registered stay the ones the program updates
+        (state a checkpoint lacks, saved before any step, keeps its initial value). The host
+        tensors change: call `context.register_optimizer_buffers(optimizer)` again to send them
+        to the device."""
+        own = [(group[LR_KEY], {p: dict(self.state[p]) for p in group["params"]}) for group in self.param_groups]
+        super().load_state_dict(state_dict)
+        with torch.no_grad():
+            for group, (rate, states) in zip(self.param_groups, own):
+                rate.fill_(_scalar_value(group[LR_KEY]))
+                group[LR_KEY] = rate
+                for p, tensors in states.items():
+                    loaded = self.state[p]
+                    for key, t in tensors.items():
+                        if key in loaded:
+                            t.copy_(loaded[key])
+                        loaded[key] = t
 
     def update(self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor],
                group: dict[str, Any]) -> None:
@@ -153,8 +173,10 @@ class _AdamBase(MNCoreOptimizer):
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
         exp_avg.add_((grad - exp_avg) * (1 - beta1))
         exp_avg_sq.mul_(beta2).add_(grad * grad * (1 - beta2))
-        bias_correction1 = 1 - torch.pow(beta1, step)
-        bias_correction2_sqrt = torch.sqrt(1 - torch.pow(beta2, step))
+        # 1 - beta^t as -expm1(t log beta): float32 rounding once, where 1 - pow(beta, t) in float32
+        # loses digits for beta near 1 (torch computes it in double on the host)
+        bias_correction1 = -torch.expm1(step * math.log(beta1)) if beta1 > 0 else torch.ones_like(step)
+        bias_correction2_sqrt = torch.sqrt(-torch.expm1(step * math.log(beta2))) if beta2 > 0 else torch.ones_like(step)
         if group["torch_eps"]:
             denom = exp_avg_sq.sqrt() / bias_correction2_sqrt + eps
             p.sub_(lr / bias_correction1 * (exp_avg / denom))
@@ -169,6 +191,15 @@ def _pick(kwargs: dict[str, Any], names: tuple[str, ...], default: Any, owner: s
     return kwargs.pop(given[0]) if given else default
 
 
+def _betas(kwargs: dict[str, Any], first: tuple[str, ...], second: tuple[str, ...], owner: str) -> tuple[float, float]:
+    """`betas=(b1, b2)` or the two coefficients by their own names, not both."""
+    beta1, beta2 = _pick(kwargs, first, None, owner), _pick(kwargs, second, None, owner)
+    betas = kwargs.pop("betas", None)
+    if betas is not None and (beta1 is not None or beta2 is not None):
+        raise MLSDKError(f"{owner}: betas and {' / '.join(first + second)} name the same hyper-parameters; pass one")
+    return tuple(betas) if betas is not None else (0.9 if beta1 is None else beta1, 0.999 if beta2 is None else beta2)
+
+
 class MNCoreAdam(_AdamBase):
     """Adam, in either of MLSDK's spellings: `(params, lr=, betas=, eps=, weight_decay=,
     chainer_use_torch=True)` (torch's names and rule) or `(params, learning_rate=, alpha=, beta=,
@@ -179,13 +210,12 @@ class MNCoreAdam(_AdamBase):
     def __init__(self, params: Iterable, lr: Any = None, betas: tuple[float, float] | None = None,
                  eps: float | None = None, weight_decay: float | None = None, **kwargs: Any) -> None:
         owner = "MNCoreAdam"
-        lr = _pick({"lr": lr, **kwargs} if lr is not None else kwargs, ("lr", "learning_rate"), 1e-3, owner)
-        beta1 = _pick(kwargs, ("alpha", "beta1"), None, owner)
-        beta2 = _pick(kwargs, ("beta", "beta2"), None, owner)
-        if betas is None:
-            betas = (0.9 if beta1 is None else beta1, 0.999 if beta2 is None else beta2)
-        eps = _pick(kwargs, ("epsilon",), 1e-8 if eps is None else eps, owner)
-        weight_decay = _pick(kwargs, ("norm_coefficient",), 0.0 if weight_decay is None else weight_decay, owner)
+        given = {k: v for k, v in dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay).items() if v is not None}
+        kwargs = {**given, **kwargs}
+        lr = _pick(kwargs, ("lr", "learning_rate"), 1e-3, owner)
+        betas = _betas(kwargs, ("alpha", "beta1"), ("beta", "beta2"), owner)
+        eps = _pick(kwargs, ("eps", "epsilon"), 1e-8, owner)
+        weight_decay = _pick(kwargs, ("weight_decay", "norm_coefficient"), 0.0, owner)
         torch_eps = bool(kwargs.pop("chainer_use_torch", True))
         maximize = bool(kwargs.pop("maximize", False))
         if kwargs:
@@ -204,11 +234,10 @@ class MNCoreAdamW(_AdamBase):
     def __init__(self, params: Iterable, lr: Any = None, betas: tuple[float, float] | None = None,
                  eps: float = 1e-8, weight_decay: float = 1e-2, **kwargs: Any) -> None:
         owner = "MNCoreAdamW"
-        lr = _pick({"lr": lr, **kwargs} if lr is not None else kwargs, ("lr", "learning_rate"), 1e-3, owner)
-        beta1 = _pick(kwargs, ("beta1",), None, owner)
-        beta2 = _pick(kwargs, ("beta2",), None, owner)
-        if betas is None:
-            betas = (0.9 if beta1 is None else beta1, 0.999 if beta2 is None else beta2)
+        kwargs = {**({"lr": lr} if lr is not None else {}), **({"betas": betas} if betas is not None else {}),
+                  **kwargs}
+        lr = _pick(kwargs, ("lr", "learning_rate"), 1e-3, owner)
+        betas = _betas(kwargs, ("beta1",), ("beta2",), owner)
         maximize = bool(kwargs.pop("maximize", False))
         if kwargs:
             raise MLSDKError(f"{owner}: unknown arguments {', '.join(sorted(kwargs))}")
@@ -227,15 +256,25 @@ class MNCoreLRScheduler:
                              f"(got one of {type(optimizer).__name__})")
         self.scheduler, self.context = scheduler, context
         self._rates = [group[LR_KEY] for group in optimizer.param_groups]  # the registered tensors
+        self._fixed = [{k: v for k, v in group.items() if k not in ("params", LR_KEY, "initial_lr")}
+                       for group in optimizer.param_groups]  # compiled into the program as numbers
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         self.scheduler.step(*args, **kwargs)
-        for group, rate in zip(self.scheduler.optimizer.param_groups, self._rates):
+        for g, (group, rate) in enumerate(zip(self.scheduler.optimizer.param_groups, self._rates)):
             if group[LR_KEY] is not rate:  # a scheduler that assigned a number: into the same tensor
                 rate.fill_(_scalar_value(group[LR_KEY]))
                 group[LR_KEY] = rate
-            if self.context.is_registered(rate):
-                self.context.get_registered_value_proxy(rate).load_from(rate)
+            changed = [k for k, v in self._fixed[g].items() if k in group and group[k] != v]
+            if changed:
+                raise MLSDKError(f"MNCoreLRScheduler: the scheduler changed {', '.join(changed)} of parameter group "
+                                 f"{g}; the compiled step holds only the learning rate on the device (for "
+                                 "OneCycleLR / CyclicLR pass cycle_momentum=False)")
+            if not self.context.is_registered(rate):
+                raise MLSDKError("MNCoreLRScheduler: the optimizer's learning rate is not registered, so compiled "
+                                 "steps hold it as a number; call context.register_optimizer_buffers(optimizer) "
+                                 "before compiling")
+            self.context.get_registered_value_proxy(rate).load_from(rate)
 
     def get_last_lr(self) -> list[float]:
         return [_scalar_value(x) for x in self.scheduler.get_last_lr()]
@@ -247,4 +286,6 @@ class MNCoreLRScheduler:
         self.scheduler.load_state_dict(state)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "scheduler":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.scheduler, name)

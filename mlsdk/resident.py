@@ -103,6 +103,17 @@ class ResidentTensors:
         for other in self._handles.get(name, ()):
             other._buffer, other._spec, other._cache = buf, spec, None
 
+    def refresh(self, name: str) -> None:
+        """Upload the host tensor of `name` into its device copies (it was registered again)."""
+        if name not in self._copies:
+            return
+        buf, spec = self.any_copy(name)
+        ctx = self._ctx
+        stats = ctx.device.board.upload(buf, ctx._registered[name].detach())
+        ctx._record(UPLOAD, f"registered {name}", stats)
+        self.replace(name, buf, spec)
+        self._dirty.discard(name)
+
     def free_all(self) -> None:
         board = self._ctx.device.board
         for copies in self._copies.values():

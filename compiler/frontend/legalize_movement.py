@@ -283,6 +283,14 @@ def spaced(b: Builder, x: Value, dim: int, size: int, step: int, start: int) -> 
     return b.pad(x, pads)
 
 
+@rule("copy")
+def _copy(b, out, x, src, non_blocking=False):
+    """The functional form of x.copy_(src) (functionalize's, for writes like ema.copy_(new)): src
+    broadcast to x's shape in x's dtype."""
+    src = b.cast(src, x.dtype) if isinstance(src, Value) else b.full(x.shape, src, x.dtype)
+    return b.expand(src, x.shape) if src.shape != x.shape else src
+
+
 @rule("slice_scatter")
 def _slice_scatter(b, out, x, src, dim=0, start=None, end=None, step=1):
     """x with x[..., start:end:step, ...] = src along `dim` (a slice's gradient)."""

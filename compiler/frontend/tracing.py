@@ -14,6 +14,7 @@ import contextlib
 import operator
 import os
 import re
+import threading
 import traceback
 from typing import Any, Callable, Iterator
 
@@ -136,6 +137,10 @@ def trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tenso
                 joint = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True,
                                 record_stack_traces=True)(*tensors)
             state, gradients_left = _captured_state(joint, resident)
+            clash = sorted(set(state) & set(names))
+            if clash:
+                raise CompileError(f"input {clash[0]!r} has the name of a registered tensor the function reads; "
+                                   "rename the input or give the model another prefix")
             tensors = [t.detach() for t in tensors]
             # pass 2: functionalized (writes become values, writes into inputs a final copy_) and
             # decomposed, each node keeping its source line and phase
@@ -184,14 +189,22 @@ class _TrainingTrace(torch.overrides.TorchFunctionMode):
                 return func(*args, **kwargs)
         if func is _FUSED_ATTENTION:
             return _math_attention(*args, **kwargs)
-        if args and _writes_first(func) and _is_real(args[0]) and id(args[0]) not in self.saved:
-            with torch.no_grad(), unset_fake_temporarily(), disable_proxy_modes_tracing():  # a real copy
-                self.saved[id(args[0])] = (args[0], args[0].detach().clone())
+        written = [args[0]] if args and _writes_first(func) else []
+        written += pytree.tree_leaves(kwargs.get("out"))
+        if getattr(func, "__name__", "") == "__set__" and args and \
+                getattr(getattr(func, "__self__", None), "__name__", "") == "data":  # `t.data = ...`
+            written.append(args[0])
+        for t in written:
+            if _is_real(t) and id(t) not in self.saved:
+                with torch.no_grad(), unset_fake_temporarily(), disable_proxy_modes_tracing():  # a real copy
+                    self.saved[id(t)] = (t, t.data, t.detach().clone())
         return func(*args, **kwargs)
 
     def restore(self) -> None:
         with torch.no_grad():
-            for t, value in self.saved.values():
+            for t, data, value in self.saved.values():
+                if t.data is not data:
+                    t.data = data
                 t.copy_(value)
         self.saved.clear()
 
@@ -208,6 +221,7 @@ def _is_real(t: Any) -> bool:
 
 
 _FUSED_ATTENTION = torch.nn.functional.scaled_dot_product_attention
+_TRACING = threading.RLock()
 
 
 def _math_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -223,23 +237,23 @@ def autograd_phases() -> Iterator[None]:
     """While tracing: mark the backward pass, refuse optimizers that keep state on the host, and
     run attention as its math composite (called directly, or through torch.nn.functional from
     inside other torch functions, such as multi-head attention, which the mode does not see)."""
-    handle = register_optimizer_step_pre_hook(_check_optimizer)
-    torch.nn.functional.scaled_dot_product_attention = _math_attention
-    mode = _TrainingTrace()
-    try:
+    with _TRACING, contextlib.ExitStack() as undo:  # process-wide patches: one trace at a time
+        undo.callback(register_optimizer_step_pre_hook(_check_optimizer).remove)
+        attention = torch.nn.functional.scaled_dot_product_attention
+        torch.nn.functional.scaled_dot_product_attention = _math_attention
+        undo.callback(setattr, torch.nn.functional, "scaled_dot_product_attention", attention)
+        mode = _TrainingTrace()
+        undo.callback(mode.restore)
         with mode:
             yield
-    finally:
-        mode.restore()
-        torch.nn.functional.scaled_dot_product_attention = _FUSED_ATTENTION
-        handle.remove()
 
 
 def _check_optimizer(optimizer: Any, args: Any, kwargs: Any) -> None:
     if not getattr(optimizer, "traceable_step", False):
         raise CompileError(f"{type(optimizer).__module__}.{type(optimizer).__name__}.step() in a compiled function: "
-                           "its state is created on the host at the first step; use mlsdk.MNCoreSGD, MNCoreAdam "
-                           "or MNCoreAdamW, whose state lives on the device")
+                           "it keeps its state and hyper-parameters on the host (made at its first step, read "
+                           "as numbers); use mlsdk.MNCoreSGD, MNCoreAdam or MNCoreAdamW, whose state and "
+                           "learning rate live on the device")
 
 
 def _captured_state(joint: torch.fx.GraphModule, resident: Callable[[torch.Tensor], str | None] | None
@@ -299,7 +313,8 @@ def _refuse_captured_write(node: torch.fx.Node, joint: torch.fx.GraphModule) -> 
     schema = getattr(node.target, "_schema", None)
     if schema is None:
         return
-    for arg, value in zip(schema.arguments, node.args):
+    for k, arg in enumerate(schema.arguments):
+        value = node.args[k] if k < len(node.args) else node.kwargs.get(arg.name)
         if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.fx.Node) \
                 and value.op == "get_attr":
             t = getattr(joint, value.target)

@@ -207,6 +207,11 @@ def test_state_is_updated_in_place_and_reported(tmp_path):
         assert [d for d, dim in enumerate(layout.dims) for f in dim if f.axis == W_AXIS and f.size > 1] == [1]
     params = sum(p.numel() * 4 for p in model.parameters())
     assert ctx.resident_bytes() >= 2 * params  # parameters and momentum buffers
+    board = ctx.device.board
+    used = board.allocated_lw()
+    for inp in batches((8, 16), 3):  # no copy per call: device memory stays as it is
+        fn(inp)["loss"].item()
+    assert board.allocated_lw() == used
     report = ctx.report()
     phases = {row.phase: row.cycles for row in report.phases}
     assert set(phases) == {"forward", "backward", "optimizer"}
@@ -325,9 +330,10 @@ def test_training_false_with_a_backward_is_refused():
     registered(ctx, model, optimizer)
     train_step = training_step(model, optimizer, zero_grad=False)
     inp = batches((8, 16), 1)[0]
+    weight = model.hidden.weight.detach().clone()
     with pytest.raises(CompileError, match=r"training=False.*\n  at .*test_training.py:\d+: +loss.backward\(\)"):
         ctx.compile(train_step, inp, None, training=False)
-    weight = model.hidden.weight.detach().clone()
+    assert torch.equal(model.hidden.weight.detach(), weight) and model.hidden.weight.grad is None
     step = ctx.compile(train_step, inp, None)  # the Context stays usable, the weights untouched
     assert torch.equal(model.hidden.weight.detach(), weight)
     step(inp)
@@ -358,3 +364,169 @@ def test_host_optimizers_and_unregistered_state_are_refused():
     with pytest.raises(CompileError, match=r"not registered in the Context.*\n  at .*test_training.py"):
         ctx.compile(training_step(model, optimizer), inp, None)
     assert torch.equal(model.bn.running_mean, running)
+
+
+def test_gradient_only_step_that_sets_grads_to_none_is_refused():
+    """zero_grad() inside a backward-only step would replace the registered p.grad: refused."""
+    model = MLP()
+    ctx = Context(MNDevice("mini:auto"))
+    optimizer = MNCoreSGD(model.parameters(), 0.1)
+    registered(ctx, model, optimizer)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+
+    def backward_only(inp):
+        optimizer.zero_grad()
+        loss = model(inp["x"], inp["t"])
+        loss.backward()
+        return {"loss": loss}
+    with pytest.raises(CompileError, match=r"sets .grad to None first \(zero_grad\(\)\)"):
+        ctx.compile(backward_only, batches((8, 16), 1)[0], None)
+
+
+def test_tracing_leaves_host_tensors_as_they_were():
+    """The step runs once on fake tensors while tracing; what it writes (weight clipping through
+    .data, an out= argument, the optimizer's in-place updates) must not reach the host tensors."""
+    torch.manual_seed(9)
+    model = MLP()
+    ctx = Context(MNDevice("mini:auto"))
+    optimizer = MNCoreAdamW(model.parameters(), lr=0.01)
+    registered(ctx, model, optimizer)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    steps = [t.clone() for t in (optimizer.state[p]["step"] for p in model.parameters())]
+
+    def clipped(inp):
+        loss = training_step(model, optimizer)(inp)["loss"]
+        model.out.weight.data = model.out.weight.data.clamp(-0.1, 0.1)
+        return {"loss": loss}
+    step = ctx.compile(clipped, batches((8, 16), 1)[0], None)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]) and value.device.type == "cpu", name
+    assert [optimizer.state[p]["step"] for p in model.parameters()] == steps
+    assert step is not None
+    scratch = torch.zeros(3)
+
+    def writes_a_captured_tensor(inp):
+        torch.add(scratch, 1, out=scratch)
+        return {"y": inp["x"] * 2}
+    with pytest.raises(CompileError, match="writes a captured tensor .* not registered"):
+        ctx.compile(writes_a_captured_tensor, batches((8, 16), 1)[0], None)
+    assert torch.equal(scratch, torch.zeros(3))
+
+
+def test_state_written_with_copy_and_an_input_named_like_a_tensor():
+    """An EMA of the weights (ema.copy_(...)) is state like any other; an input named like a
+    registered tensor is refused (it would be bound in its place)."""
+    torch.manual_seed(10)
+    model = MLP()
+    ema = torch.nn.Linear(16, 32)
+    ctx = Context(MNDevice("mini:auto"))
+    optimizer = MNCoreSGD(model.parameters(), 0.1, 0.9)
+    registered(ctx, model, optimizer)
+    set_tensor_name_in_module(ema, "ema")
+    for p in ema.parameters():
+        ctx.register_param(p)
+    want = 0.9 * ema.weight.detach() + 0.1 * model.hidden.weight.detach()
+
+    def ema_only(inp):
+        with torch.no_grad():
+            ema.weight.copy_(0.9 * ema.weight + 0.1 * model.hidden.weight)
+        return {"y": inp["x"] + 1}
+    ctx.compile(ema_only, {"x": torch.zeros(2)}, None)({"x": torch.zeros(2)})
+    ctx.synchronize()
+    torch.testing.assert_close(ema.weight.detach(), want)
+    with pytest.raises(CompileError, match="'model@hidden@weight' has the name of a registered tensor"):
+        ctx.compile(lambda d: {"y": model.hidden(d["model@hidden@weight"])}, {"model@hidden@weight": torch.ones(2, 16)},
+                    None)
+
+
+def test_scheduler_needs_the_rate_on_the_device():
+    model = MLP()
+    ctx = Context(MNDevice("mini:auto"))
+    optimizer = MNCoreSGD(model.parameters(), 0.1)  # no momentum: no state, and the rate not registered
+    set_tensor_name_in_module(model, "model")
+    for p in model.parameters():
+        ctx.register_param(p)
+    scheduler = MNCoreLRScheduler(torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.5), ctx)
+    ctx.compile(training_step(model, optimizer), batches((8, 16), 1)[0], None)
+    with pytest.raises(Exception, match="learning rate is not registered.*register_optimizer_buffers"):
+        scheduler.step()
+    cycling = MNCoreSGD(model.parameters(), 0.1, 0.9)
+    set_buffer_name_in_optimizer(cycling, "cycling")
+    ctx.register_optimizer_buffers(cycling)
+    one_cycle = MNCoreLRScheduler(torch.optim.lr_scheduler.OneCycleLR(cycling, 0.5, total_steps=10), ctx)
+    with pytest.raises(Exception, match="changed momentum.*cycle_momentum=False"):
+        one_cycle.step()
+
+
+def test_optimizer_checkpoint_round_trip_continues_training():
+    """state_dict / load_state_dict copy into the registered tensors; registering them again
+    sends the loaded values to the device, and training continues as torch's does."""
+    torch.manual_seed(11)
+    model, ref = MLP(), MLP()
+    ref.load_state_dict(model.state_dict())
+    ctx = Context(MNDevice("mini:auto"))
+    optimizer = MNCoreAdamW(model.parameters(), lr=0.01)
+    registered(ctx, model, optimizer)
+    ref_optimizer = torch.optim.AdamW(ref.parameters(), lr=0.01)
+    step = ctx.compile(training_step(model, optimizer), batches((8, 16), 1)[0], None)
+    data = batches((8, 16), 4)
+
+    def torch_step(inp):
+        ref_optimizer.zero_grad()
+        ref(inp["x"], inp["t"]).backward()
+        ref_optimizer.step()
+    for inp in data[:2]:
+        step(inp)
+        torch_step(inp)
+    ctx.synchronize()
+    checkpoint = ({k: v.clone() for k, v in model.state_dict().items()}, optimizer.state_dict())
+    checkpoint = (checkpoint[0], {**checkpoint[1], "state": {k: {n: t.clone() for n, t in v.items()}
+                                                              for k, v in checkpoint[1]["state"].items()}})
+    step(data[2])  # a step to be undone by loading the checkpoint
+    state_tensor = optimizer.state[model.hidden.weight]["exp_avg"]
+    model.load_state_dict(checkpoint[0])
+    optimizer.load_state_dict(checkpoint[1])
+    assert optimizer.state[model.hidden.weight]["exp_avg"] is state_tensor  # the registered tensor, refilled
+    registered(ctx, model, optimizer)  # registered again: the host values go to the device
+    for inp in data[2:]:
+        step(inp)
+        torch_step(inp)
+    ctx.synchronize()
+    assert_state_close(model, ref)
+
+
+def test_onnx_spelling_of_adam_and_conflicting_names():
+    """chainer_use_torch=False: ONNX Adam's eps placement, p -= lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + eps)."""
+    torch.manual_seed(12)
+    p = torch.randn(6, requires_grad=True)
+    want = p.detach().clone()
+    opt = MNCoreAdam([p], learning_rate=0.05, alpha=0.8, beta=0.9, epsilon=1e-3, chainer_use_torch=False)
+    m, v = torch.zeros(6), torch.zeros(6)
+    for t in range(1, 4):
+        g = torch.randn(6)
+        p.grad = g.clone()
+        opt.step()
+        m, v = 0.8 * m + 0.2 * g, 0.9 * v + 0.1 * g * g
+        want -= 0.05 * (1 - 0.9 ** t) ** 0.5 / (1 - 0.8 ** t) * m / (v.sqrt() + 1e-3)
+    torch.testing.assert_close(p.detach(), want)
+    for kwargs in ({"eps": 1e-8, "epsilon": 1e-8}, {"betas": (0.9, 0.99), "alpha": 0.9},
+                   {"weight_decay": 0.1, "norm_coefficient": 0.1}):
+        with pytest.raises(Exception, match="name the same hyper-parameter"):
+            MNCoreAdam([p], **kwargs)
+
+
+def test_training_artifact_reloads_in_a_fresh_context(tmp_path):
+    """A training step's codegen_dir carries its state's values; a new Context that loads it
+    (without the model) continues from them, and reports what it updates."""
+    torch.manual_seed(13)
+    model = MLP()
+    ctx = Context(MNDevice("mini:auto"))
+    optimizer = MNCoreSGD(model.parameters(), 0.1, 0.9)
+    registered(ctx, model, optimizer)
+    data = batches((8, 16), 3)
+    step = ctx.compile(training_step(model, optimizer), data[0], tmp_path / "train")
+    losses = [step(inp)["loss"].item() for inp in data]
+    fresh = Context(MNDevice("mini:auto"))
+    loaded = fresh.load_codegen_dir(tmp_path / "train")
+    assert [loaded(inp)["loss"].item() for inp in data] == pytest.approx(losses, rel=RTOL)
