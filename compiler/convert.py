@@ -19,7 +19,7 @@ from .dtypes import DEVICE_DTYPE
 from .errors import CompileError
 from .iospec import IOSpec
 from .ir import Value
-from .kernels.context import EmitContext, Ref
+from .kernels.context import Buffer, EmitContext, Ref
 from .kernels.relayout import RelayoutKernel
 from .schedule import schedule
 
@@ -32,6 +32,7 @@ class Conversion:
     dst_lw: int  # long words per Group the destination buffer needs
     scratch_lw: int = 0
     offsets: dict[str, int] = field(default_factory=dict)  # scratch buffer symbol -> long words into the region
+    constants: dict[str, Buffer] = field(default_factory=dict)  # fill images the program reads (placed at load)
 
     def bases(self, src: int, dst: int, scratch: int = 0) -> dict[str, int]:
         return {"src": src, "dst": dst, **{s: scratch + off for s, off in self.offsets.items()}}
@@ -55,5 +56,6 @@ def build_conversion(src: IOSpec, dst: IOSpec, hw: HwDesc) -> Conversion:
             ctx.buffers[symbol].reach = reach
     temps = {s: b for s, b in ctx.buffers.items() if b.role == "temp"}
     scratch = schedule(temps, [set(temps)], ctx.params, hw.memory_lw(ctx.chain.dram)) if temps else 0
+    constants = {s: b for s, b in ctx.buffers.items() if b.role in ("const", "fill") and s in program.symbols}
     return Conversion(program, src, dst, max(target.span_lw, extents.get("dst", (0, 0))[1]), scratch,
-                      {s: b.offset for s, b in temps.items()})
+                      {s: b.offset for s, b in temps.items()}, constants)

@@ -96,6 +96,7 @@ class Context:
         self._name_by_id: dict[int, str] = {}
         self._resident = ResidentTensors(self)
         self._conversions: dict[tuple[str, str], Conversion] = {}
+        self._conversion_buffers: dict[tuple[str, str], dict[str, DeviceBuffer]] = {}
         self._estimates: dict[tuple, int] = {}
         self._functions: list[CompiledFunction] = []
         self._loaded: list[Loaded] = []
@@ -203,6 +204,9 @@ class Context:
         if not (self.invalidated or self.device.reference):
             board = self.device.board
             self._resident.free_all()
+            for placed in self._conversion_buffers.values():
+                for buf in placed.values():
+                    board.free(buf)
             for loaded in self._loaded:
                 board.unload(loaded)
             for proxy in list(self._buffers):
@@ -372,6 +376,18 @@ class Context:
             self._conversions[key] = build_conversion(src, dst, self.device.hw)
         return self._conversions[key]
 
+    def _conversion_constants(self, conv: Conversion) -> dict[str, int]:
+        """The fill images a conversion reads, placed on the device once per conversion."""
+        key = _pair_key(conv.src, conv.dst)
+        if key not in self._conversion_buffers:
+            board, placed = self.device.board, {}
+            for symbol, buffer in conv.constants.items():
+                placed[symbol] = board.alloc(buffer.placement, buffer.lw)
+                if buffer.data is not None:
+                    self._record(LOAD, f"constants of convert {conv.src.name}", board.upload(placed[symbol], buffer.data))
+            self._conversion_buffers[key] = placed
+        return {symbol: buf.address for symbol, buf in self._conversion_buffers[key].items()}
+
     def _estimate(self, kind: str, src: IOSpec, dst: IOSpec) -> int | None:
         """Cycles a conversion, or a host round trip (download + upload), would take: what a
         relocation saves. Only timed, never kept for running (a relocation builds no program)."""
@@ -427,7 +443,8 @@ class Context:
         buf = board.alloc(spec_placement(spec, self.device.hw), max(need, conv.dst_lw))
         scratch = board.machine.alloc_dram(conv.scratch_lw) if conv.scratch_lw else 0
         try:
-            stats = board.machine.run(conv.program, bases=conv.bases(proxy._buffer.address, buf.address, scratch))
+            bases = {**conv.bases(proxy._buffer.address, buf.address, scratch), **self._conversion_constants(conv)}
+            stats = board.machine.run(conv.program, bases=bases)
         finally:
             if conv.scratch_lw:
                 board.machine.free_dram(scratch)

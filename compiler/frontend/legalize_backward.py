@@ -163,4 +163,4 @@ def _upsample_nearest_backward(b, out, gy, output_size, input_size, *scales):
         raise UnsupportedOpError(b.aten, [list(gy.shape)], b.source, f"gradients of nearest upsampling from "
                                  f"{h}x{w} to {ho}x{wo} (only integer scale factors)")
     grid = b.reshape(ensure_float(b, gy), (n, c, h, ho // h, w, wo // w))
-    return b.reduce("sum", grid, (3, 5))
+    return b.reduce("sum", grid, (grid.rank - 3, grid.rank - 1))  # the copies along H and along W

@@ -78,10 +78,10 @@ def _swap_product(b: Builder, mm: Node, out: Value) -> None:
     y = b.matmul(b.permute(w, swap), b.permute(a, swap), out.dtype)
     if mm.attrs.get("exact"):
         y.producer.attrs["exact"] = True
-    _bind(b, y, out)
+    bind(b, y, out)
 
 
-def _bind(b: Builder, result: Value, original: Value) -> None:
+def bind(b: Builder, result: Value, original: Value) -> None:
     """Make the node that produced `result` produce `original` instead."""
     node = result.producer
     if node is None:  # the rewrite produced an existing value: copy it
@@ -110,7 +110,7 @@ def _matmul(b: Builder, node: Node, hw: HwDesc) -> bool:
         y = b.matmul(aa, ww, out.dtype)
     if exact:
         y.producer.attrs["exact"] = True
-    _bind(b, b.reshape(y, out.shape), out)
+    bind(b, b.reshape(y, out.shape), out)
     return True
 
 
@@ -134,14 +134,14 @@ def _conv(b: Builder, node: Node, hw: HwDesc) -> bool:
         patches = b.window(xs, shape, rows, [0, 0, -a["padding"][0], -a["padding"][1]], 0.0)
         filt = b.reshape(w, (1, co, 1, 1, kh, kw))
         y = b.reduce("sum", b.ew("mul", patches, b.cast(filt, patches.dtype)), (patches.rank - 2, patches.rank - 1))
-        _bind(b, b.cast(y, out.dtype), out)
+        bind(b, b.cast(y, out.dtype), out)
         return True
     parts = []
     xs = b.split(x, [c // groups] * groups, 1)
     ws = b.split(w, [co // groups] * groups, 0)
     for xg, wg in zip(xs, ws):
         parts.append(b.conv(xg, wg, a["stride"], a["padding"], a["dilation"], 1, out.dtype))
-    _bind(b, b.cat(parts, 1), out)
+    bind(b, b.cat(parts, 1), out)
     return True
 
 
@@ -172,7 +172,7 @@ def _reduce(b: Builder, node: Node, hw: HwDesc) -> bool:
     total = b.reduce(node.op, partial, [1])
     total.producer.attrs["split"] = True
     keep_shape = node.out.shape
-    _bind(b, b.reshape(total, keep_shape), node.out)
+    bind(b, b.reshape(total, keep_shape), node.out)
     return True
 
 

@@ -471,7 +471,34 @@ class Planner:
         try:
             self.choose(candidates, node)
         except UnsupportedOpError:
+            if node.kind == "cat" and len(node.inputs) > 1:
+                self.plan_cat_as_sum(node)
+                return
             self.choose([RelayoutKernel.of_movement(node, per_output[0][0])], node)
+
+    def plan_cat_as_sum(self, node: Node) -> None:
+        """A cat whose parts keep their lanes in different places (no gather assembles it, and a
+        relayout moves one tensor's lanes): each part padded with zeros to the result's shape,
+        where it lands, and the parts added (or-ed, for bool), so each is moved on its own."""
+        from ..frontend.build import Builder
+        from .rewrite import bind
+        graph = self.graph
+        taken = {v.name for n in graph.nodes for v in n.outputs} | set(graph.inputs) | set(graph.outputs) | \
+            {c.name for c in graph.constants} | {v.name for v in self.refs}
+        scratch = Graph({}, {}, [])
+        b = Builder(scratch, taken)
+        b.source, b.aten, b.stem, b.phase = node.source, node.aten, node.out.name, node.phase
+        dim, out = node.attrs["dim"], node.out
+        start, total = 0, None
+        for part in node.args:
+            pads = [(0, 0)] * out.rank
+            pads[dim] = (start, out.shape[dim] - start - part.shape[dim])
+            start += part.shape[dim]
+            placed = b.pad(part, pads, False if out.dtype == "bool" else 0)
+            total = placed if total is None else b.ew("or" if out.dtype == "bool" else "add", total, placed)
+        bind(b, total, out)
+        for n in scratch.nodes:
+            self.plan_unit(Group([n], list(n.inputs), [n.out]) if n.kind == "ew" else n)
 
     def movement_layouts(self, out: Value) -> list[Layout]:
         dtype = device_dtype(out)
