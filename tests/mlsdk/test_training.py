@@ -17,7 +17,7 @@ from compiler.errors import CompileError
 from compiler.layout import W_AXIS
 from mlsdk.render import csv_text
 from mlsdk import (Context, MNCoreAdam, MNCoreAdamW, MNCoreLRScheduler, MNCoreSGD, MNDevice,
-                   set_buffer_name_in_optimizer, set_tensor_name_in_module)
+                   set_buffer_name_in_optimizer, set_tensor_name_in_module, storage)
 
 STEPS = 5
 RTOL = 1e-4
@@ -133,13 +133,14 @@ def test_training_matches_torch_optim_on_mini(model_name, optimizer_name):
     assert_state_close(model, ref)  # parameters and BatchNorm's running statistics
 
 
+@pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
 @pytest.mark.parametrize("model_name", list(MODELS))
-def test_training_matches_torch_optim_on_mncore2(model_name):
-    _, model, ref = train_both("mncore2", model_name, "sgd_momentum" if model_name != "mlp" else "adamw")
+def test_training_matches_torch_optim_on_mncore2(model_name, optimizer_name):
+    _, model, ref = train_both("mncore2", model_name, optimizer_name)
     assert_state_close(model, ref)
 
 
-def pfn_train_py(device: str) -> tuple[torch.Tensor, torch.Tensor]:
+def pfn_train_py(device: str, codegen_dir) -> tuple[torch.Tensor, torch.Tensor]:
     """PFN's examples/train.py as it is written (Linear(10, 1), weights and bias 1, SGD(0.1, 0.9, 0.0),
     ten steps of relu(linear(x)).sum()), returning the bias before and after."""
     class Model(torch.nn.Module):
@@ -171,7 +172,7 @@ def pfn_train_py(device: str) -> tuple[torch.Tensor, torch.Tensor]:
         loss.backward()
         optimizer.step()
         return {"loss": loss}
-    compiled_f = context.compile(f, sample, None)
+    compiled_f = context.compile(f, sample, storage.path(codegen_dir))
     before = model.linear.bias.detach().clone()
     for _ in range(10):
         compiled_f(sample)
@@ -180,7 +181,7 @@ def pfn_train_py(device: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("device", ["mncore2:auto", "mini:auto", "pfvm:cpu"])
-def test_pfn_train_py_gives_torchs_bias(device):
+def test_pfn_train_py_gives_torchs_bias(device, tmp_path):
     ref = torch.nn.Linear(10, 1)
     ref.weight.data.fill_(1.0)
     ref.bias.data.fill_(1.0)
@@ -189,7 +190,7 @@ def test_pfn_train_py_gives_torchs_bias(device):
         opt.zero_grad()
         torch.relu(ref(torch.ones(1, 10))).sum().backward()
         opt.step()
-    before, after = pfn_train_py(device)
+    before, after = pfn_train_py(device, tmp_path / "train")
     assert before.item() == 1.0
     assert after.item() == pytest.approx(ref.bias.item(), rel=RTOL)
     assert after.item() == pytest.approx(-1.8237, abs=1e-4)  # the value PFN's documentation quotes
