@@ -26,7 +26,7 @@ from .emit import emit
 from .frontend.tracing import trace
 from .donate import can_write_in_place
 from .iospec import IOSpec
-from .ir import Graph, Value, update_output
+from .ir import Graph, Value
 from .kernels.base import device_dtype
 from .kernels.context import Buffer
 from .planner.rewrite import rewrite
@@ -115,7 +115,7 @@ def compile_graph(graph: Graph, hw: HwDesc, *, options: dict, constraints: dict[
     _check_dram(hw, buffers, scratch_lw)
     inputs = {name: _spec(name, graph.inputs[name], buffers[sym]) for name, sym in plan.input_symbols.items()}
     outputs = {name: _spec(name, graph.outputs[name], buffers[sym]) for name, sym in plan.output_symbols.items()}
-    updates = {name: update_output(name) for name in graph.updates}
+    updates = graph.update_outputs()
     donated = {out for name, out in updates.items()
                if can_write_in_place(program, plan.input_symbols[name], plan.output_symbols[out])}
     summary = {"chip": hw.name, "ops": [n.label for n in graph.nodes], "instructions": len(program),

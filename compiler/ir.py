@@ -78,7 +78,6 @@ class Value:
     producer: "Node | None" = None
     index: int = 0  # which output of the producer
     data: torch.Tensor | None = None  # a constant's values (device dtype)
-    origin: torch.Tensor | None = None  # the captured tensor object (registered parameters are found by it)
     torch_dtype: str = ""  # the user's dtype when it differs from the device's (int64 held as int32)
 
     @property
@@ -159,15 +158,12 @@ class Graph:
     gradients_left: list[torch.Tensor] = field(default_factory=list, repr=False)
     """Captured tensors whose `.grad` the function left holding a gradient it computed."""
 
+    def update_outputs(self) -> dict[str, str]:
+        """Resident input name -> the output carrying its new value."""
+        return {name: update_output(name) for name in self.updates}
+
     def has_phase(self, phase: str) -> bool:
         return any(n.phase == phase for n in self.nodes)
-
-    def promote(self, value: Value, name: str) -> None:
-        """Make a captured constant an input named `name` (a registered parameter: device-resident,
-        bound at every call instead of embedded in the program)."""
-        self.constants.remove(value)
-        value.kind, value.name = "input", name
-        self.inputs[name] = value
 
     def users(self) -> dict[Value, list[Node]]:
         out: dict[Value, list[Node]] = {}

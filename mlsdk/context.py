@@ -23,7 +23,6 @@ import torch
 
 from compiler import artifact
 from compiler.compile import Compiled, compile_traced
-from compiler.ir import update_output
 from compiler.convert import Conversion, build_conversion
 from compiler.device import DeviceBuffer, Loaded, spec_placement
 from compiler.errors import CompileError
@@ -309,7 +308,7 @@ class Context:
 
     def _reference_function(self, name: str, graph: Any) -> CompiledFunction:
         """pfvm:cpu: torch runs the traced program, writing the registered host tensors."""
-        updates = {update_output(k) for k in graph.updates}
+        updates = set(graph.update_outputs().values())
         specs_in = {k: _host_spec(k, v) for k, v in graph.inputs.items() if k not in graph.resident}
         specs_out = {k: _host_spec(k, v) for k, v in graph.outputs.items() if k not in updates}
         return CompiledFunction(self, name, None, reference=graph, specs=(specs_in, specs_out))

@@ -379,8 +379,7 @@ def _legalize(gm: torch.fx.GraphModule, in_names: list[str], samples: list[torch
         elif fx_node.op == "get_attr":
             captured = getattr(gm, fx_node.target)
             dtype, data = device_constant(fx_node.target, captured)
-            v = Value(b.fresh(fx_node.target.lstrip("_")), tuple(data.shape), dtype, "const", data=data,
-                      origin=captured)
+            v = Value(b.fresh(fx_node.target.lstrip("_")), tuple(data.shape), dtype, "const", data=data)
             env[fx_node] = v
             graph.constants.append(v)
         elif fx_node.op == "call_function":

@@ -23,7 +23,7 @@ from hwdesc import HwDesc
 
 from ..errors import CompileError, LayoutError, SpecMismatchError, UnsupportedOpError
 from ..iospec import IOSpec
-from ..ir import Graph, Node, Value, update_output
+from ..ir import Graph, Node, Value
 from ..kernels import plan_kernels
 from ..kernels.base import Kernel, device_dtype
 from ..kernels.context import Buffer, EmitContext, Ref, lane_compatible
@@ -72,7 +72,7 @@ class Planner:
         self.steps: list[Step] = []
         self.users = graph.users()
         self.outputs = set(graph.outputs.values())
-        self.updated_state = {graph.outputs[update_output(n)]: graph.inputs[n] for n in graph.updates}
+        self.updated_state = {graph.outputs[out]: graph.inputs[n] for n, out in graph.update_outputs().items()}
         self.constraints = constraints
         self.output_wishes: dict[Value, Layout] = {}
         self.costs: dict[object, int] = {}
@@ -550,12 +550,12 @@ class Planner:
         """Each output in a buffer of its own, in its constrained layout if it has one."""
         out_symbols: dict[str, str] = {}
         constraints = getattr(self, "output_constraints", {})
-        updated = {update_output(name): self.graph.inputs[name] for name in self.graph.updates}
+        update_names = set(self.graph.update_outputs().values())
         for name, v in self.graph.outputs.items():
             ref = self.place_default(v)
             wanted = constraints.get(v)
-            if name in updated:  # a resident tensor's new value: in the layout it is read in
-                wanted = self.refs[updated[name]].placement
+            if name in update_names:
+                wanted = self.refs[self.updated_state[v]].placement  # a resident tensor's new value: where it is read
             buffer = self.buffers[ref.symbol]
             shared = ref.symbol in taken or buffer.role in ("input", "const") or self.owner.get(ref.symbol) is not v
             if wanted is not None and not ref.placement.same_placement(wanted):
