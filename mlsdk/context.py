@@ -261,7 +261,7 @@ class Context:
             if t.grad is not None:
                 self._register_grad(t)
         with _grads_kept(self._registered.values()):
-            graph = trace_graph(function, inputs, self._name_of)
+            graph = trace_graph(function, inputs, self._name_of, get_tensor_name)
         if training is False and graph.has_phase("backward"):
             line = next((n.source for n in graph.nodes if n.phase == "backward" and n.source), "")
             raise CompileError(f"{name}: training=False, but the function computes gradients (backward() or "
@@ -280,7 +280,7 @@ class Context:
                 t.grad = torch.zeros_like(t)
                 self._register_grad(t)
             with _grads_kept(self._registered.values()):
-                graph = trace_graph(function, inputs, self._name_of)
+                graph = trace_graph(function, inputs, self._name_of, get_tensor_name)
         return graph
 
     def _register_grad(self, t: torch.Tensor) -> None:

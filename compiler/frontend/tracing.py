@@ -98,7 +98,8 @@ def device_constant(name: str, data: torch.Tensor) -> tuple[str, torch.Tensor]:
     return dtype, data
 
 
-def trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tensor], str | None] | None = None) -> Graph:
+def trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tensor], str | None] | None = None,
+          describe: Callable[[torch.Tensor], str | None] | None = None) -> Graph:
     """Trace `fn(inputs)` into a primitive Graph whose inputs and outputs keep their names.
 
     `resident(t)` names captured tensors that live on the device between calls (registered
@@ -136,7 +137,7 @@ def trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tenso
             with autograd_phases():
                 joint = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True,
                                 record_stack_traces=True)(*tensors)
-            state, gradients_left = _captured_state(joint, resident)
+            state, gradients_left = _captured_state(joint, resident, describe)
             clash = sorted(set(state) & set(names))
             if clash:
                 raise CompileError(f"input {clash[0]!r} has the name of a registered tensor the function reads; "
@@ -256,7 +257,8 @@ def _check_optimizer(optimizer: Any, args: Any, kwargs: Any) -> None:
                            "learning rate live on the device")
 
 
-def _captured_state(joint: torch.fx.GraphModule, resident: Callable[[torch.Tensor], str | None] | None
+def _captured_state(joint: torch.fx.GraphModule, resident: Callable[[torch.Tensor], str | None] | None,
+                    describe: Callable[[torch.Tensor], str | None] | None = None
                     ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
     """Rewrite pass 1's graph in place: captured tensors that `resident` names become placeholders
     (after the inputs), profiler marks become each node's phase. Returns name -> tensor, and the
@@ -297,7 +299,7 @@ def _captured_state(joint: torch.fx.GraphModule, resident: Callable[[torch.Tenso
                 phase = marks.pop()
         elif node.op == "call_function":
             node.meta["custom"] = {**node.meta.get("custom", {}), "mnsim_phase": phase}
-            _refuse_captured_write(node, joint)
+            _refuse_captured_write(node, joint, describe)
     for node in reversed(profiler_nodes):  # exits before the entries they use
         graph.erase_node(node)
     joint.recompile()
@@ -308,7 +310,8 @@ def _placeholder_name(name: str) -> str:
     return "state_" + re.sub(r"\W", "_", name)
 
 
-def _refuse_captured_write(node: torch.fx.Node, joint: torch.fx.GraphModule) -> None:
+def _refuse_captured_write(node: torch.fx.Node, joint: torch.fx.GraphModule,
+                           describe: Callable[[torch.Tensor], str | None] | None) -> None:
     """A write into a captured tensor the device does not keep would be lost after the call."""
     schema = getattr(node.target, "_schema", None)
     if schema is None:
@@ -318,8 +321,10 @@ def _refuse_captured_write(node: torch.fx.Node, joint: torch.fx.GraphModule) -> 
         if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.fx.Node) \
                 and value.op == "get_attr":
             t = getattr(joint, value.target)
-            raise CompileError(f"{node.target} writes a captured tensor ({str(t.dtype).replace('torch.', '')}"
-                               f"{list(t.shape)}) that is not registered in the Context, so the device would not "
+            name = describe(t) if describe is not None else None
+            raise CompileError(f"{node.target} writes a captured tensor{f' {name!r}' if name else ''} "
+                               f"({str(t.dtype).replace('torch.', '')}{list(t.shape)}) that is not registered in "
+                               f"the Context, so the device would not "
                                f"keep the new value; register it (register_param, register_buffer or "
                                f"register_optimizer_buffers)" + _at(node))
 
