@@ -201,6 +201,14 @@ def _index(b, out, x, indices):
     if any(i.dtype == "bool" for i in indices if i is not None):
         raise UnsupportedOpError(b.aten, [list(x.shape)], b.source,
                                  "boolean mask indexing (its result's shape depends on the data)")
+    shape, flat = _flat_index(b, x, indices, used)
+    merged = b.reshape(x, x.shape[:first] + (prod(x.shape[first:last + 1]),) + x.shape[last + 1:])
+    return b.reshape(take(b, merged, first, flat), tuple(out.shape))
+
+
+def _flat_index(b: Builder, x: Value, indices: list, used: list[int]) -> tuple[tuple[int, ...], Value]:
+    """The index tensors on adjacent dimensions `used` of x (negative counting from the end),
+    broadcast together, as one flat index over those dimensions: (its shape, the index)."""
     shape = broadcast_shapes(*[indices[d].shape for d in used])
     flat = None
     for d in used:
@@ -208,8 +216,7 @@ def _index(b, out, x, indices):
         idx = b.ew("where", b.ew("lt", idx, 0), b.ew("add", idx, x.shape[d]), idx, dtype="int32")
         idx = b.expand(idx, shape) if idx.shape != shape else idx
         flat = idx if flat is None else b.ew("add", b.ew("mul", flat, x.shape[d]), idx)
-    merged = b.reshape(x, x.shape[:first] + (prod(x.shape[first:last + 1]),) + x.shape[last + 1:])
-    return b.reshape(take(b, merged, first, flat), tuple(out.shape))
+    return shape, flat
 
 
 @rule("gather")
@@ -324,13 +331,7 @@ def _index_put(b, out, x, indices, values, accumulate=False):
     moved = b.permute(x, order)
     rows = prod(x.shape[first:last + 1])
     rest = moved.shape[last - first + 1:]
-    shape = broadcast_shapes(*[indices[d].shape for d in used])
-    flat = None
-    for d in used:
-        idx = b.cast(indices[d], "int32")
-        idx = b.ew("where", b.ew("lt", idx, 0), b.ew("add", idx, x.shape[d]), idx, dtype="int32")
-        idx = b.expand(idx, shape) if idx.shape != shape else idx
-        flat = idx if flat is None else b.ew("add", b.ew("mul", flat, x.shape[d]), idx)
+    shape, flat = _flat_index(b, x, indices, used)
     n = prod(shape)
     indexed_shape = x.shape[:first] + shape + x.shape[last + 1:]  # what x[indices] would be
     vals = b.cast(values, "float32")
