@@ -1,9 +1,9 @@
 """The compiler's public API: torch function + sample inputs -> a relocatable Program with IOSpecs.
 
-    from compiler import compile_function, Device
+    from compiler import compile_function
     compiled = compile_function(lambda d: {"y": d["x"] @ d["w"]}, {"x": x, "w": w}, hwdesc.load("mncore2"))
     compiled.summary["steps"]           # the whole-graph plan: each step's kernel, layouts, cycles
-    Device(compiled.hw).execute(compiled, {"x": x, "w": w})
+    runtime.Device(compiled.hw).execute(compiled, {"x": x, "w": w})  # run it (the runtime package)
 
 Names are imported on first use (PEP 562), so that `import compiler.layout` (the layout CLI, hwdesc
 tools) does not pay for torch's tracer.
@@ -21,17 +21,15 @@ _EXPORTS = {
     "Plan": "planner.plan", "Step": "planner.plan", "Planner": "planner.search",
     "IOSpec": "iospec",
     "Layout": "layout", "Placement": "layout", "parse": "layout",
-    "Device": "device",
-    "save": "artifact", "load": "artifact", "ArtifactError": "artifact",
+    "save": "artifact", "load": "artifact", "ArtifactError": "errors",
     "CompileError": "errors", "UnsupportedOpError": "errors", "SpecMismatchError": "errors", "LayoutError": "errors",
 }
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .artifact import ArtifactError, load, save
+    from .artifact import load, save
     from .compile import Compiled, compile_function, compile_graph, compile_traced
-    from .device import Device
-    from .errors import CompileError, LayoutError, SpecMismatchError, UnsupportedOpError
+    from .errors import ArtifactError, CompileError, LayoutError, SpecMismatchError, UnsupportedOpError
     from .frontend.tracing import trace
     from .iospec import IOSpec
     from .ir import Graph, Node, Value

@@ -27,15 +27,12 @@ from sim import Machine, Program
 from .kernels.context import Buffer
 from .chain import Chain
 from .compile import Compiled
-from .errors import CompileError
+from .errors import ArtifactError, CompileError
 from .iospec import IOSpec
 from .layout import Placement, parse
 
 FORMAT = "mnsim-codegen/2"  # 2: temporaries share one scratch region (offsets)
 
-
-class ArtifactError(CompileError):
-    """A codegen_dir is missing, corrupt, or was compiled for another chip or format."""
 
 
 def estimate_cycles(compiled: Compiled) -> int:

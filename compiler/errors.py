@@ -5,7 +5,7 @@ from __future__ import annotations
 from hwdesc.errors import MnsimError
 
 
-class LayoutError(MnsimError):
+class LayoutError(MnsimError, ValueError):
     """A layout string is malformed, or a layout does not fit a chip, a dtype or a memory.
 
     Parse errors carry `position` (0-based character offset) and `expected`; the message shows
@@ -22,11 +22,11 @@ class LayoutError(MnsimError):
         super().__init__(message)
 
 
-class CompileError(MnsimError):
+class CompileError(MnsimError, ValueError):
     """A function cannot be compiled for the chip; says what and where (op, shapes, user source line)."""
 
 
-class UnsupportedOpError(CompileError):
+class UnsupportedOpError(CompileError, NotImplementedError):
     """The traced function uses an op mnsim cannot lower; names the op, its shapes and the user's line."""
 
     def __init__(self, op: str, shapes: list, source: str, reason: str = "") -> None:
@@ -37,3 +37,8 @@ class UnsupportedOpError(CompileError):
 
 class SpecMismatchError(CompileError):
     """An io_spec_constraints entry does not fit the value it constrains (shape, dtype, name)."""
+
+
+class ArtifactError(MnsimError, OSError):
+    """A codegen_dir is missing, corrupt, edited, or was compiled for another chip or format;
+    names the file."""

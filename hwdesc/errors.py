@@ -9,10 +9,14 @@ from __future__ import annotations
 
 
 class MnsimError(Exception):
-    """Base of every error mnsim raises on purpose."""
+    """Base of every error mnsim raises on purpose; `mlsdk.MLSDKError` is this class.
+
+    Each subclass also derives from the builtin that fits (ValueError for bad input,
+    RuntimeError for a failed run, MemoryError for exhausted memory, OSError for files), so
+    code written against the builtins keeps working."""
 
 
-class HwDescError(MnsimError):
+class HwDescError(MnsimError, ValueError):
     """A hardware description could not be read or is not a valid chip.
 
     The message always says where (file:line), which key (a dotted key path) and what was

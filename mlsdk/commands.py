@@ -21,7 +21,7 @@ FORMATS = ("text", "json", "csv", "png")
 PNG_DEFAULT = "mnsim-report.png"
 
 
-class CommandError(MnsimError):
+class CommandError(MnsimError, ValueError):
     """A command line that cannot be carried out (bad file, missing output path, ...)."""
 
 

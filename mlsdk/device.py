@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from typing import Iterator
 
 import hwdesc
-from compiler.device import Device
 from hwdesc import HwDesc, HwDescError
+from runtime import Device, DeviceError
+
+from .errors import ArgumentError, DeviceNameError
 
 BOARDS = 8  # mncore2:0 .. mncore2:7, as gpfn3-smi lists them on an 8-board server
 
@@ -40,21 +43,23 @@ def override(name: str | None) -> Iterator[None]:
 class MNDevice:
     def __init__(self, device_name: str) -> None:
         if not isinstance(device_name, str):
-            raise TypeError(f"MNDevice takes a device name string, got {type(device_name).__name__}")
+            raise ArgumentError(f"MNDevice takes a device name string, got {type(device_name).__name__}")
         self.requested = device_name
         if _override and device_name != "pfvm:cpu":
             device_name = _override[-1]
         self.name = device_name
         self.reference, self.hw, self.index = _parse(device_name)
         self._board: Device | None = None
+        self._lock = threading.Lock()
 
     @property
     def board(self) -> Device:
         """The simulated chip (created on first use)."""
         if self.reference:
-            raise RuntimeError(f"{self.name} runs graphs with torch on the CPU; it has no simulated chip")
-        if self._board is None:
-            self._board = Device(self.hw)
+            raise DeviceError(f"{self.name} runs graphs with torch on the CPU; it has no simulated chip")
+        with self._lock:  # two threads asking first get one chip
+            if self._board is None:
+                self._board = Device(self.hw)
         return self._board
 
     @property
@@ -74,7 +79,7 @@ def _parse(name: str) -> tuple[bool, HwDesc | None, int | None]:
     if name == "pfvm:cpu":
         return True, None, None
     if name.startswith("pfvm:"):
-        raise ValueError(f"{name!r}: this machine has no GPU; use 'pfvm:cpu' for reference runs. {_forms()}")
+        raise DeviceNameError(f"{name!r}: this machine has no GPU; use 'pfvm:cpu' for reference runs. {_forms()}")
     if name == "emu2":
         return False, hwdesc.load("mncore2"), 0
     chip, _, index = name.rpartition(":") if ":" in name else (name, "", "")
@@ -84,13 +89,13 @@ def _parse(name: str) -> tuple[bool, HwDesc | None, int | None]:
         chip, index = name, ""
     if chip.endswith((".yaml", ".yml")) or os.sep in chip:
         if not os.path.isfile(chip):
-            raise ValueError(f"no hardware description file {chip!r}. {_forms()}")
+            raise DeviceNameError(f"no hardware description file {chip!r}. {_forms()}")
     elif chip not in hwdesc.names():
-        raise ValueError(f"unknown device {name!r}. {_forms()}")
+        raise DeviceNameError(f"unknown device {name!r}. {_forms()}")
     n = None if index in ("", "auto") else int(index)
     if chip == "mncore2" and n is not None and n >= BOARDS:
-        raise ValueError(f"{name!r}: boards are numbered 0..{BOARDS - 1}. {_forms()}")
+        raise DeviceNameError(f"{name!r}: boards are numbered 0..{BOARDS - 1}. {_forms()}")
     try:
         return False, hwdesc.load(chip), n
     except HwDescError as e:
-        raise ValueError(f"device {name!r}: {e}") from None
+        raise DeviceNameError(f"device {name!r}: {e}") from None

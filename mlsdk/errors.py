@@ -1,21 +1,52 @@
-"""Errors of the MLSDK layer: bad call arguments and stale handles. The Context stays usable."""
+"""Every error mnsim raises, under one base: `MLSDKError` (each also derives from the builtin that
+fits, e.g. ValueError). A failed call leaves the Context usable.
+
+    MLSDKError
+      HwDescError           a hardware description (file:line, key path)          ValueError
+      LayoutError           a layout string or a layout that does not fit a chip   ValueError
+      CompileError          a function that cannot be compiled (op, source line)   ValueError
+        UnsupportedOpError  an op mnsim cannot lower                               NotImplementedError
+        SpecMismatchError   an io_spec_constraints entry that does not fit         ValueError
+      ArtifactError         a codegen_dir missing, corrupt, edited or foreign      OSError
+      SimError              an instruction that cannot run                         RuntimeError
+      DeviceMemoryError     a memory that is full                                  MemoryError
+      InputError            call inputs that do not match the function             ValueError
+      RegistrationError     registering or looking up registered tensors           ValueError
+      InvalidatedError      a handle of an invalidated Context                     RuntimeError
+      DeviceError           an operation the device cannot do                      RuntimeError
+      DeviceNameError       an MNDevice name that names no chip                    ValueError
+      OptionError           a compile option or argument with a bad value          ValueError
+      ArgumentError         an argument of the wrong type                          TypeError
+      ScriptError           `mnsim run` cannot start a script                      OSError
+"""
 
 from __future__ import annotations
 
-from hwdesc.errors import MnsimError
+from compiler.errors import ArtifactError, CompileError, LayoutError, SpecMismatchError, UnsupportedOpError
+from hwdesc.errors import HwDescError
+from hwdesc.errors import MnsimError as MLSDKError
+from runtime.errors import DeviceError, InputError, InvalidatedError, RegistrationError
+from sim.errors import DeviceMemoryError, SimError
 
 
-class MLSDKError(MnsimError):
-    """Base of the runtime's errors."""
+class DeviceNameError(MLSDKError, ValueError):
+    """An MNDevice name that names no chip (the message lists the accepted forms)."""
 
 
-class InputError(MLSDKError, ValueError):
-    """A call's inputs do not match the compiled function: missing or extra keys, wrong shape or dtype."""
+class OptionError(MLSDKError, ValueError):
+    """A compile option, or an argument of an MLSDK call, with a bad value or type."""
 
 
-class InvalidatedError(MLSDKError, RuntimeError):
-    """A TensorProxy or CompiledFunction of a Context that was invalidated."""
+class ArgumentError(MLSDKError, TypeError):
+    """An argument of an MLSDK call of the wrong type (says what was given and what is taken)."""
 
 
-class ScriptError(MLSDKError):
+class ScriptError(MLSDKError, OSError):
     """`mnsim run` / `compare` cannot start the script (no such file)."""
+
+
+__all__ = [
+    "ArgumentError", "ArtifactError", "CompileError", "DeviceError", "DeviceMemoryError", "DeviceNameError", "HwDescError",
+    "InputError", "InvalidatedError", "LayoutError", "MLSDKError", "OptionError", "RegistrationError", "ScriptError",
+    "SimError", "SpecMismatchError", "UnsupportedOpError",
+]

@@ -1,53 +1,41 @@
 """`CompiledFunction`: calling a compiled program with tensors and proxies.
 
-Each input is bound one of three ways, recorded with its cycles (and, for proxies, the cycles of
-the alternatives):
-
-* a host tensor is uploaded: host link -> PDM0 -> each Group's DRAM, in the input's layout;
-* a proxy whose spec is memcopyable to the input's is relocated: the program reads the
-  producer's buffer, nothing moves;
-* any other proxy is converted by a DRAM-to-DRAM program (built once per spec pair).
-
-Outputs come back as TensorProxies in fresh device buffers.
+The facade over a runtime `Executable`: it checks a call's inputs against the input specs
+(names, shapes, dtypes), hands host tensors and proxies' device values to the runtime, and
+returns the outputs as TensorProxies in the structure the traced function returned. How each
+input was bound (upload, relocation, conversion, host round trip) and what the call cost is
+recorded in the Context's session; `last_call` is this function's latest record.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
 from compiler.compile import Compiled
-from compiler.device import DeviceBuffer, Loaded
 from compiler.frontend import key_name
 from compiler.iospec import IOSpec
+from runtime import TORCH_DTYPES, Call, Executable, Runtime, run_reference
 
 from . import trace
 from .errors import InputError
-from .proxy import TORCH_DTYPES, TensorProxy
-from .session import CALL, Binding, Call
-
-if TYPE_CHECKING:
-    from .context import Context
+from .proxy import TensorProxy
 
 
 class CompiledFunction:
-    def __init__(self, context: "Context", name: str, compiled: Compiled | None, *, reference: Any = None,
-                 resident: dict[str, str] | None = None, specs: tuple[dict, dict] | None = None) -> None:
-        self._context = context
+    def __init__(self, runtime: Runtime, name: str, executable: Executable | None = None, *,
+                 reference: Any = None, specs: tuple[dict, dict] | None = None) -> None:
+        self._runtime = runtime
         self.name = name
-        self._compiled = compiled
+        self._executable = executable
         self._reference = reference  # pfvm:cpu: the traced graph, run by torch
-        self._resident = resident or {}  # input name -> registered tensor name
-        self._loaded: Loaded | None = None
-        if specs is not None:
-            self._inputs, self._outputs = specs
+        if executable is not None:
+            self._inputs, self._outputs = executable.input_specs, executable.output_specs
         else:
-            self._inputs = {k: v for k, v in compiled.inputs.items() if k not in self._resident}
-            updates = set(compiled.updates.values())
-            self._outputs = {k: v for k, v in compiled.outputs.items() if k not in updates}
+            self._inputs, self._outputs = specs
 
     @property
     def input_specs(self) -> dict[str, IOSpec]:
@@ -59,40 +47,65 @@ class CompiledFunction:
 
     @property
     def compiled(self) -> Compiled | None:
-        return self._compiled
+        return self._executable.compiled if self._executable is not None else None
+
+    @property
+    def executable(self) -> Executable | None:
+        """The runtime's program (None for a pfvm:cpu reference function)."""
+        return self._executable
+
+    @property
+    def last_call(self) -> Call | None:
+        """This function's latest call record: `.cycles` (the program), `.cycles_with_bindings`
+        (its input bindings too), `.bindings` (how each input was bound), `.stats` (RunStats)."""
+        return next((c for c in reversed(self._runtime.session.calls) if c.function == self.name), None)
+
+    @property
+    def last_cycles(self) -> int | None:
+        """Simulated cycles of this function's latest call (its program), None before the first."""
+        call = self.last_call
+        return call.cycles if call is not None else None
 
     def __repr__(self) -> str:
-        return f"CompiledFunction({self.name!r} on {self._context.device.name}, inputs {list(self._inputs)})"
+        return f"CompiledFunction({self.name!r} in {self._runtime.label}, inputs {list(self._inputs)})"
 
     def allocate_input_proxy(self) -> dict[str, TensorProxy]:
         """A device buffer for every input, to be filled with `load_from` and passed to a call."""
-        self._context._check()
-        out = {}
-        for name, spec in self._inputs.items():
-            if self._reference is not None:
-                out[name] = TensorProxy(self._context, spec, host=torch.zeros(spec.shape, dtype=TORCH_DTYPES[spec.dtype]))
-            else:
-                buf = self._context._alloc(spec, self._need(name))
-                out[name] = TensorProxy(self._context, spec, buffer=buf, producer=f"{self.name}.allocate_input_proxy")
-                self._context._own(out[name])
-        return out
-
-    def _need(self, name: str) -> int:
-        c = self._compiled
-        return c.buffers[c.input_symbols[name]].lw
+        self._runtime.check()
+        if self._reference is not None:
+            return {name: TensorProxy(self._runtime, spec, host=torch.zeros(spec.shape, dtype=TORCH_DTYPES[spec.dtype]))
+                    for name, spec in self._inputs.items()}
+        return {name: TensorProxy(self._runtime, spec, value=self._runtime.allocate(self._executable, name))
+                for name, spec in self._inputs.items()}
 
     # ---- calls --------------------------------------------------------------------------------
 
     def __call__(self, inputs: Any) -> Any:
-        self._context._check()
+        self._runtime.check()
         t0 = time.perf_counter()
         values = self._flatten(inputs)
         if self._reference is not None:
-            result = self._call_reference(values)
+            host = {k: v.cpu() if isinstance(v, TensorProxy) else v for k, v in values.items()}
+            results = run_reference(self._reference, host)
+            proxies = [TensorProxy(self._runtime, self._outputs[name], host=results[name]) for name in self._outputs]
+            out_spec = self._reference.out_spec
         else:
-            result = self._call_device(values)
+            device = {k: self._device_input(k, v) for k, v in values.items()}
+            outputs = self._runtime.call(self._executable, device)
+            proxies = [TensorProxy(self._runtime, self._outputs[name], value=outputs[name]) for name in self._outputs]
+            out_spec = self._executable.compiled.out_spec
         trace.record_host(f"call {self.name}", t0, "call")
-        return result
+        if out_spec is None:
+            return dict(zip(self._outputs, proxies))
+        return pytree.tree_unflatten(proxies, out_spec)
+
+    def _device_input(self, name: str, value: Any) -> Any:
+        if not isinstance(value, TensorProxy):
+            return value
+        value.check()
+        if value.device_value is None:  # a reference-run value: uploaded like a host tensor
+            return value.cpu()
+        return value.device_value
 
     def _flatten(self, inputs: Any) -> dict[str, Any]:
         leaves, _ = pytree.tree_flatten_with_path(inputs, is_leaf=lambda x: isinstance(x, TensorProxy))
@@ -102,74 +115,18 @@ class CompiledFunction:
         if missing or extra:
             parts = ([f"missing {', '.join(map(repr, missing))}"] if missing else []) + \
                     ([f"unexpected {', '.join(map(repr, extra))}"] if extra else [])
-            raise InputError(f"{self.name}: {'; '.join(parts)}; it takes {', '.join(map(repr, self._inputs))}")
+            raise InputError(f"{self.name} ({self._runtime.label}): {'; '.join(parts)}; it takes "
+                             f"{', '.join(map(repr, self._inputs))}")
         for name, value in values.items():
             spec = self._inputs[name]
             if not isinstance(value, (torch.Tensor, TensorProxy)):
-                raise InputError(f"{self.name}: input {name!r} is a {type(value).__name__}; expected a tensor or a "
-                                 f"TensorProxy for {spec}")
+                raise InputError(f"{self.name} ({self._runtime.label}): input {name!r} is a {type(value).__name__}; "
+                                 f"expected a tensor or a TensorProxy for {spec}")
             if tuple(value.shape) != tuple(spec.shape) or value.dtype != TORCH_DTYPES[spec.dtype]:
-                raise InputError(f"{self.name}: input {name!r} is {_dtype_name(value.dtype)}{list(value.shape)}; "
-                                 f"expected {spec.dtype}{list(spec.shape)} ({spec})")
+                raise InputError(f"{self.name} ({self._runtime.label}): input {name!r} is "
+                                 f"{_dtype_name(value.dtype)}{list(value.shape)}; expected "
+                                 f"{spec.dtype}{list(spec.shape)} ({spec})")
         return values
-
-    def _call_reference(self, values: dict[str, Any]) -> Any:
-        graph = self._reference
-        host = {**values, **graph.resident}  # the traced program writes the registered host tensors
-        flat = [host[name].cpu() if isinstance(host[name], TensorProxy) else host[name] for name in graph.inputs]
-        with torch.no_grad():
-            results = graph.module(*flat)
-        proxies = [TensorProxy(self._context, self._outputs[name], host=r.detach().clone())
-                   for name, r in zip(graph.outputs, results) if name in self._outputs]
-        return pytree.tree_unflatten(proxies, graph.out_spec)
-
-    def _call_device(self, values: dict[str, Any]) -> Any:
-        ctx, compiled = self._context, self._compiled
-        board = ctx.device.board
-        if self._loaded is None:
-            self._loaded = ctx._load(self)
-        bound: dict[str, DeviceBuffer] = {}
-        temporary: list[DeviceBuffer] = []
-        bindings: list[Binding] = []
-        first_run = len(ctx.session.runs)
-        try:
-            for name, value in values.items():
-                buf, binding = self._bind(name, value, self._inputs[name])
-                bound[name] = buf
-                bindings.append(binding)
-                if binding.path != "relocation":
-                    temporary.append(buf)
-            for name, registered in self._resident.items():
-                buf, binding = ctx._resident.bind(self, name, registered, compiled.inputs[name], self._need(name))
-                bound[name] = buf
-                bindings.append(binding)
-            into = {out: bound[name] for name, out in compiled.updates.items()  # written in place when it fits
-                    if out in compiled.donated and bound[name].lw >= compiled.buffers[compiled.output_symbols[out]].lw}
-            outputs, stats = board.call(self._loaded, bound, into)
-        finally:  # inputs uploaded or converted for this call only, also when a later one fails
-            for buf in temporary:
-                board.free(buf)
-        for name, out in compiled.updates.items():  # the state the step leaves: its one device copy
-            ctx._resident.replace(self._resident[name], outputs.pop(out), compiled.inputs[name])
-        ctx._record(CALL, self.name, stats, compiled.program.labels)
-        ctx.session.resident_bytes = ctx.resident_bytes()
-        ctx.session.calls.append(Call(self.name, stats, compiled.program.labels, bindings,
-                                      ctx.session.runs[first_run:], compiled.phases))
-        proxies = [TensorProxy(ctx, compiled.outputs[name], buffer=outputs[name], producer=f"{self.name}.{name}",
-                               shape=compiled.output_shapes[name], origin=(self.name, name))
-                   for name in self._outputs]
-        for p in proxies:
-            ctx._own(p)
-        if compiled.out_spec is None:
-            return dict(zip(compiled.outputs, proxies))
-        return pytree.tree_unflatten(proxies, compiled.out_spec)
-
-    def _bind(self, name: str, value: Any, spec: IOSpec) -> tuple[DeviceBuffer, Binding]:
-        ctx = self._context
-        need = self._need(name)
-        if isinstance(value, TensorProxy):
-            return ctx._bind_proxy(self, name, value, spec, need)
-        return ctx._bind_upload(self, name, value, spec, need)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

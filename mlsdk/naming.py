@@ -6,10 +6,13 @@ MLSDK names parameters with `set_tensor_name_in_module(model, "model")` (names l
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 _names = WeakIdKeyDictionary()  # by identity: tensors compare by value
+_optimizer_prefixes: "weakref.WeakKeyDictionary[torch.optim.Optimizer, str]" = weakref.WeakKeyDictionary()
 
 
 def set_tensor_name(tensor: torch.Tensor, name: str) -> None:
@@ -46,4 +49,9 @@ def set_buffer_name_in_optimizer(optimizer: torch.optim.Optimizer, prefix: str, 
     for suffix, t in optimizer_tensors(optimizer):
         if not (only_unnamed and get_tensor_name(t) is not None):
             set_tensor_name(t, f"{prefix}@{suffix}")
-    optimizer._mnsim_name = prefix  # type: ignore[attr-defined]
+    _optimizer_prefixes[optimizer] = prefix
+
+
+def optimizer_prefix(optimizer: torch.optim.Optimizer, default: str = "optimizer") -> str:
+    """The prefix `set_buffer_name_in_optimizer` named an optimizer's state with."""
+    return _optimizer_prefixes.get(optimizer, default)

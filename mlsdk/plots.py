@@ -17,7 +17,7 @@ COLOURS = {"relocation": "tab:green", "conversion": "tab:orange", "host round tr
 
 
 def png(report: Report, path: str | os.PathLike) -> None:
-    handed_over = [b for b in report.bindings if b.producer and (b.conversion_cycles, b.host_cycles) != (None, None)]
+    handed_over = [b for b in report.bindings if b.handover]
     panels = 2 if handed_over else 1
     fig, axes = plt.subplots(panels, 1, figsize=(9, 3.2 * panels + 0.6), squeeze=False)
     if handed_over:
@@ -31,22 +31,23 @@ def png(report: Report, path: str | os.PathLike) -> None:
 
 
 def _bindings(ax, report: Report, rows) -> None:
-    """Per producer -> consumer hand-over: relocation costs 0 (taken, or possible with the
-    advised constraint), conversion and host round trip cost what the simulator measured."""
+    """Per producer -> consumer hand-over, the whole chain (producer call, its bindings, the
+    hand-over) each way, as the simulator measured it."""
     x = np.arange(len(rows))
     width = 0.25
-    series = {
-        "relocation": [0 for _ in rows],
-        "conversion": [b.conversion_cycles if b.conversion_cycles is not None else np.nan for b in rows],
-        "host round trip": [b.host_cycles if b.host_cycles is not None else np.nan for b in rows],
-    }
+
+    def figures(name: str) -> list[float]:
+        return [getattr(b, name) if getattr(b, name) is not None else np.nan for b in rows]
+    series = {"relocation": figures("with_constraint"), "conversion": figures("without_constraint"),
+              "host round trip": figures("host_round_trip")}
     for k, (name, values) in enumerate(series.items()):
         bars = ax.bar(x + (k - 1) * width, values, width, label=name, color=COLOURS[name])
         ax.bar_label(bars, labels=[f"{v:,.0f}" if not np.isnan(v) else "n/a" for v in values], fontsize=7)
     ax.set_xticks(x, [f"{b.producer} -> {b.consumer}\n(took {b.path})" for b in rows], fontsize=8)
     ax.set_xlim(-0.6, len(rows) - 0.4)
-    ax.set_ylabel("cycles")
-    ax.set_title("handing a producer's output to a consumer: relocation vs conversion vs host round trip", fontsize=9)
+    ax.set_ylabel("chain cycles")
+    ax.set_title("a producer's output handed to a consumer, whole chain: relocation (producer constrained) vs "
+                 "conversion vs host round trip", fontsize=9)
     ax.legend(fontsize=8)
 
 

@@ -3,94 +3,93 @@
 Compiled functions return proxies; passing one to another compiled function binds its device
 buffer without a host round trip. `cpu()` downloads it over the host link (and counts those
 cycles). Torch functions and tensor methods applied to a proxy work on its host value, like
-MLSDK's proxies; there is no `.device`, as in MLSDK.
+MLSDK's proxies; there is no `.device`, as in MLSDK. The device side is a runtime
+`DeviceValue`; a proxy of a reference (pfvm:cpu) run holds a host tensor instead.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 import torch
 
-from compiler.device import DeviceBuffer
-from compiler.dtypes import DTYPES
 from compiler.iospec import IOSpec
+from runtime import TORCH_DTYPES, DeviceValue, Runtime
 
 from .errors import InputError, InvalidatedError
 
-if TYPE_CHECKING:
-    from .context import Context
-
-TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}  # IOSpec dtype name -> torch dtype
-
 
 class TensorProxy:
-    def __init__(self, context: "Context", spec: IOSpec, *, buffer: DeviceBuffer | None = None,
-                 host: torch.Tensor | None = None, producer: str | None = None, shape: tuple[int, ...] | None = None,
-                 on_write: Any = None, registered: str | None = None, origin: tuple[str, str] | None = None) -> None:
-        self._context = context
+    def __init__(self, runtime: Runtime, spec: IOSpec, *, value: DeviceValue | None = None,
+                 host: torch.Tensor | None = None, on_write: Callable[[torch.Tensor], None] | None = None) -> None:
+        self._runtime = runtime
         self._spec = spec
-        self._buffer = buffer
+        self._value = value
         self._host = host  # reference runs (pfvm:cpu) keep the value on the host
-        self._cache: torch.Tensor | None = None
-        self._producer = producer
-        self._shape = tuple(shape if shape is not None else spec.shape)
-        self._on_write = on_write
-        self._registered = registered  # the registered tensor this is a handle of
-        self._origin = origin  # (function, output) that produced it: what io_spec_constraints would name
+        self._cache: tuple[int, torch.Tensor] | None = None  # (value version, downloaded tensor)
+        self._on_write = on_write  # a registered tensor on pfvm:cpu: the host tensor this views
 
     # ---- what it is ---------------------------------------------------------------------------
 
     @property
     def spec(self) -> IOSpec:
-        return self._spec
+        return self._value.spec if self._value is not None else self._spec
+
+    @property
+    def device_value(self) -> DeviceValue | None:
+        """The runtime's device value (None for a reference-run proxy, which holds a host tensor)."""
+        return self._value
 
     @property
     def shape(self) -> torch.Size:
-        return torch.Size(self._shape)
+        return torch.Size(self._value.shape if self._value is not None else self._spec.shape)
 
     @property
     def dtype(self) -> torch.dtype:
-        return TORCH_DTYPES[self._spec.dtype]
+        return TORCH_DTYPES[self.spec.dtype]
 
     @property
     def producer(self) -> str | None:
-        return self._producer
+        return self._value.producer if self._value is not None else None
 
     def size(self, dim: int | None = None):
         return self.shape if dim is None else self.shape[dim]
 
     def dim(self) -> int:
-        return len(self._shape)
+        return len(self.shape)
 
     @property
     def ndim(self) -> int:
-        return len(self._shape)
+        return len(self.shape)
 
     def numel(self) -> int:
         return self.shape.numel()
 
     def __len__(self) -> int:
-        return self._shape[0]
+        return self.shape[0]
 
     def __repr__(self) -> str:
-        where = "host (reference run)" if self._host is not None else f"{self._spec.location} {self._spec.layout}"
-        return f"TensorProxy(shape={list(self._shape)}, dtype={self.dtype}, {where})"
+        spec = self.spec
+        where = "host (reference run)" if self._host is not None else f"{spec.location} {spec.layout}"
+        return f"TensorProxy(shape={list(self.shape)}, dtype={self.dtype}, {where})"
 
-    def _check(self) -> None:
-        if self._context.invalidated:
-            raise InvalidatedError("this TensorProxy belongs to a Context that was invalidated")
+    def check(self) -> None:
+        """Raise InvalidatedError when the proxy's Context was invalidated."""
+        if self._runtime.invalidated:
+            raise InvalidatedError(f"this TensorProxy ({self.producer or 'a proxy'}) belongs to "
+                                   f"{self._runtime.label}, which was invalidated")
 
     # ---- host transfers -----------------------------------------------------------------------
 
     def cpu(self) -> torch.Tensor:
-        """The value on the host (downloaded over the host link, once)."""
-        self._check()
+        """The value on the host (downloaded over the host link, once per device value)."""
+        self.check()
         if self._host is not None:
             return self._host.clone()
-        if self._cache is None:
-            self._cache = self._context._download(self)
-        return self._cache.clone()
+        version = self._value.version
+        if self._cache is None or self._cache[0] != version:
+            self._cache = (version, self._runtime.download(self._value))
+        return self._cache[1].clone()
 
     def item(self) -> float | int | bool:
         return self.cpu().item()
@@ -105,21 +104,20 @@ class TensorProxy:
         """Overwrite the device value with `src` (a host tensor, uploaded; or another proxy).
         `clone` snapshots the host tensor first (MLSDK uploads asynchronously; the simulator copies
         at once, so the result is the same either way)."""
-        self._check()
+        self.check()
         value = src.cpu() if isinstance(src, TensorProxy) else src
         if not isinstance(value, torch.Tensor):
             raise InputError(f"load_from takes a tensor or a TensorProxy, got {type(value).__name__}")
-        if tuple(value.shape) != self._shape:
-            raise InputError(f"load_from: the source has shape {list(value.shape)}, this proxy {list(self._shape)}")
+        if tuple(value.shape) != tuple(self.shape):
+            raise InputError(f"load_from into {self.producer or 'a proxy'}: the source has shape "
+                             f"{list(value.shape)}, this proxy {list(self.shape)}")
         value = value.clone() if clone else value
         if self._host is not None and self._on_write is not None:
-            self._on_write(value)  # a registered tensor on pfvm:cpu: write the host tensor this views
+            self._on_write(value)
         elif self._host is not None:
             self._host = value.to(self.dtype).clone()
         else:
-            self._context._upload_into(self, value.to(self.dtype))
-            if self._registered is not None:
-                self._context._resident.written(self)
+            self._runtime.upload_into(self._value, value.to(self.dtype))
         self._cache = None
 
     # ---- torch interop ------------------------------------------------------------------------

@@ -82,16 +82,30 @@ def tables(report: Report) -> list:
         out.append(ph)
 
     if r.bindings:
-        b = Table(title="input bindings: the path taken and its alternatives, in cycles summed over the calls "
-                        "(conv. = DRAM-to-DRAM conversion, host = round trip through the host)", title_justify="left")
-        for col in ("input", "from", "path", "calls", "cycles", "conv.", "host", "saved vs conv.", "saved vs host"):
-            text_col = col in ("input", "from", "path")
-            b.add_column(col, justify="left" if text_col else "right", overflow="fold", no_wrap=not text_col)
+        b = Table(title="input bindings: the path taken, its cycles and, for a hand-over from another call, the "
+                        "whole chain (producer call + its bindings + this binding) each way, simulated, summed over "
+                        "the calls", title_justify="left")
+        for col in ("input", "from", "path", "cycles", "chain as run", "relocated", "converted", "host trip",
+                    "saved"):
+            b.add_column(col, justify="left" if col in ("input", "from", "path") else "right", no_wrap=True)
         for row in r.bindings:
-            b.add_row(row.consumer, row.producer or "host tensor", row.path, str(row.calls), _n(row.cycles),
-                      _n(row.conversion_cycles), _n(row.host_cycles), _n(row.saved_vs_conversion),
-                      _n(row.saved_vs_host))
+            calls = f" ({row.calls} calls)" if row.calls > 1 else ""
+            b.add_row(row.consumer + calls, row.producer or "host tensor", row.path, _n(row.cycles), _n(row.as_run),
+                      _n(row.with_constraint), _n(row.without_constraint), _n(row.host_round_trip), _n(row.saved))
+        b.caption = ("relocated: the producer compiled with io_spec_constraints for the consumer's layout; converted: "
+                     "the producer in its own layout + a DRAM-to-DRAM conversion; saved = converted - relocated")
         out.append(b)
+        for row in r.bindings:
+            if row.note:
+                out.append(Text.assemble((f"{row.producer} -> {row.consumer}: ", "bold"), row.note))
+    if r.chains:
+        c = Table(title="hand-over chains: cycles of their calls and bindings, as run and with every function "
+                        "compiled without io_spec_constraints", title_justify="left")
+        for col in ("functions", "calls", "as run", "unconstrained", "saved"):
+            c.add_column(col, justify="left" if col == "functions" else "right")
+        for row in r.chains:
+            c.add_row(" -> ".join(row.functions), str(row.calls), _n(row.as_run), _n(row.unconstrained), _n(row.saved))
+        out.append(c)
     for advice in r.advice:
         out.append(Text.assemble(("advice: ", "bold yellow"), advice))
     return out
@@ -126,12 +140,18 @@ def csv_text(report: Report) -> str:
     for b in r.bindings:
         w.writerow(["bindings", b.consumer, "path", b.path])
         w.writerow(["bindings", b.consumer, "producer", b.producer or ""])
-        for metric in ("calls", "bytes", "cycles", "conversion_cycles", "host_cycles", "saved_vs_conversion",
-                       "saved_vs_host"):
+        for metric in ("calls", "bytes", "cycles", "as_run", "with_constraint", "without_constraint",
+                       "host_round_trip", "saved", "saved_vs_host"):
             value = getattr(b, metric)
             w.writerow(["bindings", b.consumer, metric, "" if value is None else value])
-        if b.advice:
-            w.writerow(["bindings", b.consumer, "advice", b.advice])
+        for metric in ("note", "advice"):
+            if getattr(b, metric):
+                w.writerow(["bindings", b.consumer, metric, getattr(b, metric)])
+    for i, c in enumerate(r.chains):
+        item = f"{i}:{' -> '.join(c.functions)}"
+        for metric in ("calls", "as_run", "unconstrained", "saved"):
+            value = getattr(c, metric)
+            w.writerow(["chains", item, metric, "" if value is None else value])
     return buf.getvalue()
 
 
@@ -154,14 +174,43 @@ def comparison(a: Report, b: Report) -> Table:
     for u in a.units:
         other = units_b.get(u.unit)
         row(f"busy: {u.unit}", u.busy_cycles, other.busy_cycles if other else None)
-    if len(a.runs) == len(b.runs) and all(x.what == y.what for x, y in zip(a.runs, b.runs)):
-        for x, y in zip(a.runs, b.runs):
-            row(f"{x.kind}: {x.what}", x.cycles, y.cycles)
-    bindings_b = {(x.consumer, x.producer): x for x in b.bindings}
-    for x in a.bindings:
-        y = bindings_b.get((x.consumer, x.producer))
-        if y is not None and x.producer:
-            row(f"{x.consumer} {x.path} (vs {y.path})", x.cycles, y.cycles)
-            row(f"{x.consumer} conversion alternative", x.conversion_cycles, y.conversion_cycles)
-            row(f"{x.consumer} host round trip alternative", x.host_cycles, y.host_cycles)
+    for label, x, y in aligned([(f"{r.kind}: {r.what}", r.cycles) for r in a.runs],
+                               [(f"{r.kind}: {r.what}", r.cycles) for r in b.runs]):
+        row(label, x, y)
+    for label, x, y in aligned(_binding_figures(a), _binding_figures(b)):
+        row(label, x, y)
     return t
+
+
+def aligned(a: list[tuple[str, int]], b: list[tuple[str, int]]) -> list[tuple[str, int | None, int | None]]:
+    """Rows of two runs matched by name (the k-th occurrence of a name with the k-th): in a's order,
+    then what only b has; a side without the row gets None (shown as "-", marked "only in ...")."""
+    def keyed(rows):
+        seen: dict[str, int] = {}
+        out = {}
+        for name, value in rows:
+            k = seen.get(name, 0)
+            seen[name] = k + 1
+            out[(name, k)] = value
+        return out
+    ka, kb = keyed(a), keyed(b)
+    rows = []
+    for key in [*ka, *(k for k in kb if k not in ka)]:
+        name, k = key
+        label = name if k == 0 else f"{name} #{k + 1}"
+        x, y = ka.get(key), kb.get(key)
+        if x is None or y is None:
+            label += f" (only in {'the first' if y is None else 'the second'})"
+        rows.append((label, x, y))
+    return rows
+
+
+def _binding_figures(r: Report) -> list[tuple[str, int]]:
+    out = []
+    for x in r.bindings:
+        out.append((f"{x.consumer} <- {x.producer or 'host tensor'}: binding", x.cycles))
+        if x.handover:
+            out += [(f"{x.consumer} <- {x.producer}: chain as run", x.as_run),
+                    (f"{x.consumer} <- {x.producer}: chain relocated", x.with_constraint),
+                    (f"{x.consumer} <- {x.producer}: chain converted", x.without_constraint)]
+    return out

@@ -12,8 +12,13 @@ timed without data). Every number comes from the simulator's `RunStats`:
   start to last end; ops overlap in a pipelined machine, so spans need not add up);
 * phases: per training step function, the cycles its forward, backward and optimizer parts add
   to its calls (counted like ops, so they sum to the calls), and the bytes of resident state;
-* bindings: per consumer input, the path taken (upload, relocation, conversion, host round trip),
-  its cycles, the cycles of the alternatives, and what relocation saves (or would save);
+* bindings: per consumer input, the path taken (upload, relocation, conversion, host round trip)
+  and its cycles; for a hand-over from another call, the whole chain (the producer's call and
+  its bindings, plus this binding) as run, with the producer constrained to the consumer's
+  layout, without (its own layout plus a conversion) and through the host, all simulated, and
+  what relocating saves as their difference (negative: the constraint costs cycles);
+* chains: calls linked by hand-overs, as run against every function compiled without
+  constraints (the whole chain's saving);
 * timeline: utilisation per unit in equal slices of the session, for the utilisation plot.
 
 Renderers live elsewhere (mlsdk.render for text and CSV, mlsdk.plots for PNG).
@@ -30,7 +35,7 @@ import numpy as np
 
 from sim import RunStats
 
-from .session import Binding, Call, Run, Session
+from runtime.session import Binding, Call, Run, Session
 
 TIMELINE_SLICES = 200  # resolution of the utilisation-over-time plot (presentation, not hardware)
 FORMAT = "mnsim-report/1"
@@ -70,22 +75,45 @@ class PhaseRow:
 
 @dataclass
 class BindingRow:
+    """A consumer input, bound from one producer by one path, summed over the calls that did so.
+    For a hand-over (another call's output) the whole-chain figures: the producer's call with its
+    own input bindings plus this binding, as run and simulated each other way."""
+
     function: str
     input: str
     path: str
     producer: str | None
     bytes: int
     cycles: int
-    conversion_cycles: int | None
-    host_cycles: int | None
-    saved_vs_conversion: int | None  # conversion_cycles - cycles (what taking this path saved)
-    saved_vs_host: int | None
-    advice: str | None
     calls: int = 1  # the figures are totals over this many calls
+    as_run: int | None = None
+    with_constraint: int | None = None  # producer compiled for the consumer's layout (relocation)
+    without_constraint: int | None = None  # producer in its own layout + DRAM-to-DRAM conversion
+    host_round_trip: int | None = None  # producer in its own layout + download + upload
+    saved: int | None = None  # without_constraint - with_constraint: what relocating saves (< 0: costs)
+    saved_vs_host: int | None = None  # host_round_trip - with_constraint
+    note: str = ""
+    advice: str | None = None
 
     @property
     def consumer(self) -> str:
         return f"{self.function}.{self.input}"
+
+    @property
+    def handover(self) -> bool:
+        return self.as_run is not None
+
+
+@dataclass
+class ChainRow:
+    """Calls linked by hand-overs: their cycles (programs and input bindings) as run, and with
+    every function compiled without io_spec_constraints (conversions where layouts differ)."""
+
+    functions: list[str]
+    calls: int
+    as_run: int
+    unconstrained: int | None
+    saved: int | None  # unconstrained - as_run
 
 
 @dataclass
@@ -104,6 +132,7 @@ class Report:
     source: str = ""  # what was reported: a script, a codegen_dir
     phases: list[PhaseRow] = field(default_factory=list)
     resident_bytes: int = 0  # device memory of registered tensors (parameters, buffers, optimizer state)
+    chains: list[ChainRow] = field(default_factory=list)
 
     @property
     def time_us(self) -> float:
@@ -133,7 +162,8 @@ class Report:
                       [UnitRow(**u) for u in d["units"]], dict(d["paths"]), [OpRow(**o) for o in d["ops"]],
                       [BindingRow(**b) for b in d["bindings"]], [tuple(c) for c in d["compiles"]],
                       d["timeline_slice_cycles"], {k: list(v) for k, v in d["timeline"].items()}, d.get("source", ""),
-                      [PhaseRow(**p) for p in d.get("phases", [])], d.get("resident_bytes", 0))
+                      [PhaseRow(**p) for p in d.get("phases", [])], d.get("resident_bytes", 0),
+                      [ChainRow(**c) for c in d.get("chains", [])])
 
     def save(self, path: str | os.PathLike) -> None:
         with open(path, "w") as f:
@@ -169,6 +199,8 @@ def build(sessions: Iterable[Session], source: str = "") -> Report:
     report.phases = _phases(calls)
     report.resident_bytes = sum(s.resident_bytes for s in sessions)
     report.bindings = _bindings([b for c in calls for b in c.bindings])
+    report.chains = [ChainRow(c.functions, c.calls, c.as_run, c.unconstrained, c.saved)
+                     for s in sessions for c in s.chains()]
     report.compiles = [(name, round(seconds, 4)) for s in sessions for name, seconds in s.compiles]
     report.timeline_slice_cycles, report.timeline = _timeline(runs, report.total_cycles)
     return report
@@ -268,22 +300,24 @@ def _bindings(bindings: list[Binding]) -> list[BindingRow]:
     """One row per (consumer input, producer, path), summed over the calls that bound it so."""
     rows: dict[tuple, BindingRow] = {}
     for b in bindings:
-        saved_conv = b.conversion_cycles - b.cycles if b.conversion_cycles is not None and b.producer else None
-        saved_host = b.host_cycles - b.cycles if b.host_cycles is not None and b.producer else None
+        h = b.handover
+        figures = ((h.as_run, h.with_constraint, h.without_constraint, h.host_round_trip, h.saved, h.saved_vs_host)
+                   if h is not None else (None,) * len(FIGURES))
         key = (b.function, b.input, b.producer, b.path)
         row = rows.get(key)
         if row is None:
-            rows[key] = BindingRow(b.function, b.input, b.path, b.producer, b.bytes, b.cycles, b.conversion_cycles,
-                                   b.host_cycles, saved_conv, saved_host, b.advice)
+            rows[key] = BindingRow(b.function, b.input, b.path, b.producer, b.bytes, b.cycles, 1, *figures,
+                                   note=h.note if h else "", advice=b.advice)
             continue
         row.calls += 1
         row.bytes += b.bytes
         row.cycles += b.cycles
-        row.conversion_cycles = _add(row.conversion_cycles, b.conversion_cycles)
-        row.host_cycles = _add(row.host_cycles, b.host_cycles)
-        row.saved_vs_conversion = _add(row.saved_vs_conversion, saved_conv)
-        row.saved_vs_host = _add(row.saved_vs_host, saved_host)
+        for name, value in zip(FIGURES, figures):
+            setattr(row, name, _add(getattr(row, name), value))
     return list(rows.values())
+
+
+FIGURES = ("as_run", "with_constraint", "without_constraint", "host_round_trip", "saved", "saved_vs_host")
 
 
 def _add(a: int | None, b: int | None) -> int | None:

@@ -12,7 +12,7 @@ from .context import Context
 from .device import MNDevice, override
 from .errors import ScriptError
 from .report import Report, build
-from .session import Session, collecting
+from runtime.session import Session, collecting
 from .trace import Recorder, recording
 
 

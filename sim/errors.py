@@ -5,7 +5,7 @@ from __future__ import annotations
 from hwdesc.errors import MnsimError
 
 
-class SimError(MnsimError):
+class SimError(MnsimError, RuntimeError):
     """An instruction cannot run: address out of range, a mode its path does not offer, a
     misaligned operand, a wait on a tag never issued. Names the instruction index and fields."""
 
@@ -16,7 +16,7 @@ class SimError(MnsimError):
         super().__init__(where + message)
 
 
-class DeviceMemoryError(MnsimError):
+class DeviceMemoryError(MnsimError, MemoryError):
     """A memory has no free region large enough; names the memory, the request and what is free."""
 
     def __init__(self, memory: str, requested: int, free_total: int, largest_free: int, unit: str, *,

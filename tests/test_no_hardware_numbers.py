@@ -1,6 +1,6 @@
 """Simulator, compiler and API code hold no hardware numbers: those live in hwdesc/*.yaml.
 
-Every integer literal of 4 or more in sim/, compiler/ and mlsdk/ must be on the allowlist below,
+Every integer literal of 4 or more in sim/, compiler/, runtime/ and mlsdk/ must be on the allowlist below,
 with the reason it is not a fact about the chip. `sim/isa.py` (the instruction encoding: field
 positions and opcodes) and `mlsdk/plots.py` (figure geometry) are exempt.
 """
@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("sim", "compiler", "mlsdk")
+PACKAGES = ("sim", "compiler", "runtime", "mlsdk")
 EXEMPT = {"sim/isa.py", "mlsdk/plots.py"}  # plots.py: figure and font sizes, percent scales
 ALLOWED = {
     ("sim/functional.py", 32): "WORD_BITS: mnsim's memory arrays are uint32 (params.py rejects other word sizes)",

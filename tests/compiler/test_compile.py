@@ -7,7 +7,7 @@ import torch
 
 import hwdesc
 from compiler.compile import compile_function
-from compiler.device import Device
+from runtime import Device
 from compiler.errors import SpecMismatchError, UnsupportedOpError
 
 CHIPS = ("mini", "mncore2")

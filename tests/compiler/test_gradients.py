@@ -13,7 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hwdesc
-from compiler import Device, compile_function
+from compiler import compile_function
+from runtime import Device
 from compiler.errors import UnsupportedOpError
 
 CHIPS = ("mini", "mncore2")

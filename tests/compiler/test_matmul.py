@@ -12,7 +12,7 @@ import hwdesc
 import sim.isa as isa
 from compiler.chain import Chain
 from compiler.compile import compile_function
-from compiler.device import Device
+from runtime import Device
 from compiler.kernels import matmul
 from compiler.kernels.context import EmitContext
 from sim import Machine

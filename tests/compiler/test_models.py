@@ -14,7 +14,7 @@ import torch
 
 import hwdesc
 from compiler.compile import compile_function
-from compiler.device import Device
+from runtime import Device
 
 from .models import MODELS
 

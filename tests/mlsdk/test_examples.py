@@ -65,14 +65,22 @@ def test_registered_model_examples(name, capsys, tmp_path, monkeypatch):
     run_example(name, "mini:auto", capsys)  # each asserts its values against torch
 
 
-def test_chain_without_constraints_converts(capsys, tmp_path, monkeypatch):
+def test_chain_advice_followed_saves_what_it_said(capsys, tmp_path, monkeypatch):
+    """chain_conversion.py as printed: the advice's figure is the difference of the two runs'
+    chain cycles (both simulated), and the followed run relocates."""
+    import re
     import tempfile
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    out = run_example("chain_conversion.py", "mini:auto", capsys)
-    lines = out.splitlines()
-    assert lines[0] == "producer -> consumer chain succeeded"
-    assert lines[1].startswith("consumer input 'scores': conversion, ") and not lines[1].endswith(" 0 cycles")
-    assert "io_spec_constraints={'scores': consumer.input_specs['scores']}" in lines[2]
+    plain = run_example("chain_conversion.py", "mini:auto", capsys)
+    followed = run_example("chain_conversion.py", "mini:auto", capsys, "--follow-advice")
+    assert plain.splitlines()[0] == followed.splitlines()[0] == "producer -> consumer chain succeeded"
+    assert "consumer.scores from producer.scores: conversion" in plain
+    assert "consumer.scores from producer.scores: relocation (0 cycles)" in followed
+    (saves,) = re.findall(r"io_spec_constraints=\{'scores': consumer.input_specs\['scores'\]\} to relocate instead "
+                          r"and save (\d+) cycles", plain)
+    chain = [int(re.search(r"chain: ([\d,]+) cycles", out).group(1).replace(",", "")) for out in (plain, followed)]
+    assert chain[0] - chain[1] == int(saves) > 0
+    assert "advice" not in followed
 
 
 def test_train_mnist_loss_falls_and_it_classifies(capsys, tmp_path):

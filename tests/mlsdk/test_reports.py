@@ -72,8 +72,12 @@ def test_relocation_savings_in_the_report(session_report):
     _, report = session_report
     (relocated,) = report.relocations()
     assert relocated.consumer == "scale.x" and relocated.producer == "scale.y" and relocated.cycles == 0
-    assert relocated.saved_vs_conversion == relocated.conversion_cycles > 0
-    assert relocated.saved_vs_host == relocated.host_cycles > relocated.conversion_cycles
+    # the same function's output read by itself: the layouts match, a constraint changes nothing
+    assert relocated.as_run == relocated.with_constraint == relocated.without_constraint and relocated.saved == 0
+    assert relocated.note == "the layouts match without a constraint" and relocated.advice is None
+    assert relocated.saved_vs_host == relocated.host_round_trip - relocated.as_run > 0
+    (chain,) = report.chains
+    assert chain.functions == ["scale"] and chain.calls == 2 and chain.saved == 0
 
 
 def test_timeline_fractions_match_busy_cycles(session_report):
@@ -95,8 +99,10 @@ def test_json_round_trip_and_csv(session_report, tmp_path):
     rows = list(csv.DictReader(io.StringIO(csv_text(report))))
     total = [r for r in rows if r["section"] == "summary" and r["metric"] == "total_cycles"]
     assert int(total[0]["value"]) == report.total_cycles
-    saved = [r for r in rows if r["section"] == "bindings" and r["metric"] == "saved_vs_conversion" and r["value"]]
-    assert [int(r["value"]) for r in saved] == [report.relocations()[0].saved_vs_conversion]
+    host = [r for r in rows if r["section"] == "bindings" and r["metric"] == "saved_vs_host" and r["value"]]
+    assert [int(r["value"]) for r in host] == [report.relocations()[0].saved_vs_host]
+    chain = [r for r in rows if r["section"] == "chains" and r["metric"] == "as_run"]
+    assert [int(r["value"]) for r in chain] == [report.chains[0].as_run]
     with pytest.raises(ValueError, match="not an mnsim report"):
         Report.from_json({"format": "other"})
 
@@ -132,11 +138,11 @@ def test_mnsim_run_seed_text_and_json_agree(capsys, tmp_path):
     code, out = run_cli(capsys, "run", "--device", "mini:auto", SEED)
     assert code == 0
     assert out.splitlines()[0] == "producer -> consumer direct-use succeeded"
-    assert "relocation" in out and "saved vs conv." in out
+    assert "relocation" in out and "chain as run" in out and "the layouts match without a constraint" in out
     code, out = run_cli(capsys, "run", "--device", "mini:auto", "--report", "json", SEED)
     data = json.loads(out[out.index("{"):])
     (reloc,) = [b for b in data["bindings"] if b["path"] == "relocation"]
-    assert reloc["saved_vs_conversion"] > 0 and reloc["saved_vs_host"] > 0
+    assert reloc["saved"] == 0 and reloc["saved_vs_host"] > 0 and reloc["as_run"] == reloc["with_constraint"]
     assert (reloc["function"], reloc["input"], reloc["calls"]) == ("consumer", "shared", 1)
     assert data["chip"] == "mini"
 
@@ -223,7 +229,7 @@ def test_failed_binding_frees_what_it_uploaded(tmp_path):
     foreign = other.compile(scale, {"x": torch.zeros(4, 8)}, None)({"x": torch.ones(4, 8)})["y"]
     fn({"a": torch.ones(4, 8), "b": torch.ones(4, 8)})  # loads the program's constants
     held = ctx.device.board.allocated_lw()
-    with pytest.raises(Exception, match="proxy on mini:1"):
+    with pytest.raises(Exception, match="of Context #\\d+ on mini:1, whose device is not this one"):
         fn({"a": torch.ones(4, 8), "b": foreign})
     assert ctx.device.board.allocated_lw() == held
 

@@ -70,7 +70,8 @@ def test_constrained_chain_relocates(ctx, tmp_path):
     assert torch.allclose(result, sample * 2 + 1)
     binding = ctx.session.calls[-1].bindings[0]
     assert (binding.path, binding.cycles, binding.bytes, binding.producer) == ("relocation", 0, 0, "producer.shared")
-    assert not ctx._conversions, "a relocation must not build a conversion program"
+    assert len(ctx.runtime.conversions) == 0, "a relocation must not build a conversion program"
+    assert binding.handover.constrained and binding.handover.as_run == binding.handover.with_constraint
 
 
 def test_unconstrained_chain_converts_with_the_same_values(ctx, tmp_path):
@@ -84,10 +85,16 @@ def test_unconstrained_chain_converts_with_the_same_values(ctx, tmp_path):
         assert torch.allclose(probs, expected, atol=1e-5)
     conversions = [b for b in ctx.session.bindings if b.path == "conversion"]
     assert len(conversions) == 2 and all(b.cycles > 0 for b in conversions)
-    assert conversions[0].cycles == conversions[1].cycles == conversions[0].conversion_cycles
-    assert conversions[0].host_cycles > 0
-    assert "io_spec_constraints={'scores': softmax_rows.input_specs['scores']}" in conversions[0].advice
-    assert len(ctx._conversions) == 1, "the conversion program is built once per spec pair"
+    assert conversions[0].cycles == conversions[1].cycles
+    h = conversions[0].handover
+    producer_call = ctx.session.calls[0]
+    assert h.as_run == h.without_constraint == producer_call.cycles_with_bindings + conversions[0].cycles
+    assert h.host_round_trip > producer_call.cycles_with_bindings and not h.constrained
+    assert (h.advice is not None) == (h.saved > 0)
+    if h.advice:
+        assert f"io_spec_constraints={{'scores': softmax_rows.input_specs['scores']}} to relocate instead and save " \
+               f"{h.saved} cycles" in h.advice
+    assert len(ctx.runtime.conversions) == 1, "the conversion program is built once per spec pair"
 
 
 def test_mixed_tensors_and_proxies(ctx, tmp_path):
@@ -193,7 +200,7 @@ def test_two_models_in_one_context_keep_their_weights_apart(ctx, tmp_path):
 
 def test_input_errors_name_the_key_and_leave_the_context_usable(ctx, tmp_path):
     fn = ctx.compile(producer, {"x": torch.zeros(4, 8)}, tmp_path / "p")
-    with pytest.raises(InputError, match=r"producer: missing 'x'; it takes 'x'"):
+    with pytest.raises(InputError, match=r"producer \(Context #\d+ on mini:auto\): missing 'x'; it takes 'x'"):
         fn({})
     with pytest.raises(InputError, match=r"unexpected 'y'"):
         fn({"x": torch.zeros(4, 8), "y": torch.zeros(1)})
@@ -229,7 +236,8 @@ def test_proxy_from_another_device_is_refused(ctx, tmp_path):
     other = Context(MNDevice("mini:1"))
     p = other.compile(producer, {"x": torch.zeros(2, 2)}, tmp_path / "p")
     c = ctx.compile(consumer, {"shared": torch.zeros(2, 2)}, tmp_path / "c")
-    with pytest.raises(InputError, match="proxy on mini:1, not on mini:auto"):
+    with pytest.raises(InputError, match=r"proxy \(producer.shared\) of Context #\d+ on mini:1, whose device is not "
+                                         r"this one \(Context #\d+ on mini:auto\)"):
         c(p({"x": torch.ones(2, 2)}))
 
 
@@ -249,7 +257,7 @@ def test_allocated_input_proxies_are_freed(ctx, tmp_path):
     assert board.allocated_lw() == held
     kept = fn.allocate_input_proxy()
     ctx.invalidate()
-    assert board.allocated_lw() == 0 and kept["shared"]._buffer.freed
+    assert board.allocated_lw() == 0 and kept["shared"].device_value.buffer.freed
 
 
 @pytest.mark.parametrize("device", ["mini:auto", "pfvm:cpu"])
@@ -312,7 +320,7 @@ def test_conversions_do_not_depend_on_io_names(ctx, tmp_path):
     s = p1({"q": q, "k": k})["scores"]
     c1({"scores": s})
     c2({"s2": s})
-    assert len(ctx._conversions) == 1
+    assert len(ctx.runtime.conversions) == 1
 
 
 def test_advice_is_given_only_for_function_outputs(ctx, tmp_path):
@@ -321,11 +329,11 @@ def test_advice_is_given_only_for_function_outputs(ctx, tmp_path):
     p = ctx.compile(scores, {"q": q, "k": k}, None)
     c(p({"q": q, "k": k}))
     produced = ctx.session.calls[-1].bindings[0]
-    assert produced.advice.startswith("compile scores with io_spec_constraints={'scores': softmax_rows.input_specs")
+    assert produced.handover is not None and (produced.advice is not None) == (produced.handover.saved > 0)
     other = ctx.compile(lambda d: {"y": d["s"] @ k}, {"s": q @ k.T}, None)  # reads s as a product's A
     proxies = other.allocate_input_proxy()
     proxies["s"].load_from(q @ k.T)
     assert not proxies["s"].spec.is_memcopyable_to(c.input_specs["scores"])
     c({"scores": proxies["s"]})
     binding = ctx.session.calls[-1].bindings[0]
-    assert binding.path == "conversion" and binding.advice is None, "an allocated buffer is no function's output"
+    assert binding.path == "conversion" and binding.handover is None, "an allocated buffer is no function's output"

@@ -9,8 +9,10 @@ programs on the simulator, so their cycles come from the YAML like any other.
 
 from __future__ import annotations
 
+import functools
+import threading
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -18,12 +20,14 @@ import torch
 from hwdesc import HwDesc
 from sim import Machine, RunStats
 
-from .compile import Compiled
-from .dtypes import DEVICE_DTYPE, INT32_MAX, INT32_MIN
-from .iospec import IOSpec
-from .layout import Placement
-from .layout.hostio import gather, scatter
-from .transfer.host import host_transfer
+from compiler.compile import Compiled
+from compiler.dtypes import DEVICE_DTYPE, INT32_MAX, INT32_MIN
+from compiler.iospec import IOSpec
+from compiler.layout import Placement
+from compiler.layout.hostio import gather, scatter
+from compiler.transfer.host import host_transfer
+
+from .errors import InputError
 
 
 
@@ -44,7 +48,7 @@ def to_bits(tensor: torch.Tensor, device_dtype: str, hw: HwDesc, name: str = "te
     if device_dtype == "int32" and t.dtype == torch.int64 and t.numel():
         low, high = int(t.min()), int(t.max())
         if low < INT32_MIN or high > INT32_MAX:
-            raise ValueError(f"{name} holds integers from {low} to {high}; the device's integers are int32 "
+            raise InputError(f"{name} holds integers from {low} to {high}; the device's integers are int32 "
                              f"({INT32_MIN} .. {INT32_MAX})")
     if device_dtype == "float16":
         from sim.numerics import HalfCodec
@@ -76,19 +80,36 @@ class Loaded:
     scratch: DeviceBuffer | None = None
 
 
+def locked(method: Callable) -> Callable:
+    """Run a Device method holding the device's lock."""
+    @functools.wraps(method)
+    def wrapper(self: "Device", *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
 class Device:
+    """The simulated chip: its machine state, DRAM buffers, host transfers and program calls.
+    Every method that touches the machine holds `lock`."""
+
     def __init__(self, hw: HwDesc) -> None:
         self.hw = hw
         self.machine = Machine(hw)
         self.params = self.machine.params
+        # One machine state: whoever runs a program, moves data or (de)allocates holds this, so
+        # calls from several threads (or Contexts sharing a device) run one after another.
+        self.lock = threading.RLock()
 
     # ---- buffers ----------------------------------------------------------------------------
 
+    @locked
     def alloc(self, placement: Placement, lw: int = 0) -> DeviceBuffer:
         """A buffer for a tensor in `placement`, of at least `lw` long words (what programs touch)."""
         lw = max(1, placement.span_lw, lw)
         return DeviceBuffer(self.machine.alloc_dram(lw), placement, lw)
 
+    @locked
     def free(self, buf: DeviceBuffer) -> None:
         if not buf.freed:
             self.machine.free_dram(buf.address)
@@ -107,6 +128,7 @@ class Device:
         return np.zeros((placement.instance_count, max(1, placement.span_lw) * self.params.words_per_lw),
                         dtype=np.uint32)
 
+    @locked
     def upload(self, buf: DeviceBuffer, values: torch.Tensor | np.ndarray, *, dtype: str | None = None,
                name: str = "tensor") -> RunStats:
         """Host tensor -> device buffer, over the host link. `values` may already be raw bits."""
@@ -117,6 +139,7 @@ class Device:
         program = self.transfer_program(placement, upload=True)
         return self.machine.run(program, host=[image], bases={"tensor": buf.address})
 
+    @locked
     def download(self, buf: DeviceBuffer, dtype: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, RunStats]:
         """Device buffer -> host tensor of the logical `dtype` and `shape`, over the host link."""
         placement = buf.placement
@@ -128,6 +151,7 @@ class Device:
 
     # ---- programs ---------------------------------------------------------------------------
 
+    @locked
     def load(self, compiled: Compiled) -> Loaded:
         """Allocate a program's constants and its scratch region (where its temporaries live, each
         at the offset compiler.schedule gave it) and upload the constants."""
@@ -148,12 +172,14 @@ class Device:
                     loaded.load_stats.append(self.upload(loaded.resident[symbol], bits))
         return loaded
 
+    @locked
     def unload(self, loaded: Loaded) -> None:
         for buf in loaded.resident.values():
             self.free(buf)
         if loaded.scratch is not None:
             self.free(loaded.scratch)
 
+    @locked
     def call(self, loaded: Loaded, inputs: dict[str, DeviceBuffer], into: dict[str, DeviceBuffer] | None = None
              ) -> tuple[dict[str, DeviceBuffer], RunStats]:
         """Run a loaded program on bound input buffers; outputs get fresh buffers, except those
@@ -163,20 +189,21 @@ class Device:
         for name, symbol in compiled.input_symbols.items():
             need = compiled.buffers[symbol].lw
             if inputs[name].lw < need:
-                raise ValueError(f"input {name!r}: its buffer holds {inputs[name].lw} long words per Group; the program "
+                raise InputError(f"input {name!r}: its buffer holds {inputs[name].lw} long words per Group; the program "
                                  f"reads {need}")
             bases[symbol] = inputs[name].address
         outputs = {}
         for name, symbol in compiled.output_symbols.items():
             buf = (into or {}).get(name)
             if buf is not None and buf.lw < compiled.buffers[symbol].lw:
-                raise ValueError(f"output {name!r}: the buffer given holds {buf.lw} long words per Group; the program "
+                raise InputError(f"output {name!r}: the buffer given holds {buf.lw} long words per Group; the program "
                                  f"writes {compiled.buffers[symbol].lw}")
             outputs[name] = buf or self.alloc(compiled.buffers[symbol].placement, compiled.buffers[symbol].lw)
             bases[symbol] = outputs[name].address
         stats = self.machine.run(compiled.program, bases=bases)
         return outputs, stats
 
+    @locked
     def execute(self, compiled: Compiled, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Upload, load, run and download in one go (tests and quick checks)."""
         loaded = self.load(compiled)

@@ -1,0 +1,86 @@
+"""Binding a call's inputs to device buffers, each by the path it takes.
+
+* a host tensor is uploaded: host link -> PDM0 -> each Group's DRAM, in the input's layout;
+* a device value whose spec is memcopyable to the input's is relocated: the program reads the
+  producer's buffer, nothing moves;
+* any other device value is converted by a DRAM-to-DRAM program (built once per layout pair),
+  or, when no conversion program exists for the pair, goes through the host (download, upload).
+
+Each returns the buffer and a `Binding` record with its cycles; whether the buffer is the call's
+own (to free after the call) is `Bound.temporary`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from compiler.iospec import IOSpec
+
+from .conversions import Conversions
+from .device import Device, DeviceBuffer, spec_placement
+from .session import BINDING, Binding, Run
+from .value import DeviceValue
+
+RELOCATION, UPLOAD_PATH, CONVERSION, HOST = "relocation", "upload", "conversion", "host"
+
+
+@dataclass
+class Bound:
+    buffer: DeviceBuffer
+    binding: Binding
+    temporary: bool  # a buffer made for this call (upload, conversion), freed after it
+
+
+class Binder:
+    def __init__(self, device: Device, conversions: Conversions, record: Callable[[Run], None]) -> None:
+        self.device = device
+        self.conversions = conversions
+        self._record = record
+
+    def alloc(self, spec: IOSpec, need: int = 0) -> DeviceBuffer:
+        return self.device.alloc(spec_placement(spec, self.device.hw), need)
+
+    def upload(self, consumer: str, input_name: str, value: torch.Tensor, spec: IOSpec, need: int) -> Bound:
+        """A host tensor for an input, in the input's layout."""
+        buf = self.alloc(spec, need)
+        try:
+            stats = self.device.upload(buf, value, name=f"{consumer} input {input_name!r}")
+        except BaseException:
+            self.device.free(buf)
+            raise
+        self._record(Run(BINDING, f"upload {consumer}.{input_name}", stats))
+        return Bound(buf, Binding(consumer, input_name, UPLOAD_PATH, stats.total_cycles, spec.size_bytes), True)
+
+    def bind_value(self, consumer: str, input_name: str, value: DeviceValue, spec: IOSpec, need: int) -> Bound:
+        """A device value for an input: relocated when its layout already serves, else converted."""
+        producer = value.producer
+        if value.spec.is_memcopyable_to(spec) and value.buffer.lw >= need:
+            return Bound(value.buffer, Binding(consumer, input_name, RELOCATION, 0, 0, producer), False)
+        where = f"{producer or 'proxy'} -> {consumer}.{input_name}"
+        if self.conversions.conversion_cycles(value.spec, spec) is None:  # no program for the pair
+            return self._host_round_trip(consumer, input_name, value, spec, need, where)
+        buf = self.alloc(spec, max(need, self.conversions.dst_lw(value.spec, spec)))
+        try:
+            stats = self.conversions.run(value.spec, value.buffer, spec, buf)
+        except BaseException:
+            self.device.free(buf)
+            raise
+        self._record(Run(BINDING, f"convert {where}", stats, self.conversions.program(value.spec, spec).program.labels))
+        return Bound(buf, Binding(consumer, input_name, CONVERSION, stats.total_cycles, spec.size_bytes, producer), True)
+
+    def _host_round_trip(self, consumer: str, input_name: str, value: DeviceValue, spec: IOSpec, need: int,
+                         where: str) -> Bound:
+        host, down = self.device.download(value.buffer, value.spec.dtype, value.shape)
+        buf = self.alloc(spec, need)
+        try:
+            up = self.device.upload(buf, host)
+        except BaseException:
+            self.device.free(buf)
+            raise
+        self._record(Run(BINDING, f"host round trip {where} (download)", down))
+        self._record(Run(BINDING, f"host round trip {where} (upload)", up))
+        return Bound(buf, Binding(consumer, input_name, HOST, down.total_cycles + up.total_cycles, spec.size_bytes,
+                                  value.producer), True)

@@ -1,0 +1,272 @@
+"""`Runtime`: one Context's device state and what runs on it.
+
+It owns the device buffers of the Context (call outputs, allocated input proxies, registered
+tensors' copies, loaded programs, conversion programs and their constants), binds each call's
+inputs (runtime.binder), runs programs, writes a training step's new state back into the
+registered tensors' copies, and records every device run in its `Session`. Hand-overs between
+calls are measured as they happen (runtime.whatif).
+
+Calls, transfers and frees hold the device's lock: the simulated machine is one state, so calls
+from several threads, or from Contexts sharing a device, run one after another and each sees the
+values the one before it left.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import Callable
+
+import torch
+
+from compiler.iospec import IOSpec
+from hwdesc import HwDesc
+
+from .binder import Binder, Bound
+from .conversions import Conversions
+from .device import Device, DeviceBuffer
+from .errors import DeviceError, InputError, InvalidatedError, RegistrationError
+from .executable import Executable
+from .resident import ResidentTensors
+from .specs import default_spec
+from .session import CALL, DOWNLOAD, LOAD, UPLOAD, Binding, Call, Run, Session, new_session
+from .value import DeviceValue, Origin
+from .whatif import HOST, RESIDENT, VALUE, CallContext, Source, WhatIf
+
+_ids = itertools.count(1)
+
+
+class Runtime:
+    def __init__(self, device: Device | None, chip: str, device_name: str, clock_hz: int = 0) -> None:
+        self.id = next(_ids)
+        self.label = f"Context #{self.id} on {device_name}"  # how errors name the Context
+        self.device = device
+        self.session: Session = new_session(chip, clock_hz)
+        self.observers: list[Callable[[Run], None]] = []
+        self.lock = device.lock if device is not None else threading.RLock()
+        self.invalidated = False
+        self.executables: list[Executable] = []
+        if device is not None:
+            self.conversions = Conversions(device, self.record)
+            self.binder = Binder(device, self.conversions, self.record)
+            self.whatif = WhatIf(self.conversions)
+        else:
+            self.conversions = self.binder = self.whatif = None
+        self.resident = ResidentTensors(self.binder, self.record, self.label)
+        self._owned: "weakref.WeakSet[DeviceValue]" = weakref.WeakSet()
+        self._next_chain = 0
+
+    def __repr__(self) -> str:
+        return f"Runtime({self.label})"
+
+    @property
+    def reference(self) -> bool:
+        return self.device is None
+
+    def check(self) -> None:
+        if self.invalidated:
+            raise InvalidatedError(f"{self.label} was invalidated; create a new Context")
+
+    def board(self) -> Device:
+        if self.device is None:
+            raise DeviceError(f"{self.label} runs graphs with torch on the CPU; it has no simulated chip")
+        return self.device
+
+    def record(self, run: Run) -> None:
+        """Every device run goes through here: into the session, then to the observers (traces)."""
+        self.session.runs.append(run)
+        for observer in self.observers:
+            observer(run)
+
+    # ---- programs -----------------------------------------------------------------------------
+
+    def add(self, executable: Executable) -> Executable:
+        with self.lock:
+            self.executables.append(executable)
+        return executable
+
+    def _load(self, exe: Executable) -> None:
+        if exe.loaded is None:
+            loaded = self.board().load(exe.compiled)
+            for stats in loaded.load_stats:
+                self.record(Run(LOAD, f"constants of {exe.name}", stats))
+            exe.loaded = loaded
+
+    def call(self, exe: Executable, values: dict[str, "torch.Tensor | DeviceValue"]) -> dict[str, DeviceValue]:
+        """Bind `values` (host tensors or device values, by input name), run the program, and
+        return its outputs (the registered tensors' new values stay with them)."""
+        with self.lock:
+            self.check()
+            return self._call(exe, values)
+
+    def _call(self, exe: Executable, values: dict) -> dict[str, DeviceValue]:
+        device, compiled = self.board(), exe.compiled
+        self._load(exe)
+        bound: dict[str, DeviceBuffer] = {}
+        temporary: list[DeviceBuffer] = []
+        bindings: list[Binding] = []
+        sources: dict[str, Source] = {}
+        first_run = len(self.session.runs)
+        handed: list[tuple[int, DeviceValue]] = []
+        try:
+            for name, value in values.items():
+                b = self._bind(exe, name, value)
+                bound[name] = b.buffer
+                bindings.append(b.binding)
+                if b.temporary:
+                    temporary.append(b.buffer)
+                if isinstance(value, DeviceValue):
+                    sources[name] = Source(VALUE, value.spec, value.origin)
+                    if value.origin is not None:
+                        handed.append((len(bindings) - 1, value))
+                else:
+                    sources[name] = Source(HOST)
+            for name, registered in exe.resident.items():
+                spec = compiled.inputs[name]
+                b = self.resident.bind(exe.name, name, registered, spec, exe.need(name))
+                bound[name] = b.buffer
+                bindings.append(b.binding)
+                sources[name] = Source(RESIDENT, spec)
+            into = {out: bound[name] for name, out in compiled.updates.items()  # written in place when it fits
+                    if out in compiled.donated and bound[name].lw >= exe.output_lw(out)}
+            outputs, stats = device.call(exe.loaded, bound, into)
+        finally:  # inputs uploaded or converted for this call only, also when a later one fails
+            for buf in temporary:
+                device.free(buf)
+        for name, out in compiled.updates.items():  # the state the step leaves: its one device copy
+            self.resident.replace(exe.resident[name], outputs.pop(out), compiled.inputs[name])
+        self.record(Run(CALL, exe.name, stats, compiled.program.labels))
+        self.session.resident_bytes = self.resident.resident_bytes()
+        call = Call(exe.name, stats, compiled.program.labels, bindings, self.session.runs[first_run:],
+                    compiled.phases, index=len(self.session.calls))
+        self.session.calls.append(call)
+        context = CallContext(exe, call, sources)
+        if handed:
+            self._measure(context, handed)
+        result = {}
+        for name in exe.output_specs:
+            value = DeviceValue(outputs[name], compiled.outputs[name], compiled.output_shapes[name],
+                                f"{exe.name}.{name}", Origin(exe, name, context), owner=self.label, device_id=id(self.device))
+            result[name] = self.own(value)
+        return result
+
+    def _bind(self, exe: Executable, name: str, value: "torch.Tensor | DeviceValue") -> Bound:
+        spec, need = exe.input_specs[name], exe.need(name)
+        if not isinstance(value, DeviceValue):
+            return self.binder.upload(exe.name, name, value, spec, need)
+        if value.device_id != id(self.device):
+            raise InputError(f"{exe.name}: input {name!r} is a proxy ({value.producer or 'a proxy'}) of {value.owner}, "
+                             f"whose device is not this one ({self.label}): pass proxy.cpu(), or compile both "
+                             "functions on one device")
+        return self.binder.bind_value(exe.name, name, value, spec, need)
+
+    def _measure(self, consumer: CallContext, handed: list[tuple[int, DeviceValue]]) -> None:
+        """Each hand-over of this call, and the chain it joins: the producers' calls and this one."""
+        call = consumer.call
+        chains = set()
+        for index, value in handed:
+            producer = value.origin.call
+            binding = call.bindings[index]
+            binding.handover = self.whatif.handover(producer, value.origin.output, consumer.function,
+                                                    binding.input, consumer.function.input_specs[binding.input],
+                                                    binding.cycles)
+            if producer.call.unconstrained_cycles is None:
+                producer.call.unconstrained_cycles = self.whatif.unconstrained_cycles(producer)
+            if producer.call.chain is None:
+                producer.call.chain = self._new_chain()
+            chains.add(producer.call.chain)
+        call.unconstrained_cycles = self.whatif.unconstrained_cycles(consumer)
+        keep = min(chains)
+        if len(chains) > 1:  # this call joins chains: they are one from now on
+            for c in self.session.calls:
+                if c.chain in chains:
+                    c.chain = keep
+        call.chain = keep
+
+    def _new_chain(self) -> int:
+        self._next_chain += 1
+        return self._next_chain - 1
+
+    # ---- device values ------------------------------------------------------------------------
+
+    def own(self, value: DeviceValue) -> DeviceValue:
+        """Free the value's buffer when it is garbage (or when the Context is invalidated)."""
+        self._owned.add(value)
+        weakref.finalize(value, self.device.free, value.buffer)
+        return value
+
+    def allocate(self, exe: Executable, name: str) -> DeviceValue:
+        """A device buffer for one of `exe`'s inputs, to be filled and passed to a call."""
+        with self.lock:
+            self.check()
+            spec = exe.input_specs[name]
+            buf = self.binder.alloc(spec, exe.need(name))
+            return self.own(DeviceValue(buf, spec, tuple(spec.shape), f"{exe.name}.allocate_input_proxy",
+                                        owner=self.label, device_id=id(self.device)))
+
+    def download(self, value: DeviceValue) -> torch.Tensor:
+        with self.lock:
+            self.check()
+            tensor, stats = self.board().download(value.buffer, value.spec.dtype, value.shape)
+            self.record(Run(DOWNLOAD, value.producer or "proxy", stats))
+            return tensor
+
+    def upload_into(self, value: DeviceValue, tensor: torch.Tensor) -> None:
+        """Overwrite a device value from the host (a registered tensor's handle: its one copy)."""
+        with self.lock:
+            self.check()
+            stats = self.board().upload(value.buffer, tensor, name=value.producer or "proxy")
+            self.record(Run(UPLOAD, value.producer or "proxy", stats))
+            value.version += 1
+            if value.registered is not None:
+                self.resident.written(value)
+
+    # ---- registered tensors -------------------------------------------------------------------
+
+    def register(self, name: str, tensor: torch.Tensor) -> None:
+        with self.lock:
+            self.check()
+            self.resident.register(name, tensor)
+
+    def handle(self, tensor: torch.Tensor) -> DeviceValue:
+        """The device value of a registered tensor, in the layout the first function reading it wants."""
+        with self.lock:
+            self.check()
+            name = self.resident.name_of(tensor)
+            if name is None:
+                raise RegistrationError(f"{self.label}: this tensor is not registered (register_param / "
+                                        "register_buffer)")
+            spec, need = self.wanted_spec(name)
+            return self.resident.handle(name, spec, need)
+
+    def wanted_spec(self, name: str) -> tuple[IOSpec, int]:
+        for exe in self.executables:
+            if name in exe.compiled.resident:
+                return exe.compiled.inputs[name], exe.need(name)
+        return default_spec(name, self.resident.tensor(name), self.board().hw), 0
+
+    def synchronize(self) -> None:
+        with self.lock:
+            self.check()
+            if self.device is not None:
+                self.resident.download_written()
+
+    def resident_bytes(self) -> int:
+        return 0 if self.device is None else self.resident.resident_bytes()
+
+    def invalidate(self) -> None:
+        """Release every device buffer of this Context; its values and functions stop working."""
+        with self.lock:
+            if not (self.invalidated or self.device is None):
+                self.resident.free_all()
+                self.conversions.free_all()
+                for exe in self.executables:
+                    if exe.loaded is not None:
+                        self.device.unload(exe.loaded)
+                        exe.loaded = None
+                for value in list(self._owned):
+                    self.device.free(value.buffer)
+            self.invalidated = True
+
+
