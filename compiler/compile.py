@@ -12,6 +12,7 @@ load), IOSpecs, and a summary for reports. It is plain data, so an artifact can 
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from math import prod
@@ -103,7 +104,17 @@ def check_capacity(graph: Graph, hw: HwDesc) -> None:
                                 what="the function's inputs, constants and outputs together")
 
 
+_COMPILING = threading.RLock()
+
+
 def compile_graph(graph: Graph, hw: HwDesc, *, options: dict, constraints: dict[str, IOSpec]) -> Compiled:
+    """Plan, emit and schedule a traced graph. One compile runs at a time in a process: the
+    planner's caches (placements, gathers) are shared, and a graph is rewritten in place."""
+    with _COMPILING:
+        return _compile_graph(graph, hw, options=options, constraints=constraints)
+
+
+def _compile_graph(graph: Graph, hw: HwDesc, *, options: dict, constraints: dict[str, IOSpec]) -> Compiled:
     check_capacity(graph, hw)
     rewrite(graph, hw)
     plan = Planner(graph, hw, options, constraints).plan()

@@ -9,10 +9,10 @@ Every hardware number mnsim uses comes from these YAML files; simulator and comp
 none. `hwdesc.figures` derives peaks and bandwidths; `hwdesc.dump` writes a description back.
 """
 
-from .errors import HwDescError, MnsimError
+from .errors import HwDescError, MnsimError, ReadOnlyError
 from .loader import from_document, load, names
 from .model import HwDesc
 from .source import CONFIDENCE_TAGS, UNSOURCED, Location, Provenance
 
-__all__ = ["CONFIDENCE_TAGS", "UNSOURCED", "HwDesc", "HwDescError", "Location", "MnsimError",
+__all__ = ["CONFIDENCE_TAGS", "UNSOURCED", "HwDesc", "HwDescError", "Location", "MnsimError", "ReadOnlyError",
            "Provenance", "from_document", "load", "names"]

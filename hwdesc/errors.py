@@ -16,6 +16,10 @@ class MnsimError(Exception):
     code written against the builtins keeps working."""
 
 
+class ReadOnlyError(MnsimError, TypeError):
+    """A loaded hardware description was written to; it is immutable (edit the YAML instead)."""
+
+
 class HwDescError(MnsimError, ValueError):
     """A hardware description could not be read or is not a valid chip.
 

@@ -36,7 +36,7 @@ def from_document(doc: Document) -> HwDesc:
         hw = HwDesc.model_validate(doc.data)
     except ValidationError as e:
         _raise([_describe(err) for err in e.errors(include_url=False)], doc)
-    hw._document = doc
+    hw.attach_document(doc)
     problems = check(hw)
     if problems:
         _raise(problems, doc)

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ByteSize, ConfigDict, Field,
                       PrivateAttr)
 
+from .errors import ReadOnlyError
 from .source import Document, KeyPath, Location, Provenance
 
 
@@ -26,7 +27,7 @@ class FrozenDict(dict):
     """A dict that refuses to change, so that a loaded chip cannot be edited by accident."""
 
     def _read_only(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("hardware descriptions are immutable; copy the YAML and edit it instead")
+        raise ReadOnlyError("hardware descriptions are immutable; copy the YAML and edit it instead")
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
 
@@ -214,6 +215,10 @@ class HwDesc(_Frozen):
     """Gaps in steps that software leaves between dependent PE-stream operations."""
 
     _document: Document | None = PrivateAttr(default=None)
+
+    def attach_document(self, doc: Document) -> None:
+        """Keep the YAML document this description was read from (its provenance and lines)."""
+        self._document = doc
 
     def __eq__(self, other: object) -> bool:
         """Two descriptions are equal when they describe the same chip, wherever they were read."""

@@ -15,8 +15,8 @@ from . import storage
 from .context import CacheOptions, Context
 from .device import MNDevice
 from .errors import (ArgumentError, ArtifactError, CompileError, DeviceError, DeviceMemoryError, DeviceNameError,
-                     HwDescError, InputError, InvalidatedError, LayoutError, MLSDKError, OptionError,
-                     RegistrationError, ScriptError, SimError, SpecMismatchError, UnsupportedOpError)
+                     HwDescError, InputError, InvalidatedError, LayoutError, MLSDKError, OptionError, ReadOnlyError,
+                     RegistrationError, ReportError, ScriptError, SimError, SpecMismatchError, UnsupportedOpError)
 from .function import CompiledFunction
 from .naming import get_tensor_name, set_buffer_name_in_optimizer, set_tensor_name, set_tensor_name_in_module
 from .optim import MNCoreAdam, MNCoreAdamW, MNCoreLRScheduler, MNCoreOptimizer, MNCoreSGD
@@ -29,7 +29,7 @@ path = storage.path  # mlsdk.path(), an alias some documentation uses
 __all__ = [
     "ArgumentError", "ArtifactError", "CacheOptions", "CompileError", "CompiledFunction", "Context", "DeviceError",
     "DeviceMemoryError", "DeviceNameError", "HwDescError", "IOSpec", "InputError", "InvalidatedError", "LayoutError",
-    "MLSDKError", "OptionError", "RegistrationError", "ScriptError", "SimError", "SpecMismatchError",
+    "MLSDKError", "OptionError", "ReadOnlyError", "RegistrationError", "ReportError", "ScriptError", "SimError", "SpecMismatchError",
     "UnsupportedOpError",
     "MNCoreAdam", "MNCoreAdamW", "MNCoreLRScheduler", "MNCoreOptimizer", "MNCoreSGD", "MNDevice", "TensorLike", "TensorProxy", "get_tensor_name", "path", "register_pytree_dataclass",
     "register_pytree_namedtuple", "set_buffer_name_in_optimizer", "set_tensor_name", "set_tensor_name_in_module",

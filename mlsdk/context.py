@@ -36,7 +36,7 @@ from runtime.session import CALL, BINDING
 from . import options as options_mod
 from . import trace
 from .device import MNDevice
-from .errors import ArgumentError, InvalidatedError, RegistrationError
+from .errors import ArgumentError, MLSDKError, RegistrationError
 from .function import CompiledFunction
 from .naming import (get_tensor_name, optimizer_prefix, optimizer_tensors, set_buffer_name_in_optimizer,
                      set_tensor_name, set_tensor_name_in_module)
@@ -203,7 +203,7 @@ class Context:
         opts = options_mod.check(options)
         constraints = dict(io_spec_constraints or {})
         name = function_name(function)
-        with self._compiling:
+        with self._compiling, _noted(f"while compiling {name} in {self.runtime.label}"):
             graph = self._trace(function, inputs, name, training)
             if self.device.reference:
                 fn = self._reference_function(name, graph)
@@ -348,6 +348,16 @@ def _cache_key(graph: Any, opts: dict, constraints: dict, fingerprint: str) -> s
         h.update(f"const {c.shape} {c.dtype}".encode())
         h.update(c.data.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:24]
+
+
+@contextlib.contextmanager
+def _noted(note: str) -> Iterator[None]:
+    """Errors raised inside carry `note` (shown under the message): which function, which Context."""
+    try:
+        yield
+    except MLSDKError as e:
+        e.add_note(note)
+        raise
 
 
 @contextlib.contextmanager

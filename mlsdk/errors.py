@@ -3,6 +3,7 @@ fits, e.g. ValueError). A failed call leaves the Context usable.
 
     MLSDKError
       HwDescError           a hardware description (file:line, key path)          ValueError
+      ReadOnlyError         a write into a loaded hardware description             TypeError
       LayoutError           a layout string or a layout that does not fit a chip   ValueError
       CompileError          a function that cannot be compiled (op, source line)   ValueError
         UnsupportedOpError  an op mnsim cannot lower                               NotImplementedError
@@ -17,13 +18,14 @@ fits, e.g. ValueError). A failed call leaves the Context usable.
       DeviceNameError       an MNDevice name that names no chip                    ValueError
       OptionError           a compile option or argument with a bad value          ValueError
       ArgumentError         an argument of the wrong type                          TypeError
+      ReportError           a report that cannot be built or read                  ValueError
       ScriptError           `mnsim run` cannot start a script                      OSError
 """
 
 from __future__ import annotations
 
 from compiler.errors import ArtifactError, CompileError, LayoutError, SpecMismatchError, UnsupportedOpError
-from hwdesc.errors import HwDescError
+from hwdesc.errors import HwDescError, ReadOnlyError
 from hwdesc.errors import MnsimError as MLSDKError
 from runtime.errors import DeviceError, InputError, InvalidatedError, RegistrationError
 from sim.errors import DeviceMemoryError, SimError
@@ -41,12 +43,16 @@ class ArgumentError(MLSDKError, TypeError):
     """An argument of an MLSDK call of the wrong type (says what was given and what is taken)."""
 
 
+class ReportError(MLSDKError, ValueError):
+    """A report that cannot be built (sessions on different chips, nothing simulated) or read."""
+
+
 class ScriptError(MLSDKError, OSError):
     """`mnsim run` / `compare` cannot start the script (no such file)."""
 
 
 __all__ = [
     "ArgumentError", "ArtifactError", "CompileError", "DeviceError", "DeviceMemoryError", "DeviceNameError", "HwDescError",
-    "InputError", "InvalidatedError", "LayoutError", "MLSDKError", "OptionError", "RegistrationError", "ScriptError",
+    "InputError", "InvalidatedError", "LayoutError", "MLSDKError", "OptionError", "ReadOnlyError", "RegistrationError", "ReportError", "ScriptError",
     "SimError", "SpecMismatchError", "UnsupportedOpError",
 ]

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 import torch
 
-from .errors import MLSDKError
+from .errors import OptionError
 
 LR_KEY = "lr"
 
@@ -44,7 +44,7 @@ class MNCoreOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable, defaults: dict[str, Any]) -> None:
         if _scalar_value(defaults[LR_KEY]) < 0:
-            raise MLSDKError(f"{type(self).__name__}: invalid learning rate {_scalar_value(defaults[LR_KEY])}")
+            raise OptionError(f"{type(self).__name__}: invalid learning rate {_scalar_value(defaults[LR_KEY])}")
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -53,7 +53,7 @@ class MNCoreOptimizer(torch.optim.Optimizer):
         group[LR_KEY] = _scalar(group[LR_KEY])
         for p in group["params"]:
             if not p.is_floating_point():
-                raise MLSDKError(f"{type(self).__name__}: parameter of dtype {p.dtype} cannot be trained")
+                raise OptionError(f"{type(self).__name__}: parameter of dtype {p.dtype} cannot be trained")
             self.state[p].update(self.init_state(p, group))
 
     def init_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -108,9 +108,9 @@ class MNCoreSGD(MNCoreOptimizer):
                  dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, *,
                  maximize: bool = False) -> None:
         if momentum < 0 or weight_decay < 0:
-            raise MLSDKError(f"MNCoreSGD: invalid momentum {momentum} or weight_decay {weight_decay}")
+            raise OptionError(f"MNCoreSGD: invalid momentum {momentum} or weight_decay {weight_decay}")
         if nesterov and (momentum <= 0 or dampening != 0):
-            raise MLSDKError("MNCoreSGD: nesterov momentum requires a momentum and zero dampening")
+            raise OptionError("MNCoreSGD: nesterov momentum requires a momentum and zero dampening")
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov, maximize=maximize))
 
@@ -151,7 +151,7 @@ class _AdamBase(MNCoreOptimizer):
                  torch_eps: bool = True, maximize: bool = False) -> None:
         beta1, beta2 = betas
         if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0) or eps < 0 or weight_decay < 0:
-            raise MLSDKError(f"{type(self).__name__}: invalid betas {betas}, eps {eps} or weight_decay {weight_decay}")
+            raise OptionError(f"{type(self).__name__}: invalid betas {betas}, eps {eps} or weight_decay {weight_decay}")
         super().__init__(params, dict(lr=lr, betas=(float(beta1), float(beta2)), eps=float(eps),
                                       weight_decay=float(weight_decay), torch_eps=torch_eps, maximize=maximize))
 
@@ -187,7 +187,7 @@ class _AdamBase(MNCoreOptimizer):
 def _pick(kwargs: dict[str, Any], names: tuple[str, ...], default: Any, owner: str) -> Any:
     given = [n for n in names if n in kwargs]
     if len(given) > 1:
-        raise MLSDKError(f"{owner}: {' and '.join(given)} name the same hyper-parameter; pass one")
+        raise OptionError(f"{owner}: {' and '.join(given)} name the same hyper-parameter; pass one")
     return kwargs.pop(given[0]) if given else default
 
 
@@ -196,7 +196,7 @@ def _betas(kwargs: dict[str, Any], first: tuple[str, ...], second: tuple[str, ..
     beta1, beta2 = _pick(kwargs, first, None, owner), _pick(kwargs, second, None, owner)
     betas = kwargs.pop("betas", None)
     if betas is not None and (beta1 is not None or beta2 is not None):
-        raise MLSDKError(f"{owner}: betas and {' / '.join(first + second)} name the same hyper-parameters; pass one")
+        raise OptionError(f"{owner}: betas and {' / '.join(first + second)} name the same hyper-parameters; pass one")
     return tuple(betas) if betas is not None else (0.9 if beta1 is None else beta1, 0.999 if beta2 is None else beta2)
 
 
@@ -219,7 +219,7 @@ class MNCoreAdam(_AdamBase):
         torch_eps = bool(kwargs.pop("chainer_use_torch", True))
         maximize = bool(kwargs.pop("maximize", False))
         if kwargs:
-            raise MLSDKError(f"{owner}: unknown arguments {', '.join(sorted(kwargs))}")
+            raise OptionError(f"{owner}: unknown arguments {', '.join(sorted(kwargs))}")
         super().__init__(params, lr, betas, eps, weight_decay, torch_eps, maximize)
 
 
@@ -240,7 +240,7 @@ class MNCoreAdamW(_AdamBase):
         betas = _betas(kwargs, ("beta1",), ("beta2",), owner)
         maximize = bool(kwargs.pop("maximize", False))
         if kwargs:
-            raise MLSDKError(f"{owner}: unknown arguments {', '.join(sorted(kwargs))}")
+            raise OptionError(f"{owner}: unknown arguments {', '.join(sorted(kwargs))}")
         super().__init__(params, lr, betas, eps, weight_decay, True, maximize)
 
 
@@ -252,7 +252,7 @@ class MNCoreLRScheduler:
     def __init__(self, scheduler: Any, context: Any) -> None:
         optimizer = getattr(scheduler, "optimizer", None)
         if not isinstance(optimizer, MNCoreOptimizer):
-            raise MLSDKError("MNCoreLRScheduler wraps a torch LR scheduler of an MNCore optimizer "
+            raise OptionError("MNCoreLRScheduler wraps a torch LR scheduler of an MNCore optimizer "
                              f"(got one of {type(optimizer).__name__})")
         self.scheduler, self.context = scheduler, context
         self._rates = [group[LR_KEY] for group in optimizer.param_groups]  # the registered tensors
@@ -267,11 +267,11 @@ class MNCoreLRScheduler:
                 group[LR_KEY] = rate
             changed = [k for k, v in self._fixed[g].items() if k in group and group[k] != v]
             if changed:
-                raise MLSDKError(f"MNCoreLRScheduler: the scheduler changed {', '.join(changed)} of parameter group "
+                raise OptionError(f"MNCoreLRScheduler: the scheduler changed {', '.join(changed)} of parameter group "
                                  f"{g}; the compiled step holds only the learning rate on the device (for "
                                  "OneCycleLR / CyclicLR pass cycle_momentum=False)")
             if not self.context.is_registered(rate):
-                raise MLSDKError("MNCoreLRScheduler: the optimizer's learning rate is not registered, so compiled "
+                raise OptionError("MNCoreLRScheduler: the optimizer's learning rate is not registered, so compiled "
                                  "steps hold it as a number; call context.register_optimizer_buffers(optimizer) "
                                  "before compiling")
             self.context.get_registered_value_proxy(rate).load_from(rate)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import warnings
 
+from .errors import OptionError
+
 # option -> what mnsim does with it
 USED = {
     "float_dtype": "float keeps float32; mixed runs matrix products in half (1-6-9) with float32 accumulation",
@@ -34,5 +36,5 @@ def check(options: dict | None) -> dict:
                       f"{', '.join([*USED, *IGNORED])}", stacklevel=3)
     dtype = options.get("float_dtype", "float")
     if dtype not in FLOAT_DTYPES:
-        raise ValueError(f"options['float_dtype'] is {dtype!r}; expected one of {', '.join(FLOAT_DTYPES)}")
+        raise OptionError(f"options['float_dtype'] is {dtype!r}; expected one of {', '.join(FLOAT_DTYPES)}")
     return {"float_dtype": dtype}

@@ -16,12 +16,18 @@ from .report import Report  # noqa: E402
 COLOURS = {"relocation": "tab:green", "conversion": "tab:orange", "host round trip": "tab:red"}
 
 
+KIND_COLOURS = {"call": "tab:blue", "binding": "tab:orange", "upload": "tab:purple", "download": "tab:brown",
+                "load": "tab:gray"}
+MAX_RUN_LABELS = 40  # runs labelled on the run strip (the longest ones; the rest are drawn, unlabelled)
+
+
 def png(report: Report, path: str | os.PathLike) -> None:
     handed_over = [b for b in report.bindings if b.handover]
-    panels = 2 if handed_over else 1
+    panels = 3 if handed_over else 2
     fig, axes = plt.subplots(panels, 1, figsize=(9, 3.2 * panels + 0.6), squeeze=False)
     if handed_over:
         _bindings(axes[0][0], report, handed_over)
+    _runs(axes[-2][0], report)
     _utilisation(axes[-1][0], report)
     fig.suptitle(f"{report.source or 'mnsim'} on {report.chip}: {report.total_cycles:,} cycles "
                  f"({report.time_us:,.1f} us)", fontsize=10)
@@ -49,6 +55,34 @@ def _bindings(ax, report: Report, rows) -> None:
     ax.set_title("a producer's output handed to a consumer, whole chain: relocation (producer constrained) vs "
                  "conversion vs host round trip", fontsize=9)
     ax.legend(fontsize=8)
+
+
+def run_labels(report: Report) -> list[str]:
+    """Each run as "kind: what", with its Context when the same name ran in several Contexts."""
+    contexts: dict[str, set[str]] = {}
+    for r in report.runs:
+        contexts.setdefault(r.what, set()).add(r.context)
+    return [f"{r.kind}: {r.what}" + (f" ({r.context})" if len(contexts[r.what]) > 1 and r.context else "")
+            for r in report.runs]
+
+
+def _runs(ax, report: Report) -> None:
+    """The device runs one after another (uploads, calls, conversions, downloads), each labelled."""
+    scale = 1e6 / report.clock_hz
+    labels = run_labels(report)
+    labelled = set(sorted(range(len(report.runs)), key=lambda i: -report.runs[i].cycles)[:MAX_RUN_LABELS])
+    for i, r in enumerate(report.runs):
+        ax.barh(i % 2, r.cycles * scale, left=r.start_cycle * scale, height=0.8,
+                color=KIND_COLOURS.get(r.kind, "tab:olive"), edgecolor="white", linewidth=0.3)
+        if i in labelled:
+            ax.text((r.start_cycle + r.cycles / 2) * scale, i % 2, labels[i], ha="center", va="center",
+                    fontsize=6, rotation=90 if r.cycles < report.total_cycles / 8 else 0, clip_on=True)
+    ax.set_yticks([])
+    ax.set_xlim(0, max(report.total_cycles, 1) * scale)
+    ax.set_xlabel("simulated time (us)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in KIND_COLOURS.values()]
+    ax.legend(handles, list(KIND_COLOURS), fontsize=7, ncol=len(KIND_COLOURS), loc="upper right")
+    ax.set_title("device runs in order (binding: an input's upload, conversion or host round trip)", fontsize=9)
 
 
 def _utilisation(ax, report: Report) -> None:

@@ -11,13 +11,15 @@ from typing import TypeVar
 
 from torch.utils import _pytree as pytree
 
+from .errors import ArgumentError
+
 T = TypeVar("T", bound=type)
 
 
 def register_pytree_dataclass(cls: T) -> T:
     """Register a @dataclass: its fields (in declaration order) are the children."""
     if not dataclasses.is_dataclass(cls):
-        raise TypeError(f"register_pytree_dataclass takes a @dataclass class, got {cls!r}")
+        raise ArgumentError(f"register_pytree_dataclass takes a @dataclass class, got {cls!r}")
     names = [f.name for f in dataclasses.fields(cls)]
     pytree.register_pytree_node(
         cls,
@@ -33,7 +35,7 @@ def register_pytree_namedtuple(cls: T) -> T:
     """Register a NamedTuple class (torch treats plain namedtuples as tuples; this names the
     leaves after the fields)."""
     if not (issubclass(cls, tuple) and hasattr(cls, "_fields")):
-        raise TypeError(f"register_pytree_namedtuple takes a NamedTuple class, got {cls!r}")
+        raise ArgumentError(f"register_pytree_namedtuple takes a NamedTuple class, got {cls!r}")
     names = list(cls._fields)
     pytree.register_pytree_node(
         cls,

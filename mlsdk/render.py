@@ -101,10 +101,11 @@ def tables(report: Report) -> list:
     if r.chains:
         c = Table(title="hand-over chains: cycles of their calls and bindings, as run and with every function "
                         "compiled without io_spec_constraints", title_justify="left")
-        for col in ("functions", "calls", "as run", "unconstrained", "saved"):
+        for col in ("functions", "chains", "calls", "as run", "unconstrained", "saved"):
             c.add_column(col, justify="left" if col == "functions" else "right")
         for row in r.chains:
-            c.add_row(" -> ".join(row.functions), str(row.calls), _n(row.as_run), _n(row.unconstrained), _n(row.saved))
+            c.add_row(" -> ".join(row.functions), str(row.chains), str(row.calls), _n(row.as_run),
+                      _n(row.unconstrained), _n(row.saved))
         out.append(c)
     for advice in r.advice:
         out.append(Text.assemble(("advice: ", "bold yellow"), advice))
@@ -149,7 +150,7 @@ def csv_text(report: Report) -> str:
                 w.writerow(["bindings", b.consumer, metric, getattr(b, metric)])
     for i, c in enumerate(r.chains):
         item = f"{i}:{' -> '.join(c.functions)}"
-        for metric in ("calls", "as_run", "unconstrained", "saved"):
+        for metric in ("chains", "calls", "as_run", "unconstrained", "saved"):
             value = getattr(c, metric)
             w.writerow(["chains", item, metric, "" if value is None else value])
     return buf.getvalue()

@@ -37,6 +37,8 @@ from sim import RunStats
 
 from runtime.session import Binding, Call, Run, Session
 
+from .errors import ReportError
+
 TIMELINE_SLICES = 200  # resolution of the utilisation-over-time plot (presentation, not hardware)
 FORMAT = "mnsim-report/1"
 
@@ -47,6 +49,7 @@ class RunRow:
     what: str
     start_cycle: int
     cycles: int
+    context: str = ""  # the Context that ran it (a report may cover several)
 
 
 @dataclass
@@ -114,6 +117,7 @@ class ChainRow:
     as_run: int
     unconstrained: int | None
     saved: int | None  # unconstrained - as_run
+    chains: int = 1  # chains of these functions (a loop runs one per iteration), summed in this row
 
 
 @dataclass
@@ -157,7 +161,7 @@ class Report:
     @staticmethod
     def from_json(d: dict) -> "Report":
         if d.get("format") != FORMAT:
-            raise ValueError(f"not an mnsim report (format {d.get('format')!r}; expected {FORMAT!r})")
+            raise ReportError(f"not an mnsim report (format {d.get('format')!r}; expected {FORMAT!r})")
         return Report(d["chip"], d["clock_hz"], d["total_cycles"], [RunRow(**r) for r in d["runs"]],
                       [UnitRow(**u) for u in d["units"]], dict(d["paths"]), [OpRow(**o) for o in d["ops"]],
                       [BindingRow(**b) for b in d["bindings"]], [tuple(c) for c in d["compiles"]],
@@ -182,25 +186,25 @@ def build(sessions: Iterable[Session], source: str = "") -> Report:
     """One report over sessions on one chip, their runs one after another."""
     sessions = [s for s in sessions if s.chip != "pfvm"]
     if not sessions:
-        raise ValueError("nothing ran on a simulated chip (pfvm:cpu runs have no cycles)")
+        raise ReportError("nothing ran on a simulated chip (pfvm:cpu runs have no cycles)")
     chips = {s.chip for s in sessions}
     if len(chips) > 1:
-        raise ValueError(f"sessions on different chips ({', '.join(sorted(chips))}); report each chip separately")
+        raise ReportError(f"sessions on different chips ({', '.join(sorted(chips))}); report each chip separately")
     runs = [r for s in sessions for r in s.runs]
     calls = [c for s in sessions for c in s.calls]
     report = Report(sessions[0].chip, sessions[0].clock_hz, sum(r.stats.total_cycles for r in runs), source=source)
     start = 0
-    for r in runs:
-        report.runs.append(RunRow(r.kind, r.what, start, r.stats.total_cycles))
-        start += r.stats.total_cycles
+    for s in sessions:
+        for r in s.runs:
+            report.runs.append(RunRow(r.kind, r.what, start, r.stats.total_cycles, s.label))
+            start += r.stats.total_cycles
     report.units = _units(runs, report.total_cycles)
     report.paths = _paths(runs)
     report.ops = _ops([(c.function, c.stats, c.labels) for c in calls])
     report.phases = _phases(calls)
     report.resident_bytes = sum(s.resident_bytes for s in sessions)
     report.bindings = _bindings([b for c in calls for b in c.bindings])
-    report.chains = [ChainRow(c.functions, c.calls, c.as_run, c.unconstrained, c.saved)
-                     for s in sessions for c in s.chains()]
+    report.chains = _chains([c for s in sessions for c in s.chains()])
     report.compiles = [(name, round(seconds, 4)) for s in sessions for name, seconds in s.compiles]
     report.timeline_slice_cycles, report.timeline = _timeline(runs, report.total_cycles)
     return report
@@ -314,6 +318,23 @@ def _bindings(bindings: list[Binding]) -> list[BindingRow]:
         row.cycles += b.cycles
         for name, value in zip(FIGURES, figures):
             setattr(row, name, _add(getattr(row, name), value))
+    return list(rows.values())
+
+
+def _chains(chains: list) -> list[ChainRow]:
+    """One row per sequence of functions: a loop that hands over every iteration is one row."""
+    rows: dict[tuple[str, ...], ChainRow] = {}
+    for c in chains:
+        key = tuple(c.functions)
+        row = rows.get(key)
+        if row is None:
+            rows[key] = ChainRow(list(c.functions), c.calls, c.as_run, c.unconstrained, c.saved)
+            continue
+        row.chains += 1
+        row.calls += c.calls
+        row.as_run += c.as_run
+        row.unconstrained = _add(row.unconstrained, c.unconstrained)
+        row.saved = _add(row.saved, c.saved)
     return list(rows.values())
 
 

@@ -8,11 +8,12 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 
+from runtime.session import Session, collecting
+
 from .context import Context
 from .device import MNDevice, override
 from .errors import ScriptError
 from .report import Report, build
-from runtime.session import Session, collecting
 from .trace import Recorder, recording
 
 

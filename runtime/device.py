@@ -192,15 +192,24 @@ class Device:
                 raise InputError(f"input {name!r}: its buffer holds {inputs[name].lw} long words per Group; the program "
                                  f"reads {need}")
             bases[symbol] = inputs[name].address
-        outputs = {}
-        for name, symbol in compiled.output_symbols.items():
-            buf = (into or {}).get(name)
-            if buf is not None and buf.lw < compiled.buffers[symbol].lw:
-                raise InputError(f"output {name!r}: the buffer given holds {buf.lw} long words per Group; the program "
-                                 f"writes {compiled.buffers[symbol].lw}")
-            outputs[name] = buf or self.alloc(compiled.buffers[symbol].placement, compiled.buffers[symbol].lw)
-            bases[symbol] = outputs[name].address
-        stats = self.machine.run(compiled.program, bases=bases)
+        outputs: dict[str, DeviceBuffer] = {}
+        fresh: list[DeviceBuffer] = []
+        try:
+            for name, symbol in compiled.output_symbols.items():
+                buf = (into or {}).get(name)
+                if buf is not None and buf.lw < compiled.buffers[symbol].lw:
+                    raise InputError(f"output {name!r}: the buffer given holds {buf.lw} long words per Group; the "
+                                     f"program writes {compiled.buffers[symbol].lw}")
+                if buf is None:
+                    buf = self.alloc(compiled.buffers[symbol].placement, compiled.buffers[symbol].lw)
+                    fresh.append(buf)
+                outputs[name] = buf
+                bases[symbol] = buf.address
+            stats = self.machine.run(compiled.program, bases=bases)
+        except BaseException:  # a failed call leaves no output buffers behind
+            for buf in fresh:
+                self.free(buf)
+            raise
         return outputs, stats
 
     @locked

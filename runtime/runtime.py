@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from compiler.iospec import IOSpec
-from hwdesc import HwDesc
+from hwdesc.errors import MnsimError
 
 from .binder import Binder, Bound
 from .conversions import Conversions
@@ -42,7 +42,7 @@ class Runtime:
         self.id = next(_ids)
         self.label = f"Context #{self.id} on {device_name}"  # how errors name the Context
         self.device = device
-        self.session: Session = new_session(chip, clock_hz)
+        self.session: Session = new_session(chip, clock_hz, self.label)
         self.observers: list[Callable[[Run], None]] = []
         self.lock = device.lock if device is not None else threading.RLock()
         self.invalidated = False
@@ -98,7 +98,11 @@ class Runtime:
         return its outputs (the registered tensors' new values stay with them)."""
         with self.lock:
             self.check()
-            return self._call(exe, values)
+            try:
+                return self._call(exe, values)
+            except MnsimError as e:
+                e.add_note(f"while calling {exe.name} in {self.label}")
+                raise
 
     def _call(self, exe: Executable, values: dict) -> dict[str, DeviceValue]:
         device, compiled = self.board(), exe.compiled

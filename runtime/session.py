@@ -121,6 +121,7 @@ class Session:
     runs: list[Run] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
     resident_bytes: int = 0  # device memory of the Context's registered tensors, after the last call
+    label: str = ""  # the Context's, e.g. "Context #2 on mncore2:auto"
 
     @property
     def bindings(self) -> list[Binding]:
@@ -165,8 +166,8 @@ def collecting() -> Iterator[list[Session]]:
         _collectors.remove(found)
 
 
-def new_session(chip: str, clock_hz: int) -> Session:
-    session = Session(chip, clock_hz)
+def new_session(chip: str, clock_hz: int, label: str = "") -> Session:
+    session = Session(chip, clock_hz, label=label)
     for found in _collectors:
         found.append(session)
     return session

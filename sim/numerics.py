@@ -34,6 +34,8 @@ import math
 import numpy as np
 from numba import njit
 
+from hwdesc.errors import HwDescError
+
 from .isa import VOp
 
 # IEEE binary32: the layout of numpy's float32, the type every PE op computes in. MN-Core's
@@ -154,7 +156,7 @@ class HalfCodec:
     def of(hw) -> "HalfCodec":
         single, half = hw.formats["float32"], hw.formats["float16"]
         if (single.exponent_bits, single.mantissa_bits) != (F32_EXP_BITS, F32_MAN_BITS):
-            raise ValueError(f"{hw.name}: mnsim computes single precision as IEEE binary32 (1-8-23); the chip's "
+            raise HwDescError(f"{hw.name}: mnsim computes single precision as IEEE binary32 (1-8-23); the chip's "
                              f"float32 is 1-{single.exponent_bits}-{single.mantissa_bits}")
         return _codec(half.exponent_bits, half.mantissa_bits)
 

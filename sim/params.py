@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from hwdesc import HwDesc
+from hwdesc import HwDesc, HwDescError
 
 from .functional import WORD_BITS
 from .isa import COST_NAME, DType, Mode, VOp
@@ -99,7 +99,7 @@ class MachineParams:
 @lru_cache(maxsize=32)
 def _from_hw(hw: HwDesc) -> MachineParams:
     if hw.word_bytes * 8 != WORD_BITS:
-        raise ValueError(f"{hw.name}: mnsim's memories are arrays of {WORD_BITS}-bit words; word_bytes "
+        raise HwDescError(f"{hw.name}: mnsim's memories are arrays of {WORD_BITS}-bit words; word_bytes "
                          f"{hw.word_bytes} is not supported")
     names = tuple(hw.memories)
     mem_id = {n: i for i, n in enumerate(names)}

@@ -35,6 +35,7 @@ ALLOWED = {
     ("mlsdk/cli.py", 120): "console width when writing to a pipe",
     ("mlsdk/commands.py", 140): "console width of a text report written to a file",
     ("mlsdk/render.py", 40): "runs listed in a text report before it shows only the longest",
+    ("mlsdk/trace.py", 100): "first Chrome-trace process id of device runs (the host is 1)",
     ("mlsdk/render.py", 100): "percent",
     ("mlsdk/render.py", 4): "rounding of utilisation and microseconds in CSV",
     ("mlsdk/render.py", 6): "rounding of utilisation and microseconds in CSV",

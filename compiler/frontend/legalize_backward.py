@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import UnsupportedOpError
 from ..ir import CONV_RANK, Value
 from .build import Builder
-from .legalize import ensure_float, rule
+from .rules import ensure_float, rule
 from .legalize_movement import dilate, spaced
 from .legalize_nn import avg_divisor, pool_geometry
 

@@ -16,7 +16,7 @@ from math import prod
 from ..errors import UnsupportedOpError
 from ..ir import FLOAT_DTYPES, Value
 from .build import Builder, broadcast_shapes, norm_dim
-from .legalize import out_dtype, rule
+from .rules import out_dtype, rule
 
 
 @rule("view", "_unsafe_view", "reshape", "view_copy", "_reshape_alias", "_reshape_alias_copy", "flatten",

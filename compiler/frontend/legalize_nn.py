@@ -15,7 +15,7 @@ from ..dtypes import INT32_MIN
 from ..errors import UnsupportedOpError
 from ..ir import CONV_RANK, Value
 from .build import Builder
-from .legalize import ensure_float, out_dtype, rule
+from .rules import ensure_float, out_dtype, rule
 
 
 @rule("mm", "bmm", "matmul")

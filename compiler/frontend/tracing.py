@@ -28,7 +28,8 @@ from torch.utils import _pytree as pytree
 from ..dtypes import INT32_MAX, INT32_MIN
 from ..errors import CompileError, UnsupportedOpError
 from ..ir import Graph, Value, update_output
-from . import legalize
+from . import legalize  # noqa: F401  (imported for its rules: they register in rules.RULES)
+from .rules import RULES, ir_dtype
 from .build import Builder
 from .decompositions import table
 
@@ -87,7 +88,7 @@ def key_name(path: tuple) -> str:
 
 def device_constant(name: str, data: torch.Tensor) -> tuple[str, torch.Tensor]:
     """A captured tensor in its device dtype (int64 -> int32, checked; float64 -> float32)."""
-    dtype = legalize.ir_dtype(data.dtype)
+    dtype = ir_dtype(data.dtype)
     data = data.detach()
     if dtype == "int32" and data.dtype != torch.int32:
         if data.numel() and (data.min() < INT32_MIN or data.max() > INT32_MAX):
@@ -107,7 +108,16 @@ def trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tenso
     function writes into them (an optimizer step, BatchNorm's running statistics, gradients
     accumulated by `backward()`) becomes `graph.updates[name]`, the value the program leaves in
     that tensor for the next call. A write into any other captured tensor is refused.
+
+    One trace runs at a time in a process: torch's fake-tensor tracing keeps global state, and
+    tracing patches process-wide hooks (autograd_phases), so traces from several threads queue.
     """
+    with _TRACING:
+        return _trace(fn, inputs, resident, describe)
+
+
+def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tensor], str | None] | None,
+           describe: Callable[[torch.Tensor], str | None] | None) -> Graph:
     leaves, in_spec = pytree.tree_flatten_with_path(inputs)
     names = [key_name(path) for path, _ in leaves]
     tensors = [leaf for _, leaf in leaves]
@@ -377,7 +387,7 @@ def _legalize(gm: torch.fx.GraphModule, in_names: list[str], samples: list[torch
         val = fx_node.meta.get("val")
         if fx_node.op == "placeholder":
             name, sample = next(placeholders)
-            v = Value(name, tuple(val.shape), legalize.ir_dtype(val.dtype), "input")
+            v = Value(name, tuple(val.shape), ir_dtype(val.dtype), "input")
             if sample.dtype != torch.int32 and v.dtype == "int32":
                 v.torch_dtype = str(sample.dtype).replace("torch.", "")
             env[fx_node] = graph.inputs[name] = v
@@ -419,7 +429,7 @@ def _call(b: Builder, fx_node: torch.fx.Node, val: Any, convert: Callable[[Any],
     key = _op_key(fx_node.target)
     if key == "copy_":
         return _write_back(b, args, aten, shapes, source)
-    fn = legalize.RULES.get(key)
+    fn = RULES.get(key)
     if fn is None:
         raise UnsupportedOpError(aten, shapes, source)
     b.source, b.aten, b.stem = source, aten, fx_node.name
@@ -461,5 +471,5 @@ def _check(b: Builder, aten: str, source: str, shapes: list, val: Any, result: A
         if tuple(r.shape) != tuple(v.shape):
             raise CompileError(f"internal: {aten} legalized to shape {list(r.shape)}, torch says {list(v.shape)}"
                                f"\n  at {source or 'an unknown line'}")
-        fixed.append(b.cast(r, legalize.ir_dtype(v.dtype)))
+        fixed.append(b.cast(r, ir_dtype(v.dtype)))
     return tuple(fixed) if isinstance(result, (list, tuple)) else fixed[0]

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from ..ir import Node, Value
-from ..layout import Layout, Placement
+from ..layout import Layout, Placement, lanes_innermost
 from ..layout.reshape import reshape_layout
 from ..transfer.gather import SKIP, LwSources, lw_sources
 from ..transfer.staging import stage
@@ -43,7 +43,6 @@ def view_transform(node: Node) -> tuple[Callable[[Layout], Layout | None], Calla
 def view_ref(ref: Ref, forward: Callable[[Layout], Layout | None]) -> Ref | None:
     """A stored value read through a view, or None when its layout cannot express the view (or
     would split a long word's lanes inside a dimension, which nothing could relay from)."""
-    from .relayout import lanes_innermost
     layout = forward(ref.placement.layout)
     if layout is None or not lanes_innermost(layout):
         return None

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import CompileError
 from ..ir import Node, Value
-from ..layout import W_AXIS, Broadcast, Factor, Layout, Placement
+from ..layout import W_AXIS, Broadcast, Factor, Layout, Placement, lanes_innermost
 from ..layout.spread import Spread, spread, time_sliced
 from ..transfer.gather import LaneMismatch, lw_sources
 from ..transfer.staging import stage
@@ -43,16 +43,6 @@ def unpacked(layout: Layout) -> Layout:
     dims = [[Factor(f.size, f.axis, f.stride * n) if f.axis is None else f for f in dim] for dim in layout.dims]
     dims[wd][wk] = Factor(n, None, 1)
     return Layout.of(dims, layout.shape, tuple(b for b in layout.broadcast if b.axis != W_AXIS) + (Broadcast(W_AXIS),))
-
-
-def lanes_innermost(layout: Layout) -> bool:
-    """Whether the lanes (if packed) are the innermost digit of one dimension: the layouts whose
-    lanes an LM layout can keep, so the only ones a relayout can start from."""
-    for dim in layout.dims:
-        for k, f in enumerate(dim):
-            if f.axis == W_AXIS and f.size > 1:
-                return f.stride == 1 and all(g.size == 1 for g in dim[k + 1:])
-    return True
 
 
 def lane_matched(p: Placement, budget_lw: int) -> Layout:

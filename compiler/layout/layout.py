@@ -65,11 +65,6 @@ class Layout:
     broadcast: tuple[Broadcast, ...] = field(default=())
 
     @staticmethod
-    def parse(text: str) -> "Layout":
-        from .parse import parse
-        return parse(text)
-
-    @staticmethod
     def of(dims: list[list[Factor]] | tuple, shape: tuple[int, ...] | None = None,
            broadcast: tuple[Broadcast, ...] = ()) -> "Layout":
         """Build a layout from factor lists; the shape defaults to the factor extents."""
@@ -161,7 +156,8 @@ class Layout:
         items = [Broadcast(b.axis, b.size, 1 if b.size == 1 else b.stride) for b in items]
         return Layout(tuple(dims), self.shape, tuple(dict.fromkeys(items)))
 
-    def _key(self) -> tuple:
+    def key(self) -> tuple:
+        """What canonical equality compares (and hashes): shape, dims and broadcasts of the canonical form."""
         key = self.__dict__.get("_key_cache")
         if key is None:
             c = self.canonical()
@@ -170,10 +166,10 @@ class Layout:
         return key
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Layout) and self._key() == other._key()
+        return isinstance(other, Layout) and self.key() == other.key()
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        return hash(self.key())
 
     # ---- printing ---------------------------------------------------------------------------
 
@@ -218,3 +214,13 @@ def _coalesce(factors: list[Factor]) -> list[Factor]:
             f = Factor(outer.size * f.size, f.axis, f.stride)
         out.append(f)
     return out
+
+
+def lanes_innermost(layout: Layout) -> bool:
+    """Whether the lanes (if packed) are the innermost digit of one dimension: the layouts whose
+    lanes an LM layout can keep, so the only ones a relayout can start from."""
+    for dim in layout.dims:
+        for k, f in enumerate(dim):
+            if f.axis == W_AXIS and f.size > 1:
+                return f.stride == 1 and all(g.size == 1 for g in dim[k + 1:])
+    return True

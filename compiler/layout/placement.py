@@ -82,9 +82,9 @@ class Placement:
     _cache: "OrderedDict[tuple, Placement]" = OrderedDict()
 
     def __new__(cls, layout: Layout, hw: HwDesc, memory: str, dtype: str, *, check_capacity: bool = True):
-        found = cls._cache.get((layout._key(), hw.fingerprint, memory, dtype, check_capacity))
+        found = cls._cache.get((layout.key(), hw.fingerprint, memory, dtype, check_capacity))
         if found is not None:
-            cls._cache.move_to_end((layout._key(), hw.fingerprint, memory, dtype, check_capacity))
+            cls._cache.move_to_end((layout.key(), hw.fingerprint, memory, dtype, check_capacity))
             return found
         return super().__new__(cls)
 
@@ -94,7 +94,7 @@ class Placement:
         self._build(layout, hw, memory, dtype, check_capacity)
         self._built = True
         cache = type(self)._cache
-        cache[(layout._key(), hw.fingerprint, memory, dtype, check_capacity)] = self
+        cache[(layout.key(), hw.fingerprint, memory, dtype, check_capacity)] = self
         if len(cache) > CACHED_PLACEMENTS:
             cache.popitem(last=False)
 

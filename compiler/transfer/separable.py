@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import LayoutError
 from ..layout import Placement
-from .gather import LaneMismatch, LwSources
+from .sources import LaneMismatch, LwSources
 
 Terms = tuple[np.ndarray, np.ndarray, np.ndarray]  # (Group, long word, lane) added by each index value
 PAIR = ("dst Group", "dst", "src Group", "src")  # the columns of a dimension's long-word pairs
@@ -64,7 +64,7 @@ class DimTerms:
         return self.placement.dtype
 
     def key(self) -> tuple:
-        return (self.placement.layout._key(), self.view, self.base, self.shape)
+        return (self.placement.layout.key(), self.view, self.base, self.shape)
 
     @staticmethod
     def of(p: Placement, *, sizes: tuple[int, ...] | None = None) -> "DimTerms | None":

@@ -178,15 +178,22 @@ def test_trace_scope_writes_host_and_device_tracks(ctx, tmp_path):
     events = json.loads(path.read_text())["traceEvents"]
     host = {e["name"] for e in events if e.get("pid") == 1 and e["ph"] == "X"}
     assert {"compile scale", "call scale", "my step"} <= host
-    tracks = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert {"host link", "Data Engine 0", "PE stream", "runs"} <= tracks
-    device_runs = [e for e in events if e.get("pid") == 2 and e.get("cat") == "run"]
+    processes = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert [processes[pid] for pid in sorted(processes)] == [
+        "host", "device run 0: upload scale.x", "device run 1: scale", "device run 2: download scale.y"]
+    device_runs = [e for e in events if e.get("cat") == "run"]
     assert [e["name"] for e in device_runs] == ["upload scale.x", "scale", "download scale.y"]
+    assert len({e["pid"] for e in device_runs}) == 3, "each simulated run on its own track"
+    for run in device_runs:
+        tracks = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"
+                  and e["pid"] == run["pid"]}
+        assert "run" in tracks and tracks & {"host link", "PE stream", "Data Engine 0"}
     call = ctx.session.calls[-1]
     assert device_runs[1]["dur"] == pytest.approx(call.stats.total_cycles / (call.stats.clock_hz / 1e6))
-    ends = [e["ts"] + e["dur"] for e in device_runs]
-    starts = [e["ts"] for e in device_runs]
-    assert all(s >= prev - 1e-9 for s, prev in zip(starts[1:], ends)), "device runs follow one another"
+    host_call = next(e for e in events if e.get("pid") == 1 and e["name"] == "call scale")
+    for run in device_runs[:2]:  # the upload and the program ran inside the host call, and are anchored there
+        assert host_call["ts"] <= run["ts"] and run["ts"] + run["dur"] <= host_call["ts"] + host_call["dur"] + 1
+    assert device_runs[2]["ts"] >= host_call["ts"] + host_call["dur"] - 1, "the download (.cpu()) follows the call"
 
 
 def test_trace_scope_none_disables_tracing(ctx, tmp_path, monkeypatch):

@@ -123,7 +123,28 @@ def test_png_has_both_plots(session_report, tmp_path):
     png(report, tmp_path / "r.png")
     import matplotlib.image as mpimg
     image = mpimg.imread(tmp_path / "r.png")
-    assert image.shape[0] > 500 and image.shape[1] > 800, "two panels: bindings and utilisation"
+    assert image.shape[0] > 700 and image.shape[1] > 800, "three panels: bindings, runs and utilisation"
+
+
+def test_run_labels_name_the_context_when_functions_repeat(tmp_path):
+    from mlsdk.plots import run_labels
+    contexts = [Context(MNDevice("mini:auto")) for _ in range(2)]
+    for ctx in contexts:
+        ctx.compile(scale, {"x": torch.zeros(2, 2)}, None)({"x": torch.ones(2, 2)})["y"].cpu()
+    only = Context(MNDevice("mini:auto"))
+    only.compile(lambda d: {"z": d["x"] - 1}, {"x": torch.zeros(2, 2)}, None)({"x": torch.ones(2, 2)})
+    report = build([c.session for c in [*contexts, only]])
+    labels = run_labels(report)
+    first, second = (c.runtime.label for c in contexts)
+    assert f"call: scale ({first})" in labels and f"call: scale ({second})" in labels
+    assert [x for x in labels if x.startswith("call: lambda")] == ["call: " + only.session.calls[0].function]
+
+
+def test_comparison_aligns_runs_by_name_and_marks_what_one_side_lacks():
+    from mlsdk.render import aligned
+    rows = aligned([("call: f", 10), ("call: g", 5), ("call: f", 12)], [("call: f", 20), ("upload: x", 3)])
+    assert rows == [("call: f", 10, 20), ("call: g (only in the first)", 5, None),
+                    ("call: f #2 (only in the first)", 12, None), ("upload: x (only in the second)", None, 3)]
 
 
 # ---- commands ---------------------------------------------------------------------------------
