@@ -76,7 +76,8 @@ def save(compiled: Compiled, directory: str | Path) -> Path:
              "out_spec": pytree.treespec_dumps(compiled.out_spec) if compiled.out_spec is not None else None,
              "resident": list(compiled.resident), "symbols": list(p.symbols), "labels": [list(x) for x in p.labels],
              "buffers": buffers, "scratch_lw": compiled.scratch_lw, "updates": compiled.updates,
-             "donated": sorted(compiled.donated), "phases": [list(x) for x in compiled.phases]}
+             "donated": sorted(compiled.donated), "phases": [list(x) for x in compiled.phases],
+             "constraints": {k: s.to_json() for k, s in compiled.constraints.items()}}
     summary = dict(compiled.summary)
     summary.setdefault("estimated_cycles", estimate_cycles(compiled))
     contents = {
@@ -170,7 +171,8 @@ def load(directory: str | Path, hw: HwDesc | None = None) -> Compiled:
                             specs["output_symbols"], {k: tuple(v) for k, v in specs["output_shapes"].items()},
                             pytree.treespec_loads(specs["out_spec"]) if specs["out_spec"] else None,
                             summary, scratch_lw=specs["scratch_lw"], updates=specs["updates"],
-                            donated=set(specs["donated"]), phases=[tuple(x) for x in specs["phases"]])
+                            donated=set(specs["donated"]), phases=[tuple(x) for x in specs["phases"]],
+                            constraints={k: IOSpec.from_json(v) for k, v in specs["constraints"].items()})
         compiled.resident = {name: torch.from_numpy(arrays[f"resident_{name}"]) for name in specs["resident"]}
     return compiled
 

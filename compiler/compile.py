@@ -59,6 +59,8 @@ class Compiled:
     value comes first), so the state is updated in place."""
     phases: list[tuple[int, int, str]] = field(default_factory=list)
     """[start, end) instruction ranges of the forward, backward and optimizer parts of the program."""
+    constraints: dict[str, IOSpec] = field(default_factory=dict)
+    """The io_spec_constraints it was compiled with (what a hand-over's counterfactual drops)."""
 
 
 def compile_function(fn: Callable, inputs: Any, hw: HwDesc, *, options: dict | None = None,
@@ -77,6 +79,7 @@ def compile_traced(graph: Graph, hw: HwDesc, *, options: dict | None = None,
     start = time.perf_counter() if start is None else start
     compiled = compile_graph(graph, hw, options=options or {}, constraints=constraints or {})
     compiled.graph = graph
+    compiled.constraints = dict(constraints or {})
     compiled.resident = {name: t.detach() for name, t in graph.resident.items()}
     compiled.summary["compile_seconds"] = round(time.perf_counter() - start, 4)
     return compiled

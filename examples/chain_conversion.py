@@ -53,13 +53,14 @@ def main() -> None:
     assert torch.allclose(probs, expected, atol=1e-5)
     print("producer -> consumer chain succeeded")
     report = context.report()  # a script reads its own figures
-    for row in report.bindings:
-        if row.handover:
-            print(f"{row.consumer} from {row.producer}: {row.path} ({row.cycles:,} cycles); whole chain "
-                  f"{row.as_run:,} cycles as run, {row.with_constraint:,} relocated, "
-                  f"{row.without_constraint:,} converted")
-            if row.advice:
-                print(f"  advice: {row.advice}")
+    for binding in report.bindings:
+        if binding.producer == "producer.scores":
+            print(f"{binding.consumer} from {binding.producer}: {binding.path} ({binding.cycles:,} cycles)")
+    for row in report.handovers:
+        print(f"whole chain {row.producer} -> {', '.join(row.consumers)}: {row.as_run:,} cycles as run, "
+              f"{row.with_constraint:,} relocated, {row.without_constraint:,} converted")
+        if row.advice:
+            print(f"  advice: {row.advice}")
     print(f"chain: {compiled_producer.last_call.cycles_with_bindings + compiled_consumer.last_call.cycles_with_bindings:,} "
           "cycles (calls and their input bindings)")
 

@@ -160,6 +160,12 @@ class Context:
                 tensor = value.clone()
                 set_tensor_name(tensor, name)
                 self.runtime.register(name, tensor)
+                continue
+            mine, spec = self.runtime.resident.tensor(name), compiled.inputs[name]
+            if tuple(mine.shape) != tuple(spec.shape) or str(mine.dtype).replace("torch.", "") != spec.dtype:
+                raise RegistrationError(f"{self.runtime.label}: registered tensor {name!r} is "
+                                        f"{str(mine.dtype).replace('torch.', '')}{list(mine.shape)}, but the program "
+                                        f"reads it as {spec.dtype}{list(spec.shape)}")
 
     def synchronize(self) -> None:
         """Write the device values of registered tensors that programs or handles changed back
@@ -213,7 +219,7 @@ class Context:
                     artifact.save(compiled, os.fspath(codegen_dir))
                 self._adopt_resident(compiled)
                 executable = self.runtime.add(Executable(name, compiled, options=opts, constraints=constraints))
-                fn = CompiledFunction(self.runtime, name, executable)
+                fn = CompiledFunction(self.runtime, executable.name, executable)
             self._functions.append(fn)
             self.session.compiles.append((name, time.perf_counter() - t0))
         trace.record_host(f"compile {name}", t0, "compile")
@@ -264,14 +270,17 @@ class Context:
             return compile_traced(graph, hw, options=opts, constraints=constraints)
         key = _cache_key(graph, opts, constraints, hw.fingerprint)
         where = Path(os.fspath(cache.cache_dir)) / key
-        if (where / "manifest.json").exists():
+        if where.exists():
             try:
                 compiled = artifact.load(where, hw)
                 compiled.resident = {k: t.detach() for k, t in graph.resident.items()}  # today's values
                 compiled.graph = graph  # what-if variants can be compiled from it
                 return compiled
-            except ArtifactError:
-                shutil.rmtree(where, ignore_errors=True)  # a stale or broken entry is rebuilt
+            except ArtifactError:  # a stale, broken or foreign entry is rebuilt (the cache is mnsim's)
+                if where.is_dir():
+                    shutil.rmtree(where, ignore_errors=True)
+                else:
+                    where.unlink(missing_ok=True)
         compiled = compile_traced(graph, hw, options=opts, constraints=constraints)
         artifact.save(compiled, where)
         return compiled
@@ -300,12 +309,15 @@ class Context:
     def load_codegen_dir(self, codegen_dir: str | os.PathLike) -> CompiledFunction:
         """A CompiledFunction from a codegen_dir written by compile (in this or another process)."""
         self.runtime.check()
+        if not isinstance(codegen_dir, (str, os.PathLike)):
+            raise ArgumentError(f"load_codegen_dir takes a directory path, got {type(codegen_dir).__name__}")
         if self.device.reference:
             raise CompileError("pfvm:cpu runs the traced Python function; a codegen_dir holds a device program")
         compiled = artifact.load(os.fspath(codegen_dir), self.device.hw)
         name = Path(os.fspath(codegen_dir)).name
         self._adopt_resident(compiled)
-        fn = CompiledFunction(self.runtime, name, self.runtime.add(Executable(name, compiled, constraints=None)))
+        executable = self.runtime.add(Executable(name, compiled, constraints=compiled.constraints))
+        fn = CompiledFunction(self.runtime, executable.name, executable)
         self._functions.append(fn)
         return fn
 

@@ -9,6 +9,7 @@ recorded in the Context's session; `last_call` is this function's latest record.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -31,6 +32,7 @@ class CompiledFunction:
         self._runtime = runtime
         self.name = name
         self._executable = executable
+        self._last = threading.local()  # each thread's latest call of this function
         self._reference = reference  # pfvm:cpu: the traced graph, run by torch
         if executable is not None:
             self._inputs, self._outputs = executable.input_specs, executable.output_specs
@@ -56,9 +58,13 @@ class CompiledFunction:
 
     @property
     def last_call(self) -> Call | None:
-        """This function's latest call record: `.cycles` (the program), `.cycles_with_bindings`
-        (its input bindings too), `.bindings` (how each input was bound), `.stats` (RunStats)."""
-        return next((c for c in reversed(self._runtime.session.calls) if c.function == self.name), None)
+        """This function's latest call record (in this thread, when threads call it): `.cycles`
+        (the program), `.cycles_with_bindings` (its input bindings too), `.bindings` (how each
+        input was bound), `.stats` (RunStats)."""
+        mine = getattr(self._last, "call", None)
+        if mine is not None or self._executable is None:
+            return mine
+        return next((c for c in reversed(self._runtime.session.calls) if c.function_id == self._executable.id), None)
 
     @property
     def last_cycles(self) -> int | None:
@@ -91,7 +97,7 @@ class CompiledFunction:
             out_spec = self._reference.out_spec
         else:
             device = {k: self._device_input(k, v) for k, v in values.items()}
-            outputs = self._runtime.call(self._executable, device)
+            outputs, self._last.call = self._runtime.call(self._executable, device)
             proxies = [TensorProxy(self._runtime, self._outputs[name], value=outputs[name]) for name in self._outputs]
             out_spec = self._executable.compiled.out_spec
         trace.record_host(f"call {self.name}", t0, "call")

@@ -22,7 +22,7 @@ MAX_RUN_LABELS = 40  # runs labelled on the run strip (the longest ones; the res
 
 
 def png(report: Report, path: str | os.PathLike) -> None:
-    handed_over = [b for b in report.bindings if b.handover]
+    handed_over = report.handovers
     panels = 3 if handed_over else 2
     fig, axes = plt.subplots(panels, 1, figsize=(9, 3.2 * panels + 0.6), squeeze=False)
     if handed_over:
@@ -49,7 +49,7 @@ def _bindings(ax, report: Report, rows) -> None:
     for k, (name, values) in enumerate(series.items()):
         bars = ax.bar(x + (k - 1) * width, values, width, label=name, color=COLOURS[name])
         ax.bar_label(bars, labels=[f"{v:,.0f}" if not np.isnan(v) else "n/a" for v in values], fontsize=7)
-    ax.set_xticks(x, [f"{b.producer} -> {b.consumer}\n(took {b.path})" for b in rows], fontsize=8)
+    ax.set_xticks(x, [f"{h.producer} -> {', '.join(dict.fromkeys(h.consumers))}" for h in rows], fontsize=8)
     ax.set_xlim(-0.6, len(rows) - 0.4)
     ax.set_ylabel("chain cycles")
     ax.set_title("a producer's output handed to a consumer, whole chain: relocation (producer constrained) vs "

@@ -107,10 +107,11 @@ class TensorProxy:
         self.check()
         value = src.cpu() if isinstance(src, TensorProxy) else src
         if not isinstance(value, torch.Tensor):
-            raise InputError(f"load_from takes a tensor or a TensorProxy, got {type(value).__name__}")
+            raise InputError(f"load_from into {self.producer or 'a proxy'} ({self._runtime.label}) takes a tensor or "
+                             f"a TensorProxy, got {type(value).__name__}")
         if tuple(value.shape) != tuple(self.shape):
-            raise InputError(f"load_from into {self.producer or 'a proxy'}: the source has shape "
-                             f"{list(value.shape)}, this proxy {list(self.shape)}")
+            raise InputError(f"load_from into {self.producer or 'a proxy'} ({self._runtime.label}): the source has "
+                             f"shape {list(value.shape)}, this proxy {list(self.shape)}")
         value = value.clone() if clone else value
         if self._host is not None and self._on_write is not None:
             self._on_write(value)

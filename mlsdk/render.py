@@ -82,22 +82,28 @@ def tables(report: Report) -> list:
         out.append(ph)
 
     if r.bindings:
-        b = Table(title="input bindings: the path taken, its cycles and, for a hand-over from another call, the "
-                        "whole chain (producer call + its bindings + this binding) each way, simulated, summed over "
-                        "the calls", title_justify="left")
-        for col in ("input", "from", "path", "cycles", "chain as run", "relocated", "converted", "host trip",
-                    "saved"):
+        b = Table(title="input bindings: the path each input took and its cycles, summed over the calls",
+                  title_justify="left")
+        for col in ("input", "from", "path", "calls", "cycles"):
             b.add_column(col, justify="left" if col in ("input", "from", "path") else "right", no_wrap=True)
         for row in r.bindings:
-            calls = f" ({row.calls} calls)" if row.calls > 1 else ""
-            b.add_row(row.consumer + calls, row.producer or "host tensor", row.path, _n(row.cycles), _n(row.as_run),
-                      _n(row.with_constraint), _n(row.without_constraint), _n(row.host_round_trip), _n(row.saved))
-        b.caption = ("relocated: the producer compiled with io_spec_constraints for the consumer's layout; converted: "
-                     "the producer in its own layout + a DRAM-to-DRAM conversion; saved = converted - relocated")
+            b.add_row(row.consumer, row.producer or "host tensor", row.path, str(row.calls), _n(row.cycles))
         out.append(b)
-        for row in r.bindings:
+    if r.handovers:
+        h = Table(title="hand-overs: the whole chain (producer call + its bindings + every binding of its output) "
+                        "each way, simulated, summed over the producer's calls", title_justify="left")
+        for col in ("output", "to", "calls", "as run", "relocated", "converted", "host trip", "saved"):
+            h.add_column(col, justify="left" if col in ("output", "to") else "right", no_wrap=col != "to")
+        for row in r.handovers:
+            h.add_row(row.producer, ", ".join(dict.fromkeys(row.consumers)), str(row.calls), _n(row.as_run),
+                      _n(row.with_constraint), _n(row.without_constraint), _n(row.host_round_trip), _n(row.saved))
+        h.caption = ("relocated: the producer compiled with io_spec_constraints for a consumer's layout; converted: the "
+                     "producer in its own layout + DRAM-to-DRAM conversions; saved = converted - relocated")
+        out.append(h)
+        for row in r.handovers:
             if row.note:
-                out.append(Text.assemble((f"{row.producer} -> {row.consumer}: ", "bold"), row.note))
+                out.append(Text.assemble((f"{row.producer} -> {', '.join(dict.fromkeys(row.consumers))}: ", "bold"),
+                                         row.note))
     if r.chains:
         c = Table(title="hand-over chains: cycles of their calls and bindings, as run and with every function "
                         "compiled without io_spec_constraints", title_justify="left")
@@ -141,13 +147,17 @@ def csv_text(report: Report) -> str:
     for b in r.bindings:
         w.writerow(["bindings", b.consumer, "path", b.path])
         w.writerow(["bindings", b.consumer, "producer", b.producer or ""])
-        for metric in ("calls", "bytes", "cycles", "as_run", "with_constraint", "without_constraint",
-                       "host_round_trip", "saved", "saved_vs_host"):
-            value = getattr(b, metric)
-            w.writerow(["bindings", b.consumer, metric, "" if value is None else value])
+        for metric in ("calls", "bytes", "cycles"):
+            w.writerow(["bindings", b.consumer, metric, getattr(b, metric)])
+    for i, h in enumerate(r.handovers):
+        item = f"{i}:{h.producer} -> {', '.join(dict.fromkeys(h.consumers))}"
+        for metric in ("calls", "as_run", "with_constraint", "without_constraint", "host_round_trip", "saved",
+                       "saved_vs_host"):
+            value = getattr(h, metric)
+            w.writerow(["handovers", item, metric, "" if value is None else value])
         for metric in ("note", "advice"):
-            if getattr(b, metric):
-                w.writerow(["bindings", b.consumer, metric, getattr(b, metric)])
+            if getattr(h, metric):
+                w.writerow(["handovers", item, metric, getattr(h, metric)])
     for i, c in enumerate(r.chains):
         item = f"{i}:{' -> '.join(c.functions)}"
         for metric in ("chains", "calls", "as_run", "unconstrained", "saved"):
@@ -171,10 +181,9 @@ def comparison(a: Report, b: Report) -> Table:
     row("total cycles", a.total_cycles, b.total_cycles)
     t.add_row("time (us)", f"{a.time_us:,.2f}", f"{b.time_us:,.2f}",
               f"{b.time_us / a.time_us:.3f}" if a.time_us else "-")
-    units_b = {u.unit: u for u in b.units}
-    for u in a.units:
-        other = units_b.get(u.unit)
-        row(f"busy: {u.unit}", u.busy_cycles, other.busy_cycles if other else None)
+    for label, x, y in aligned([(f"busy: {u.unit}", u.busy_cycles) for u in a.units],
+                               [(f"busy: {u.unit}", u.busy_cycles) for u in b.units]):
+        row(label, x, y)
     for label, x, y in aligned([(f"{r.kind}: {r.what}", r.cycles) for r in a.runs],
                                [(f"{r.kind}: {r.what}", r.cycles) for r in b.runs]):
         row(label, x, y)
@@ -207,11 +216,10 @@ def aligned(a: list[tuple[str, int]], b: list[tuple[str, int]]) -> list[tuple[st
 
 
 def _binding_figures(r: Report) -> list[tuple[str, int]]:
-    out = []
-    for x in r.bindings:
-        out.append((f"{x.consumer} <- {x.producer or 'host tensor'}: binding", x.cycles))
-        if x.handover:
-            out += [(f"{x.consumer} <- {x.producer}: chain as run", x.as_run),
-                    (f"{x.consumer} <- {x.producer}: chain relocated", x.with_constraint),
-                    (f"{x.consumer} <- {x.producer}: chain converted", x.without_constraint)]
+    out = [(f"{x.consumer} <- {x.producer or 'host tensor'}: binding", x.cycles) for x in r.bindings]
+    for h in r.handovers:
+        to = ", ".join(dict.fromkeys(h.consumers))
+        out += [(f"{h.producer} -> {to}: chain as run", h.as_run),
+                (f"{h.producer} -> {to}: chain relocated", h.with_constraint),
+                (f"{h.producer} -> {to}: chain converted", h.without_constraint)]
     return out

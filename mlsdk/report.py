@@ -13,10 +13,12 @@ timed without data). Every number comes from the simulator's `RunStats`:
 * phases: per training step function, the cycles its forward, backward and optimizer parts add
   to its calls (counted like ops, so they sum to the calls), and the bytes of resident state;
 * bindings: per consumer input, the path taken (upload, relocation, conversion, host round trip)
-  and its cycles; for a hand-over from another call, the whole chain (the producer's call and
-  its bindings, plus this binding) as run, with the producer constrained to the consumer's
-  layout, without (its own layout plus a conversion) and through the host, all simulated, and
-  what relocating saves as their difference (negative: the constraint costs cycles);
+  and its cycles;
+* handovers: per producer output and the consumer inputs it went to, the whole chain (the
+  producer's call and its bindings, plus every binding of the output) as run, with the producer
+  constrained to a use's layout, without (its own layout plus conversions) and through the host,
+  all simulated, and what relocating saves as their difference (negative: the constraint costs
+  cycles), with advice when it is positive;
 * chains: calls linked by hand-overs, as run against every function compiled without
   constraints (the whole chain's saving);
 * timeline: utilisation per unit in equal slices of the session, for the utilisation plot.
@@ -35,7 +37,7 @@ import numpy as np
 
 from sim import RunStats
 
-from runtime.session import Binding, Call, Run, Session
+from runtime.session import Binding, Call, Handover, Run, Session, advice, chains
 
 from .errors import ReportError
 
@@ -78,9 +80,7 @@ class PhaseRow:
 
 @dataclass
 class BindingRow:
-    """A consumer input, bound from one producer by one path, summed over the calls that did so.
-    For a hand-over (another call's output) the whole-chain figures: the producer's call with its
-    own input bindings plus this binding, as run and simulated each other way."""
+    """A consumer input, bound from one producer by one path, summed over the calls that did so."""
 
     function: str
     input: str
@@ -89,22 +89,32 @@ class BindingRow:
     bytes: int
     cycles: int
     calls: int = 1  # the figures are totals over this many calls
-    as_run: int | None = None
-    with_constraint: int | None = None  # producer compiled for the consumer's layout (relocation)
-    without_constraint: int | None = None  # producer in its own layout + DRAM-to-DRAM conversion
-    host_round_trip: int | None = None  # producer in its own layout + download + upload
-    saved: int | None = None  # without_constraint - with_constraint: what relocating saves (< 0: costs)
-    saved_vs_host: int | None = None  # host_round_trip - with_constraint
-    note: str = ""
-    advice: str | None = None
 
     @property
     def consumer(self) -> str:
         return f"{self.function}.{self.input}"
 
-    @property
-    def handover(self) -> bool:
-        return self.as_run is not None
+
+@dataclass
+class HandoverRow:
+    """A producer's output and the consumer inputs it went to, summed over the producer's calls:
+    the whole chain (the producer's call with its own input bindings, plus every binding of the
+    output) as run, with the producer constrained to a use's layout (relocation), without (its
+    own layout plus conversions) and through the host, all simulated."""
+
+    producer: str
+    consumers: list[str]
+    calls: int  # producer calls whose output went this way
+    as_run: int
+    with_constraint: int | None
+    without_constraint: int | None
+    host_round_trip: int | None
+    saved: int | None  # without_constraint - with_constraint: what relocating saves (< 0: it costs)
+    saved_vs_host: int | None  # host_round_trip - with_constraint
+    constrained: bool
+    note: str = ""
+    target: str | None = None  # the consumer input spec the constraint would name
+    advice: str | None = None  # the constraint to add and what following it saves, when positive
 
 
 @dataclass
@@ -137,6 +147,7 @@ class Report:
     phases: list[PhaseRow] = field(default_factory=list)
     resident_bytes: int = 0  # device memory of registered tensors (parameters, buffers, optimizer state)
     chains: list[ChainRow] = field(default_factory=list)
+    handovers: list[HandoverRow] = field(default_factory=list)
 
     @property
     def time_us(self) -> float:
@@ -144,7 +155,7 @@ class Report:
 
     @property
     def advice(self) -> list[str]:
-        return [b.advice for b in self.bindings if b.advice]
+        return [h.advice for h in self.handovers if h.advice]
 
     def relocations(self) -> list[BindingRow]:
         return [b for b in self.bindings if b.path == "relocation"]
@@ -167,7 +178,7 @@ class Report:
                       [BindingRow(**b) for b in d["bindings"]], [tuple(c) for c in d["compiles"]],
                       d["timeline_slice_cycles"], {k: list(v) for k, v in d["timeline"].items()}, d.get("source", ""),
                       [PhaseRow(**p) for p in d.get("phases", [])], d.get("resident_bytes", 0),
-                      [ChainRow(**c) for c in d.get("chains", [])])
+                      [ChainRow(**c) for c in d.get("chains", [])], [HandoverRow(**h) for h in d.get("handovers", [])])
 
     def save(self, path: str | os.PathLike) -> None:
         with open(path, "w") as f:
@@ -175,8 +186,13 @@ class Report:
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Report":
-        with open(path) as f:
-            return Report.from_json(json.load(f))
+        try:
+            with open(path) as f:
+                return Report.from_json(json.load(f))
+        except ReportError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ReportError(f"{path} is not a readable mnsim report: {type(e).__name__}: {e}") from None
 
 
 # ---- building -------------------------------------------------------------------------------
@@ -200,11 +216,13 @@ def build(sessions: Iterable[Session], source: str = "") -> Report:
             start += r.stats.total_cycles
     report.units = _units(runs, report.total_cycles)
     report.paths = _paths(runs)
-    report.ops = _ops([(c.function, c.stats, c.labels) for c in calls])
-    report.phases = _phases(calls)
+    name = _qualifier(sessions)
+    report.ops = _ops([(name(s, c.function), c.stats, c.labels) for s in sessions for c in s.calls])
+    report.phases = _phases([(name(s, c.function), c) for s in sessions for c in s.calls])
     report.resident_bytes = sum(s.resident_bytes for s in sessions)
-    report.bindings = _bindings([b for c in calls for b in c.bindings])
-    report.chains = _chains([c for s in sessions for c in s.chains()])
+    report.bindings = _bindings([(name(s, b.function), b) for s in sessions for c in s.calls for b in c.bindings])
+    report.chains = _chains(chains(calls))
+    report.handovers = _handovers([h for s in sessions for h in s.handovers])
     report.compiles = [(name, round(seconds, 4)) for s in sessions for name, seconds in s.compiles]
     report.timeline_slice_cycles, report.timeline = _timeline(runs, report.total_cycles)
     return report
@@ -213,7 +231,9 @@ def build(sessions: Iterable[Session], source: str = "") -> Report:
 def for_call(session: Session, index: int = -1) -> Report:
     """A report of one call of a session (default: the last): its input bindings and its program."""
     call = session.calls[index]
-    one = Session(session.chip, session.clock_hz, runs=list(call.runs), calls=[call])
+    handovers = list({id(b.handover): b.handover for b in call.bindings if b.handover}.values())
+    one = Session(session.chip, session.clock_hz, runs=list(call.runs), calls=[call], handovers=handovers,
+                  label=session.label)
     return build([one], call.function)
 
 
@@ -283,41 +303,68 @@ def _ops(calls: list[tuple[str, RunStats, list]]) -> list[OpRow]:
     return sorted(rows.values(), key=lambda r: -r.cycles)
 
 
-def _phases(calls: list[Call]) -> list[PhaseRow]:
+def _qualifier(sessions: list[Session]):
+    """How rows name a function: its name, with its Context when several Contexts have one so
+    called (their rows would otherwise merge)."""
+    seen: dict[str, set[int]] = {}
+    for i, s in enumerate(sessions):
+        for c in s.calls:
+            seen.setdefault(c.function, set()).add(i)
+    shared = {name for name, where in seen.items() if len(where) > 1}
+    return lambda s, name: f"{name} ({s.label})" if name in shared and s.label else name
+
+
+def _phases(calls: list[tuple[str, Call]]) -> list[PhaseRow]:
     """Forward / backward / optimizer cycles of the calls of training steps (programs with a
     backward part); instructions outside every phase range count with the forward."""
     rows: dict[tuple[str, str], PhaseRow] = {}
-    for c in calls:
+    for function, c in calls:
         if not any(phase == "backward" for _, _, phase in c.phases):
             continue
         for phase, cycles, _ in op_cycles(c.stats, c.phases):
             phase = "forward" if phase == "(other)" else phase
-            row = rows.setdefault((c.function, phase), PhaseRow(c.function, phase, 0, 0))
+            row = rows.setdefault((function, phase), PhaseRow(function, phase, 0, 0))
             row.cycles += cycles
         for phase in {p for _, _, p in c.phases}:
-            rows[(c.function, phase)].calls += 1
+            rows[(function, phase)].calls += 1
     order = {"forward": 0, "backward": 1, "optimizer": 2}
     return sorted(rows.values(), key=lambda r: (r.function, order.get(r.phase, 3)))
 
 
-def _bindings(bindings: list[Binding]) -> list[BindingRow]:
+def _bindings(bindings: list[tuple[str, Binding]]) -> list[BindingRow]:
     """One row per (consumer input, producer, path), summed over the calls that bound it so."""
     rows: dict[tuple, BindingRow] = {}
-    for b in bindings:
-        h = b.handover
-        figures = ((h.as_run, h.with_constraint, h.without_constraint, h.host_round_trip, h.saved, h.saved_vs_host)
-                   if h is not None else (None,) * len(FIGURES))
-        key = (b.function, b.input, b.producer, b.path)
+    for function, b in bindings:
+        key = (function, b.input, b.producer, b.path)
         row = rows.get(key)
         if row is None:
-            rows[key] = BindingRow(b.function, b.input, b.path, b.producer, b.bytes, b.cycles, 1, *figures,
-                                   note=h.note if h else "", advice=b.advice)
+            rows[key] = BindingRow(function, b.input, b.path, b.producer, b.bytes, b.cycles)
             continue
         row.calls += 1
         row.bytes += b.bytes
         row.cycles += b.cycles
+    return list(rows.values())
+
+
+FIGURES = ("as_run", "with_constraint", "without_constraint", "host_round_trip", "saved", "saved_vs_host")
+
+
+def _handovers(handovers: list[Handover]) -> list[HandoverRow]:
+    """One row per producer output and its consumers, summed over the producer's calls; the
+    advice's figure is the row's saving (what following it saves over the whole run)."""
+    rows: dict[tuple, HandoverRow] = {}
+    for h in handovers:
+        key = (h.producer, tuple(h.consumers), h.constrained, h.target)
+        row = rows.get(key)
+        figures = [getattr(h, name) for name in FIGURES]
+        if row is None:
+            rows[key] = HandoverRow(h.producer, list(h.consumers), 1, *figures, h.constrained, h.note, h.target)
+            continue
+        row.calls += 1
         for name, value in zip(FIGURES, figures):
             setattr(row, name, _add(getattr(row, name), value))
+    for row in rows.values():
+        row.advice = None if row.constrained else advice(row.producer, row.target, row.saved)
     return list(rows.values())
 
 
@@ -337,8 +384,6 @@ def _chains(chains: list) -> list[ChainRow]:
         row.saved = _add(row.saved, c.saved)
     return list(rows.values())
 
-
-FIGURES = ("as_run", "with_constraint", "without_constraint", "host_round_trip", "saved", "saved_vs_host")
 
 
 def _add(a: int | None, b: int | None) -> int | None:

@@ -41,15 +41,25 @@ class DeviceBuffer:
     freed: bool = False
 
 
-def to_bits(tensor: torch.Tensor, device_dtype: str, hw: HwDesc, name: str = "tensor") -> np.ndarray:
-    """Host tensor -> the raw bits of its elements in the device's formats. Integers must fit the
-    device's int32 (class labels held as int64 by torch do)."""
-    t = tensor.detach().cpu()
+def check_host_value(tensor: torch.Tensor, dtype: str, name: str = "tensor") -> None:
+    """Refuse a host tensor the device cannot hold as `dtype` (an IOSpec dtype): integers must fit
+    the device's int32 (class labels held as int64 by torch do)."""
+    check_int_range(tensor, DEVICE_DTYPE.get(dtype, dtype), name)
+
+
+def check_int_range(tensor: torch.Tensor, device_dtype: str, name: str) -> None:
+    t = tensor.detach()
     if device_dtype == "int32" and t.dtype == torch.int64 and t.numel():
         low, high = int(t.min()), int(t.max())
         if low < INT32_MIN or high > INT32_MAX:
             raise InputError(f"{name} holds integers from {low} to {high}; the device's integers are int32 "
                              f"({INT32_MIN} .. {INT32_MAX})")
+
+
+def to_bits(tensor: torch.Tensor, device_dtype: str, hw: HwDesc, name: str = "tensor") -> np.ndarray:
+    """Host tensor -> the raw bits of its elements in the device's formats."""
+    check_int_range(tensor, device_dtype, name)
+    t = tensor.detach().cpu()
     if device_dtype == "float16":
         from sim.numerics import HalfCodec
         return HalfCodec.of(hw).encode(t.float().numpy())

@@ -8,6 +8,7 @@ function with other io_spec_constraints: what the runtime times to measure a han
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from typing import Any
@@ -18,10 +19,13 @@ from compiler.iospec import IOSpec
 
 from .device import Loaded
 
+_ids = itertools.count(1)
+
 
 class Executable:
     def __init__(self, name: str, compiled: Compiled, *, options: dict | None = None,
                  constraints: dict[str, IOSpec] | None = None) -> None:
+        self.id = next(_ids)
         self.name = name
         self.compiled = compiled
         self.options = dict(options or {})

@@ -107,8 +107,12 @@ class ResidentTensors:
         buf, stored = self.any_copy(name)
         source = DeviceValue(buf, stored, tuple(stored.shape), f"registered {name}")
         bound = self._binder.bind_value(consumer, input_name, source, spec, need)
-        if key in copies:  # too small for this program: replace it
-            self._device.free(copies[key][0])
+        if key in copies:  # too small for this program: replace it (handles on it follow)
+            old = copies[key][0]
+            for handle in self._handles.get(name, ()):
+                if handle.buffer is old:
+                    handle.show(bound.buffer, spec)
+            self._device.free(old)
         copies[key] = (bound.buffer, spec)
         return Bound(bound.buffer, bound.binding, False)  # kept as a copy, not freed after the call
 

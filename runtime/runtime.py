@@ -18,23 +18,26 @@ import threading
 import weakref
 from typing import Callable
 
+import numpy as np
 import torch
 
 from compiler.iospec import IOSpec
 from hwdesc.errors import MnsimError
+from sim import RunStats
 
 from .binder import Binder, Bound
 from .conversions import Conversions
-from .device import Device, DeviceBuffer
+from .device import Device, DeviceBuffer, check_host_value
 from .errors import DeviceError, InputError, InvalidatedError, RegistrationError
 from .executable import Executable
 from .resident import ResidentTensors
-from .specs import default_spec
 from .session import CALL, DOWNLOAD, LOAD, UPLOAD, Binding, Call, Run, Session, new_session
-from .value import DeviceValue, Origin
-from .whatif import HOST, RESIDENT, VALUE, CallContext, Source, WhatIf
+from .specs import default_spec
+from .value import HOST, RESIDENT, VALUE, CallContext, DeviceValue, Origin, Source, Use
+from .whatif import WhatIf
 
 _ids = itertools.count(1)
+_chain_ids = itertools.count()  # chains are numbered across Contexts (a report may cover several)
 
 
 class Runtime:
@@ -55,7 +58,7 @@ class Runtime:
             self.conversions = self.binder = self.whatif = None
         self.resident = ResidentTensors(self.binder, self.record, self.label)
         self._owned: "weakref.WeakSet[DeviceValue]" = weakref.WeakSet()
-        self._next_chain = 0
+        self._stats: dict[tuple, list[RunStats]] = {}
 
     def __repr__(self) -> str:
         return f"Runtime({self.label})"
@@ -75,6 +78,7 @@ class Runtime:
 
     def record(self, run: Run) -> None:
         """Every device run goes through here: into the session, then to the observers (traces)."""
+        run.stats = self._shared(run.stats)
         self.session.runs.append(run)
         for observer in self.observers:
             observer(run)
@@ -82,7 +86,15 @@ class Runtime:
     # ---- programs -----------------------------------------------------------------------------
 
     def add(self, executable: Executable) -> Executable:
+        """Keep a compiled function; a name another function of this Context has gets a number
+        ("f#2"), so that records and reports tell them apart."""
         with self.lock:
+            taken = {e.name for e in self.executables}
+            if executable.name in taken:
+                k = 2
+                while f"{executable.name}#{k}" in taken:
+                    k += 1
+                executable.name = f"{executable.name}#{k}"
             self.executables.append(executable)
         return executable
 
@@ -93,19 +105,33 @@ class Runtime:
                 self.record(Run(LOAD, f"constants of {exe.name}", stats))
             exe.loaded = loaded
 
-    def call(self, exe: Executable, values: dict[str, "torch.Tensor | DeviceValue"]) -> dict[str, DeviceValue]:
+    def call(self, exe: Executable, values: dict[str, "torch.Tensor | DeviceValue"]
+             ) -> tuple[dict[str, DeviceValue], Call]:
         """Bind `values` (host tensors or device values, by input name), run the program, and
-        return its outputs (the registered tensors' new values stay with them)."""
+        return its outputs (the registered tensors' new values stay with them) and the call's
+        record. A call that fails leaves no buffers and no runs behind."""
         with self.lock:
             self.check()
+            first_run = len(self.session.runs)
             try:
                 return self._call(exe, values)
             except MnsimError as e:
                 e.add_note(f"while calling {exe.name} in {self.label}")
+                del self.session.runs[first_run:]  # its bindings were undone
+                raise
+            except BaseException:
+                del self.session.runs[first_run:]
                 raise
 
-    def _call(self, exe: Executable, values: dict) -> dict[str, DeviceValue]:
+    def _call(self, exe: Executable, values: dict) -> tuple[dict[str, DeviceValue], Call]:
         device, compiled = self.board(), exe.compiled
+        for name, value in values.items():  # host values that cannot go to the device fail before anything runs
+            if not isinstance(value, DeviceValue):
+                check_host_value(value, compiled.inputs[name].dtype, f"{exe.name} input {name!r}")
+            elif value.device_id != id(self.device):
+                raise InputError(f"{exe.name}: input {name!r} is a proxy ({value.producer or 'a proxy'}) of "
+                                 f"{value.owner}, whose device is not this one ({self.label}): pass proxy.cpu(), or "
+                                 "compile both functions on one device")
         self._load(exe)
         bound: dict[str, DeviceBuffer] = {}
         temporary: list[DeviceBuffer] = []
@@ -121,17 +147,18 @@ class Runtime:
                 if b.temporary:
                     temporary.append(b.buffer)
                 if isinstance(value, DeviceValue):
-                    sources[name] = Source(VALUE, value.spec, value.origin)
+                    sources[name] = Source(VALUE, value.spec, value.origin, b.binding.cycles)
                     if value.origin is not None:
                         handed.append((len(bindings) - 1, value))
                 else:
-                    sources[name] = Source(HOST)
+                    sources[name] = Source(HOST, cycles=b.binding.cycles)
             for name, registered in exe.resident.items():
                 spec = compiled.inputs[name]
+                fresh = not self.resident.has_copy(registered)
                 b = self.resident.bind(exe.name, name, registered, spec, exe.need(name))
                 bound[name] = b.buffer
                 bindings.append(b.binding)
-                sources[name] = Source(RESIDENT, spec)
+                sources[name] = Source(RESIDENT, spec, cycles=b.binding.cycles, fresh=fresh)
             into = {out: bound[name] for name, out in compiled.updates.items()  # written in place when it fits
                     if out in compiled.donated and bound[name].lw >= exe.output_lw(out)}
             outputs, stats = device.call(exe.loaded, bound, into)
@@ -140,46 +167,63 @@ class Runtime:
                 device.free(buf)
         for name, out in compiled.updates.items():  # the state the step leaves: its one device copy
             self.resident.replace(exe.resident[name], outputs.pop(out), compiled.inputs[name])
-        self.record(Run(CALL, exe.name, stats, compiled.program.labels))
+        stats = self._shared(stats)
+        self.record(Run(CALL, exe.name, stats, compiled.program.labels))  # (its stats shared with earlier calls)
         self.session.resident_bytes = self.resident.resident_bytes()
         call = Call(exe.name, stats, compiled.program.labels, bindings, self.session.runs[first_run:],
-                    compiled.phases, index=len(self.session.calls))
+                    compiled.phases, index=len(self.session.calls), function_id=exe.id)
         self.session.calls.append(call)
         context = CallContext(exe, call, sources)
+        result = {}
+        for name in exe.output_specs:  # owned first: whatever happens next, they are freed with their proxies
+            value = DeviceValue(outputs[name], compiled.outputs[name], compiled.output_shapes[name],
+                                f"{exe.name}.{name}", Origin(exe, name, context), owner=self.label,
+                                device_id=id(self.device))
+            result[name] = self.own(value)
         if handed:
             self._measure(context, handed)
-        result = {}
-        for name in exe.output_specs:
-            value = DeviceValue(outputs[name], compiled.outputs[name], compiled.output_shapes[name],
-                                f"{exe.name}.{name}", Origin(exe, name, context), owner=self.label, device_id=id(self.device))
-            result[name] = self.own(value)
-        return result
+        return result, call
+
+    def _shared(self, stats: RunStats) -> RunStats:
+        """The same timing as an earlier run (a program's timing does not depend on its data):
+        that run's stats, so a loop of calls keeps one copy of the per-instruction arrays."""
+        key = (stats.total_cycles, len(stats.start), stats.pe_busy, stats.host_busy, tuple(stats.engine_busy))
+        for old in self._stats.setdefault(key, []):
+            if all(np.array_equal(getattr(old, f), getattr(stats, f)) for f in ("start", "end", "unit", "engine_mask")) \
+                    and old.bytes_per_path == stats.bytes_per_path and old.instructions == stats.instructions:
+                return old
+        self._stats[key].append(stats)
+        return stats
 
     def _bind(self, exe: Executable, name: str, value: "torch.Tensor | DeviceValue") -> Bound:
         spec, need = exe.input_specs[name], exe.need(name)
         if not isinstance(value, DeviceValue):
             return self.binder.upload(exe.name, name, value, spec, need)
-        if value.device_id != id(self.device):
-            raise InputError(f"{exe.name}: input {name!r} is a proxy ({value.producer or 'a proxy'}) of {value.owner}, "
-                             f"whose device is not this one ({self.label}): pass proxy.cpu(), or compile both "
-                             "functions on one device")
         return self.binder.bind_value(exe.name, name, value, spec, need)
 
     def _measure(self, consumer: CallContext, handed: list[tuple[int, DeviceValue]]) -> None:
-        """Each hand-over of this call, and the chain it joins: the producers' calls and this one."""
+        """Each hand-over of this call (the producer's output with all its uses so far), and the
+        chain of calls it joins: the producers' calls and this one."""
         call = consumer.call
         chains = set()
         for index, value in handed:
-            producer = value.origin.call
+            origin = value.origin
             binding = call.bindings[index]
-            binding.handover = self.whatif.handover(producer, value.origin.output, consumer.function,
-                                                    binding.input, consumer.function.input_specs[binding.input],
-                                                    binding.cycles)
-            if producer.call.unconstrained_cycles is None:
-                producer.call.unconstrained_cycles = self.whatif.unconstrained_cycles(producer)
-            if producer.call.chain is None:
-                producer.call.chain = self._new_chain()
-            chains.add(producer.call.chain)
+            spec = consumer.function.input_specs[binding.input]
+            origin.uses.append(Use(consumer.function.name, binding.input, spec, binding.cycles))
+            measured = self.whatif.handover(origin)
+            if origin.handover is None:
+                origin.handover = measured
+                self.session.handovers.append(measured)
+            else:  # the output used again: its one record grows (every binding of it shows it)
+                vars(origin.handover).update(vars(measured))
+            binding.handover = origin.handover
+            producer = origin.call.call
+            if producer.unconstrained_cycles is None:
+                producer.unconstrained_cycles = self.whatif.unconstrained_cycles(origin.call)
+            if producer.chain is None:
+                producer.chain = next(_chain_ids)
+            chains.add(producer.chain)
         call.unconstrained_cycles = self.whatif.unconstrained_cycles(consumer)
         keep = min(chains)
         if len(chains) > 1:  # this call joins chains: they are one from now on
@@ -187,10 +231,6 @@ class Runtime:
                 if c.chain in chains:
                     c.chain = keep
         call.chain = keep
-
-    def _new_chain(self) -> int:
-        self._next_chain += 1
-        return self._next_chain - 1
 
     # ---- device values ------------------------------------------------------------------------
 

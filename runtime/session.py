@@ -35,17 +35,20 @@ class Run:
 
 @dataclass
 class Handover:
-    """One producer output bound to a consumer input: whole-chain cycles (the producer's call with
-    its own input bindings, plus this binding), simulated each way. `None` where a variant cannot
-    be built (`note` says why)."""
+    """One producer call's output and every use of it so far (the consumer inputs it was bound
+    to): the whole chain (the producer's call with its own input bindings, plus every binding of
+    the output) as run and simulated each other way. `None` where a variant cannot be built
+    (`note` says why). Bindings of the same output share one Handover."""
 
+    producer: str  # "function.output"
+    consumers: list[str]  # "function.input" of each use, in order
     as_run: int
-    with_constraint: int | None  # producer compiled with io_spec_constraints={output: consumer's spec}
-    without_constraint: int | None  # producer in its own layout + the DRAM-to-DRAM conversion
-    host_round_trip: int | None  # producer in its own layout + download + upload
+    with_constraint: int | None  # producer compiled for `target`'s layout (as run, if it was constrained)
+    without_constraint: int | None  # producer in its own layout + a conversion for each use
+    host_round_trip: int | None  # producer in its own layout + download + an upload for each use
     constrained: bool  # whether the producer ran with a constraint on this output
     note: str = ""  # e.g. "the layouts match without a constraint"
-    advice: str | None = None  # the constraint to add, when it saves cycles
+    target: str | None = None  # the consumer input spec the constraint would name, e.g. "c.input_specs['x']"
 
     @property
     def saved(self) -> int | None:
@@ -60,6 +63,19 @@ class Handover:
             return None
         return self.host_round_trip - self.with_constraint
 
+    @property
+    def advice(self) -> str | None:
+        return advice(self.producer, self.target, self.saved) if not self.constrained else None
+
+
+def advice(producer: str, target: str | None, saved: int | None) -> str | None:
+    """The constraint to add, with what following it saves; None unless that is positive."""
+    if target is None or saved is None or saved <= 0:
+        return None
+    function, _, output = producer.rpartition(".")
+    return (f"compile {function} with io_spec_constraints={{{output!r}: {target}}} to relocate instead and save "
+            f"{saved} cycles")
+
 
 @dataclass
 class Binding:
@@ -69,7 +85,7 @@ class Binding:
     cycles: int
     bytes: int
     producer: str | None = None  # "function.output" of the proxy bound here
-    handover: Handover | None = None  # when the proxy is another call's output
+    handover: Handover | None = None  # when the proxy is another call's output (shared by its uses)
 
     @property
     def advice(self) -> str | None:
@@ -87,6 +103,7 @@ class Call:
     chain: int | None = None  # index of the hand-over chain this call belongs to (None: no hand-over)
     unconstrained_cycles: int | None = None  # this call with its bindings, every function unconstrained
     index: int = 0  # position in the session's calls
+    function_id: int = 0  # which compiled function (names may repeat)
 
     @property
     def cycles(self) -> int:
@@ -119,6 +136,7 @@ class Session:
     clock_hz: int
     compiles: list[tuple[str, float]] = field(default_factory=list)  # (function, seconds)
     runs: list[Run] = field(default_factory=list)
+    handovers: list[Handover] = field(default_factory=list)  # one per producer call output that was used
     calls: list[Call] = field(default_factory=list)
     resident_bytes: int = 0  # device memory of the Context's registered tensors, after the last call
     label: str = ""  # the Context's, e.g. "Context #2 on mncore2:auto"
@@ -138,17 +156,22 @@ class Session:
 
     def chains(self) -> list[ChainSummary]:
         """Each hand-over chain: its calls' cycles (with bindings) as run and unconstrained."""
-        by_chain: dict[int, list[Call]] = {}
-        for c in self.calls:
-            if c.chain is not None:
-                by_chain.setdefault(c.chain, []).append(c)
-        out = []
-        for calls in by_chain.values():
-            alt = [c.unconstrained_cycles for c in calls]
-            names = list(dict.fromkeys(c.function for c in calls))
-            out.append(ChainSummary(names, len(calls), sum(c.cycles_with_bindings for c in calls),
-                                    None if None in alt else sum(alt)))
-        return out
+        return chains(self.calls)
+
+
+def chains(calls: list[Call]) -> list[ChainSummary]:
+    """The hand-over chains among `calls` (of one or several sessions: chain ids are global)."""
+    by_chain: dict[int, list[Call]] = {}
+    for c in calls:
+        if c.chain is not None:
+            by_chain.setdefault(c.chain, []).append(c)
+    out = []
+    for members in by_chain.values():
+        alt = [c.unconstrained_cycles for c in members]
+        names = list(dict.fromkeys(c.function for c in members))
+        out.append(ChainSummary(names, len(members), sum(c.cycles_with_bindings for c in members),
+                                None if None in alt else sum(alt)))
+    return out
 
 
 _collectors: list[list[Session]] = []

@@ -8,7 +8,7 @@ writes it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from compiler.iospec import IOSpec
@@ -17,16 +17,29 @@ from .device import DeviceBuffer
 
 if TYPE_CHECKING:
     from .executable import Executable
-    from .session import Call
+    from .session import Call, Handover
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
+class Use:
+    """One binding of a produced value: the consumer input, the spec it wanted, what binding cost."""
+
+    consumer: str  # function name
+    input: str
+    spec: IOSpec
+    cycles: int
+
+
+@dataclass(eq=False)
 class Origin:
-    """The call that produced a value: which function, which output, and that call's record."""
+    """The call that produced a value (which function and output, and what that call's
+    counterfactuals need), and the uses of the value so far with their shared Handover record."""
 
     function: "Executable"
     output: str
-    call: "Call"
+    call: "CallContext"
+    uses: list[Use] = field(default_factory=list)
+    handover: "Handover | None" = None
 
 
 @dataclass(eq=False)
@@ -45,3 +58,27 @@ class DeviceValue:
         """Point this handle at another device copy (its registered tensor was written)."""
         self.buffer, self.spec = buffer, spec
         self.version += 1
+
+
+HOST, VALUE, RESIDENT = "host", "value", "resident"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a call's input came from: a host tensor, a device value (maybe another call's
+    output), or a registered tensor's copy."""
+
+    kind: str
+    spec: IOSpec | None = None  # the layout it was in (device values and registered copies)
+    origin: Origin | None = None
+    cycles: int = 0  # what binding it cost as run
+    fresh: bool = False  # a registered tensor uploaded for this call (it had no device copy before)
+
+
+@dataclass(frozen=True, eq=False)
+class CallContext:
+    """What a call's counterfactuals need after it ran: the function, its record, its inputs' sources."""
+
+    function: Executable
+    call: Call
+    sources: dict[str, Source]

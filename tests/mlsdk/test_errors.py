@@ -96,3 +96,23 @@ def test_a_failed_call_names_the_function_and_leaves_the_device_as_it_was():
     assert any(ctx.runtime.label in note for note in e.value.__notes__)
     assert board.allocated_lw() == held and len(ctx.session.runs) == runs, "nothing ran, nothing kept"
     assert torch.equal(fn({"i": torch.ones(4, dtype=torch.int64), "x": torch.ones(4)})["y"].cpu(), torch.full((4,), 2.0))
+
+
+def test_reports_and_codegen_dirs_refuse_bad_input_with_our_errors(tmp_path):
+    from mlsdk.report import Report
+    (tmp_path / "r.json").write_text("{not json")
+    with pytest.raises(mlsdk.ReportError, match=r"r\.json is not a readable mnsim report"):
+        Report.load(tmp_path / "r.json")
+    with pytest.raises(mlsdk.ReportError, match="not a readable"):
+        Report.load(tmp_path / "missing.json")
+    ctx = Context(MNDevice("mini:auto"))
+    with pytest.raises(mlsdk.ArgumentError, match="takes a directory path, got int"):
+        ctx.load_codegen_dir(5)
+    model = torch.nn.Linear(4, 2)
+    ctx.registry.register("m", model)
+    ctx.compile(lambda d: {"y": model(d["x"])}, {"x": torch.zeros(1, 4)}, tmp_path / "m")
+    other = Context(MNDevice("mini:auto"))
+    other.registry.register("m", torch.nn.Linear(4, 3))  # the same names, other shapes
+    with pytest.raises(mlsdk.RegistrationError, match=r"registered tensor 'm@weight' is float32\[3, 4\], but the "
+                                                     r"program reads it as float32\[2, 4\]"):
+        other.load_codegen_dir(tmp_path / "m")

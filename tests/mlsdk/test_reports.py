@@ -72,10 +72,12 @@ def test_relocation_savings_in_the_report(session_report):
     _, report = session_report
     (relocated,) = report.relocations()
     assert relocated.consumer == "scale.x" and relocated.producer == "scale.y" and relocated.cycles == 0
+    (h,) = report.handovers
     # the same function's output read by itself: the layouts match, a constraint changes nothing
-    assert relocated.as_run == relocated.with_constraint == relocated.without_constraint and relocated.saved == 0
-    assert relocated.note == "the layouts match without a constraint" and relocated.advice is None
-    assert relocated.saved_vs_host == relocated.host_round_trip - relocated.as_run > 0
+    assert (h.producer, h.consumers, h.calls) == ("scale.y", ["scale.x"], 1)
+    assert h.as_run == h.with_constraint == h.without_constraint and h.saved == 0
+    assert h.note == "the layouts match without a constraint" and h.advice is None
+    assert h.saved_vs_host == h.host_round_trip - h.as_run > 0
     (chain,) = report.chains
     assert chain.functions == ["scale"] and chain.calls == 2 and chain.saved == 0
 
@@ -99,8 +101,8 @@ def test_json_round_trip_and_csv(session_report, tmp_path):
     rows = list(csv.DictReader(io.StringIO(csv_text(report))))
     total = [r for r in rows if r["section"] == "summary" and r["metric"] == "total_cycles"]
     assert int(total[0]["value"]) == report.total_cycles
-    host = [r for r in rows if r["section"] == "bindings" and r["metric"] == "saved_vs_host" and r["value"]]
-    assert [int(r["value"]) for r in host] == [report.relocations()[0].saved_vs_host]
+    host = [r for r in rows if r["section"] == "handovers" and r["metric"] == "saved_vs_host" and r["value"]]
+    assert [int(r["value"]) for r in host] == [report.handovers[0].saved_vs_host]
     chain = [r for r in rows if r["section"] == "chains" and r["metric"] == "as_run"]
     assert [int(r["value"]) for r in chain] == [report.chains[0].as_run]
     with pytest.raises(ValueError, match="not an mnsim report"):
@@ -159,12 +161,14 @@ def test_mnsim_run_seed_text_and_json_agree(capsys, tmp_path):
     code, out = run_cli(capsys, "run", "--device", "mini:auto", SEED)
     assert code == 0
     assert out.splitlines()[0] == "producer -> consumer direct-use succeeded"
-    assert "relocation" in out and "chain as run" in out and "the layouts match without a constraint" in out
+    assert "relocation" in out and "hand-overs" in out and "the layouts match without a constraint" in out
     code, out = run_cli(capsys, "run", "--device", "mini:auto", "--report", "json", SEED)
     data = json.loads(out[out.index("{"):])
     (reloc,) = [b for b in data["bindings"] if b["path"] == "relocation"]
-    assert reloc["saved"] == 0 and reloc["saved_vs_host"] > 0 and reloc["as_run"] == reloc["with_constraint"]
     assert (reloc["function"], reloc["input"], reloc["calls"]) == ("consumer", "shared", 1)
+    (h,) = data["handovers"]
+    assert h["saved"] == 0 and h["saved_vs_host"] > 0 and h["as_run"] == h["with_constraint"]
+    assert (h["producer"], h["consumers"]) == ("producer.shared", ["consumer.shared"])
     assert data["chip"] == "mini"
 
 
@@ -265,14 +269,16 @@ def test_timeline_ends_with_the_session(tmp_path):
 
 def test_bindings_are_summed_over_calls(session_report, tmp_path):
     ctx, _ = session_report
-    fn = ctx.compile(scale, {"x": torch.zeros(8, 16)}, None)
+    fn = ctx.compile(scale, {"x": torch.zeros(8, 16)}, None)  # compiled again: a function of its own
+    assert fn.name == "scale#2"
     for _ in range(3):
         fn({"x": torch.ones(8, 16)})
     report = build([ctx.session])
-    uploads = [b for b in report.bindings if b.path == "upload" and b.function == "scale"]
-    assert [b.calls for b in uploads] == [4]
-    each = [b.cycles for b in ctx.session.bindings if b.path == "upload"]
-    assert uploads[0].cycles == sum(each)
+    uploads = {b.function: b for b in report.bindings if b.path == "upload"}
+    assert (uploads["scale"].calls, uploads["scale#2"].calls) == (1, 3)
+    each = [b.cycles for b in ctx.session.bindings if b.path == "upload" and b.function == "scale#2"]
+    assert uploads["scale#2"].cycles == sum(each) and len(each) == 3
+    assert fn.last_call.function == "scale#2" and fn.last_call is ctx.session.calls[-1]
 
 
 def test_lambdas_are_named_by_where_they_are(tmp_path):
