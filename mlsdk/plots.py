@@ -88,6 +88,10 @@ def _runs(ax, report: Report) -> None:
 def _utilisation(ax, report: Report) -> None:
     """Busy fraction per unit and time slice, as a heat map (one row per unit)."""
     units = list(report.timeline)
+    if not units:  # nothing ran
+        ax.text(0.5, 0.5, "no device runs", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
     grid = np.array([report.timeline[u] for u in units]) * 100
     end_us = len(grid[0]) * report.timeline_slice_cycles / report.clock_hz * 1e6 if len(grid) else 1
     im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=100,

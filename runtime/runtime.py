@@ -132,6 +132,9 @@ class Runtime:
                 raise InputError(f"{exe.name}: input {name!r} is a proxy ({value.producer or 'a proxy'}) of "
                                  f"{value.owner}, whose device is not this one ({self.label}): pass proxy.cpu(), or "
                                  "compile both functions on one device")
+            elif value.buffer.freed:  # checked under the device's lock: its Context was invalidated meanwhile
+                raise InvalidatedError(f"{exe.name}: input {name!r} ({value.producer or 'a proxy'}) belongs to "
+                                       f"{value.owner}, which was invalidated")
         self._load(exe)
         bound: dict[str, DeviceBuffer] = {}
         temporary: list[DeviceBuffer] = []

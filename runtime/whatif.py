@@ -126,6 +126,10 @@ class WhatIf:
             elif saved < 0:
                 handover.note = _join(handover.note, f"the constraint costs {-saved} cycles: {fn.name} compiled "
                                                      "without it and converted is faster")
+        best = min(x for x in (with_, without) if x is not None) if (with_, without) != (None, None) else None
+        if host is not None and best is not None and host < best:
+            handover.note = _join(handover.note, f"a host round trip (download + upload) would be cheaper still: "
+                                                 f"{host} cycles, {best - host} fewer")
         return handover
 
 

@@ -200,7 +200,7 @@ def test_state_is_updated_in_place_and_reported(tmp_path):
     """One device copy per state tensor, written in place by the program; the report splits the
     step into forward, backward and optimizer cycles and counts the resident bytes."""
     ctx, model, _ = train_both("mini", "mlp", "sgd_momentum")
-    fn = ctx._functions[-1]
+    fn = ctx.functions[-1]
     compiled = fn.compiled
     assert set(compiled.updates) == {n for n in compiled.resident if not n.endswith("@lr")}  # the rate is only read
     assert compiled.donated == set(compiled.updates.values())
