@@ -14,6 +14,8 @@ from rich.rule import Rule
 from hwdesc import MnsimError
 
 from . import render
+from .device import MNDevice
+from .errors import MLSDKError
 from .report import Report, for_program
 from .run import run_script
 
@@ -76,6 +78,11 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
 def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     if len(args.device) != 2:
         raise CommandError(f"compare takes exactly two --device options, got {len(args.device)}")
+    for device in args.device:  # both names checked before the script runs on the first
+        try:
+            MNDevice(device)
+        except MLSDKError as e:
+            raise CommandError(f"--device {device}: {e}") from None
     reports = []
     for device in args.device:
         run = run_script(args.script, args.args, device)

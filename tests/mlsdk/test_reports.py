@@ -233,6 +233,17 @@ def test_mnsim_compare_shows_where_the_variant_differs(capsys):
     code, out = run_cli(capsys, "compare", "--device", "mncore2:auto", "--device", "mncore2_fastdram:auto", SEED)
     assert "mncore2_fastdram / mncore2" in out and "total cycles" in out
     assert main(["compare", "--device", "mini:auto", SEED]) == 1
+    capsys.readouterr()
+    assert main(["compare", "--device", "mini:auto", "--device", "nochip", SEED]) == 1
+    captured = capsys.readouterr()
+    assert "--device nochip: unknown device" in captured.err
+    assert "direct-use succeeded" not in captured.out, "refused before the script ran on the first chip"
+
+
+def test_compare_aligns_units_the_other_chip_lacks(capsys):
+    code, out = run_cli(capsys, "compare", "--device", "mini:auto", "--device", "mncore2_2groups:auto", SEED)
+    assert code == 0
+    assert "busy: Data Engine 1 (only in the second)" in out
 
 
 def test_call_report_and_context_report(session_report):
