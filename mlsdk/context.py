@@ -207,6 +207,7 @@ class Context:
         self.runtime.check()
         t0 = time.perf_counter()
         opts = options_mod.check(options)
+        mode = options_mod.simulation_mode(options)
         constraints = dict(io_spec_constraints or {})
         name = function_name(function)
         with self._compiling, _noted(f"while compiling {name} in {self.runtime.label}"):
@@ -218,7 +219,8 @@ class Context:
                 if codegen_dir is not None:
                     artifact.save(compiled, os.fspath(codegen_dir))
                 self._adopt_resident(compiled)
-                executable = self.runtime.add(Executable(name, compiled, options=opts, constraints=constraints))
+                executable = self.runtime.add(Executable(name, compiled, options=opts, constraints=constraints,
+                                                         mode=mode))
                 fn = CompiledFunction(self.runtime, executable.name, executable)
             self._functions.append(fn)
             self.session.compiles.append((name, time.perf_counter() - t0))

@@ -20,7 +20,7 @@ import torch
 from compiler.iospec import IOSpec
 
 from .conversions import Conversions
-from .device import Device, DeviceBuffer, spec_placement
+from .device import BOTH, TIMING, Device, DeviceBuffer, spec_placement
 from .session import BINDING, Binding, Run
 from .value import DeviceValue
 
@@ -43,28 +43,30 @@ class Binder:
     def alloc(self, spec: IOSpec, need: int = 0) -> DeviceBuffer:
         return self.device.alloc(spec_placement(spec, self.device.hw), need)
 
-    def upload(self, consumer: str, input_name: str, value: torch.Tensor, spec: IOSpec, need: int) -> Bound:
+    def upload(self, consumer: str, input_name: str, value: torch.Tensor, spec: IOSpec, need: int,
+               mode: str = BOTH) -> Bound:
         """A host tensor for an input, in the input's layout."""
         buf = self.alloc(spec, need)
         try:
-            stats = self.device.upload(buf, value, name=f"{consumer} input {input_name!r}")
+            stats = self.device.upload(buf, value, name=f"{consumer} input {input_name!r}", mode=mode)
         except BaseException:
             self.device.free(buf)
             raise
         self._record(Run(BINDING, f"upload {consumer}.{input_name}", stats))
         return Bound(buf, Binding(consumer, input_name, UPLOAD_PATH, stats.total_cycles, spec.size_bytes), True)
 
-    def bind_value(self, consumer: str, input_name: str, value: DeviceValue, spec: IOSpec, need: int) -> Bound:
+    def bind_value(self, consumer: str, input_name: str, value: DeviceValue, spec: IOSpec, need: int,
+                   mode: str = BOTH) -> Bound:
         """A device value for an input: relocated when its layout already serves, else converted."""
         producer = value.producer
         if value.spec.is_memcopyable_to(spec) and value.buffer.lw >= need:
             return Bound(value.buffer, Binding(consumer, input_name, RELOCATION, 0, 0, producer), False)
         where = f"{producer or 'proxy'} -> {consumer}.{input_name}"
         if self.conversions.conversion_cycles(value.spec, spec) is None:  # no program for the pair
-            return self._host_round_trip(consumer, input_name, value, spec, need, where)
+            return self._host_round_trip(consumer, input_name, value, spec, need, where, mode)
         buf = self.alloc(spec, max(need, self.conversions.dst_lw(value.spec, spec)))
         try:
-            stats = self.conversions.run(value.spec, value.buffer, spec, buf)
+            stats = self.conversions.run(value.spec, value.buffer, spec, buf, mode)
         except BaseException:
             self.device.free(buf)
             raise
@@ -72,11 +74,17 @@ class Binder:
         return Bound(buf, Binding(consumer, input_name, CONVERSION, stats.total_cycles, spec.size_bytes, producer), True)
 
     def _host_round_trip(self, consumer: str, input_name: str, value: DeviceValue, spec: IOSpec, need: int,
-                         where: str) -> Bound:
-        host, down = self.device.download(value.buffer, value.spec.dtype, value.shape)
+                         where: str, mode: str) -> Bound:
+        if mode == TIMING or not value.buffer.valid:  # no values to carry: time both transfers
+            down = self.device.machine.run(self.device.transfer_program(value.buffer.placement, upload=False),
+                                           host=[self.device.host_image(value.buffer.placement)],
+                                           bases={"tensor": value.buffer.address}, mode=TIMING)
+            host, mode = None, TIMING
+        else:
+            host, down = self.device.download(value.buffer, value.spec.dtype, value.shape)
         buf = self.alloc(spec, need)
         try:
-            up = self.device.upload(buf, host)
+            up = self.device.upload(buf, host, mode=mode)
         except BaseException:
             self.device.free(buf)
             raise

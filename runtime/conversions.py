@@ -13,7 +13,7 @@ from compiler.convert import Conversion, build_conversion
 from compiler.errors import CompileError
 from compiler.iospec import IOSpec
 
-from .device import Device, DeviceBuffer, spec_placement
+from .device import BOTH, TIMING, Device, DeviceBuffer, spec_placement
 from .session import LOAD, Run
 
 
@@ -48,7 +48,7 @@ class Conversions:
             self._programs[key] = build_conversion(src, dst, self.device.hw)
         return self._programs[key]
 
-    def run(self, src: IOSpec, src_buf: DeviceBuffer, dst: IOSpec, dst_buf: DeviceBuffer):
+    def run(self, src: IOSpec, src_buf: DeviceBuffer, dst: IOSpec, dst_buf: DeviceBuffer, mode: str = BOTH):
         """Convert `src_buf` (in `src`) into `dst_buf` (in `dst`); the run's stats."""
         conv = self.program(src, dst)
         machine = self.device.machine
@@ -56,7 +56,9 @@ class Conversions:
             scratch = machine.alloc_dram(conv.scratch_lw) if conv.scratch_lw else 0
             try:
                 bases = {**conv.bases(src_buf.address, dst_buf.address, scratch), **self._placed(conv)}
-                return machine.run(conv.program, bases=bases)
+                stats = machine.run(conv.program, bases=bases, mode=mode)
+                dst_buf.valid = mode != TIMING and src_buf.valid
+                return stats
             finally:
                 if conv.scratch_lw:
                     machine.free_dram(scratch)

@@ -27,8 +27,9 @@ from compiler.layout import Placement
 from compiler.layout.hostio import gather, scatter
 from compiler.transfer.host import host_transfer
 
-from .errors import InputError
+from .errors import DeviceError, InputError
 
+TIMING, BOTH = "timing", "both"  # simulation modes (sim.RunMode): timing only, or data and timing
 
 
 @dataclass(eq=False)
@@ -39,7 +40,7 @@ class DeviceBuffer:
     placement: Placement
     lw: int
     freed: bool = False
-
+    valid: bool = True  # False once a timing-only run wrote it: it holds no values
 
 def check_host_value(tensor: torch.Tensor, dtype: str, name: str = "tensor") -> None:
     """Refuse a host tensor the device cannot hold as `dtype` (an IOSpec dtype): integers must fit
@@ -134,26 +135,35 @@ class Device:
     def transfer_program(self, placement: Placement, upload: bool):
         return host_transfer(placement, upload)
 
-    def _image(self, placement: Placement) -> np.ndarray:
+    def host_image(self, placement: Placement) -> np.ndarray:
+        """The host-side image of a tensor in `placement` (what upload fills and download reads)."""
         return np.zeros((placement.instance_count, max(1, placement.span_lw) * self.params.words_per_lw),
                         dtype=np.uint32)
 
     @locked
     def upload(self, buf: DeviceBuffer, values: torch.Tensor | np.ndarray, *, dtype: str | None = None,
-               name: str = "tensor") -> RunStats:
-        """Host tensor -> device buffer, over the host link. `values` may already be raw bits."""
+               name: str = "tensor", mode: str = BOTH) -> RunStats:
+        """Host tensor -> device buffer, over the host link. `values` may already be raw bits.
+        In timing mode only the transfer is timed; the buffer then holds no values."""
         placement = buf.placement
-        image = self._image(placement)
-        bits = values if isinstance(values, np.ndarray) else to_bits(values, placement.dtype, self.hw, name)
-        scatter(placement, bits.reshape(placement.layout.shape), image)
+        image = self.host_image(placement)
+        if mode != TIMING:
+            bits = values if isinstance(values, np.ndarray) else to_bits(values, placement.dtype, self.hw, name)
+            scatter(placement, bits.reshape(placement.layout.shape), image)
         program = self.transfer_program(placement, upload=True)
-        return self.machine.run(program, host=[image], bases={"tensor": buf.address})
+        stats = self.machine.run(program, host=[image], bases={"tensor": buf.address}, mode=mode)
+        buf.valid = mode != TIMING
+        return stats
 
     @locked
-    def download(self, buf: DeviceBuffer, dtype: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, RunStats]:
+    def download(self, buf: DeviceBuffer, dtype: str, shape: tuple[int, ...], what: str = "a tensor"
+                 ) -> tuple[torch.Tensor, RunStats]:
         """Device buffer -> host tensor of the logical `dtype` and `shape`, over the host link."""
+        if not buf.valid:
+            raise DeviceError(f"{what} has no values: a timing-only run (simulation_mode='timing') computed it, "
+                              "so only its cycles exist; compile with simulation_mode 'both' to read values")
         placement = buf.placement
-        image = self._image(placement)
+        image = self.host_image(placement)
         program = self.transfer_program(placement, upload=False)
         stats = self.machine.run(program, host=[image], bases={"tensor": buf.address})
         bits = gather(placement, image)
@@ -190,10 +200,11 @@ class Device:
             self.free(loaded.scratch)
 
     @locked
-    def call(self, loaded: Loaded, inputs: dict[str, DeviceBuffer], into: dict[str, DeviceBuffer] | None = None
-             ) -> tuple[dict[str, DeviceBuffer], RunStats]:
+    def call(self, loaded: Loaded, inputs: dict[str, DeviceBuffer], into: dict[str, DeviceBuffer] | None = None,
+             mode: str = BOTH) -> tuple[dict[str, DeviceBuffer], RunStats]:
         """Run a loaded program on bound input buffers; outputs get fresh buffers, except those
-        named in `into` (a donated input's buffer, written in place)."""
+        named in `into` (a donated input's buffer, written in place). Outputs hold values when
+        the run moved data and every input held values."""
         compiled = loaded.compiled
         bases = dict(loaded.bases)
         for name, symbol in compiled.input_symbols.items():
@@ -215,11 +226,14 @@ class Device:
                     fresh.append(buf)
                 outputs[name] = buf
                 bases[symbol] = buf.address
-            stats = self.machine.run(compiled.program, bases=bases)
+            stats = self.machine.run(compiled.program, bases=bases, mode=mode)
         except BaseException:  # a failed call leaves no output buffers behind
             for buf in fresh:
                 self.free(buf)
             raise
+        valid = mode != TIMING and all(buf.valid for buf in inputs.values())
+        for buf in outputs.values():
+            buf.valid = valid
         return outputs, stats
 
     @locked

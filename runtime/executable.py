@@ -17,16 +17,17 @@ from compiler.compile import Compiled, compile_traced
 from compiler.errors import CompileError
 from compiler.iospec import IOSpec
 
-from .device import Loaded
+from .device import BOTH, Loaded
 
 _ids = itertools.count(1)
 
 
 class Executable:
     def __init__(self, name: str, compiled: Compiled, *, options: dict | None = None,
-                 constraints: dict[str, IOSpec] | None = None) -> None:
+                 constraints: dict[str, IOSpec] | None = None, mode: str = BOTH) -> None:
         self.id = next(_ids)
         self.name = name
+        self.mode = mode  # "both": data and timing; "timing": timing only (outputs hold no values)
         self.compiled = compiled
         self.options = dict(options or {})
         self.constraints_known = constraints is not None  # a codegen_dir does not say what it was compiled with

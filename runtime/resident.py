@@ -19,7 +19,7 @@ from compiler.iospec import IOSpec
 
 from .binder import RELOCATION, Binder, Bound
 from .conversions import layout_key
-from .device import DeviceBuffer
+from .device import BOTH, DeviceBuffer
 from .errors import RegistrationError
 from .session import DOWNLOAD, UPLOAD, Binding, Run
 from .value import DeviceValue
@@ -94,7 +94,7 @@ class ResidentTensors:
         self._handles.setdefault(name, weakref.WeakSet()).add(value)
         return value
 
-    def bind(self, consumer: str, input_name: str, name: str, spec: IOSpec, need: int) -> Bound:
+    def bind(self, consumer: str, input_name: str, name: str, spec: IOSpec, need: int, mode: str = BOTH) -> Bound:
         """The copy of `name` in `spec`'s layout for a call: relocated if it exists, else made from
         another copy by a conversion (recorded as this binding), else uploaded from the host."""
         copies = self._copies.get(name)
@@ -106,7 +106,7 @@ class ResidentTensors:
             return Bound(copies[key][0], Binding(consumer, input_name, RELOCATION, 0, 0, f"registered {name}"), False)
         buf, stored = self.any_copy(name)
         source = DeviceValue(buf, stored, tuple(stored.shape), f"registered {name}")
-        bound = self._binder.bind_value(consumer, input_name, source, spec, need)
+        bound = self._binder.bind_value(consumer, input_name, source, spec, need, mode)
         if key in copies:  # too small for this program: replace it (handles on it follow)
             old = copies[key][0]
             for handle in self._handles.get(name, ()):
@@ -143,7 +143,7 @@ class ResidentTensors:
         """Write the device values of tensors that programs or handles changed into the host tensors."""
         for name in self.written_names():
             buf, spec = self.any_copy(name)
-            value, stats = self._device.download(buf, spec.dtype, tuple(spec.shape))
+            value, stats = self._device.download(buf, spec.dtype, tuple(spec.shape), f"registered tensor {name!r}")
             self._record(Run(DOWNLOAD, f"registered {name}", stats))
             with torch.no_grad():
                 self._tensors[name].copy_(value)

@@ -158,13 +158,13 @@ class Runtime:
             for name, registered in exe.resident.items():
                 spec = compiled.inputs[name]
                 fresh = not self.resident.has_copy(registered)
-                b = self.resident.bind(exe.name, name, registered, spec, exe.need(name))
+                b = self.resident.bind(exe.name, name, registered, spec, exe.need(name), exe.mode)
                 bound[name] = b.buffer
                 bindings.append(b.binding)
                 sources[name] = Source(RESIDENT, spec, cycles=b.binding.cycles, fresh=fresh)
             into = {out: bound[name] for name, out in compiled.updates.items()  # written in place when it fits
                     if out in compiled.donated and bound[name].lw >= exe.output_lw(out)}
-            outputs, stats = device.call(exe.loaded, bound, into)
+            outputs, stats = device.call(exe.loaded, bound, into, exe.mode)
         finally:  # inputs uploaded or converted for this call only, also when a later one fails
             for buf in temporary:
                 device.free(buf)
@@ -201,8 +201,8 @@ class Runtime:
     def _bind(self, exe: Executable, name: str, value: "torch.Tensor | DeviceValue") -> Bound:
         spec, need = exe.input_specs[name], exe.need(name)
         if not isinstance(value, DeviceValue):
-            return self.binder.upload(exe.name, name, value, spec, need)
-        return self.binder.bind_value(exe.name, name, value, spec, need)
+            return self.binder.upload(exe.name, name, value, spec, need, exe.mode)
+        return self.binder.bind_value(exe.name, name, value, spec, need, exe.mode)
 
     def _measure(self, consumer: CallContext, handed: list[tuple[int, DeviceValue]]) -> None:
         """Each hand-over of this call (the producer's output with all its uses so far), and the
@@ -255,7 +255,8 @@ class Runtime:
     def download(self, value: DeviceValue) -> torch.Tensor:
         with self.lock:
             self.check()
-            tensor, stats = self.board().download(value.buffer, value.spec.dtype, value.shape)
+            tensor, stats = self.board().download(value.buffer, value.spec.dtype, value.shape,
+                                                  value.producer or "this proxy")
             self.record(Run(DOWNLOAD, value.producer or "proxy", stats))
             return tensor
 

@@ -1,0 +1,59 @@
+"""options={"simulation_mode": "timing"}: calls are timed, not computed. Reports and cycles are
+those of a full run; outputs hold no values, and reading one says so."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mlsdk
+from mlsdk import Context, MNDevice
+
+
+def scores(d):
+    return {"s": d["q"] @ d["k"].T}
+
+
+def softmax(d):
+    return {"p": torch.softmax(d["s"], dim=-1)}
+
+
+Q, K = torch.randn(16, 8), torch.randn(32, 8)
+
+
+def test_timing_mode_gives_the_cycles_of_a_full_run_and_no_values():
+    ctx = Context(MNDevice("mini:auto"))
+    full = ctx.compile(scores, {"q": Q, "k": K}, None)
+    timed = ctx.compile(scores, {"q": Q, "k": K}, None, options={"simulation_mode": "timing"})
+    values = full({"q": Q, "k": K})["s"]
+    assert torch.allclose(values.cpu(), Q @ K.T, atol=1e-5)
+    out = timed({"q": Q, "k": K})["s"]
+    assert timed.last_call.cycles == full.last_call.cycles > 0
+    assert timed.last_call.cycles_with_bindings == full.last_call.cycles_with_bindings
+    with pytest.raises(mlsdk.DeviceError, match=r"scores#2.s has no values: a timing-only run") as e:
+        out.cpu()
+    assert isinstance(e.value, mlsdk.MLSDKError) and isinstance(e.value, RuntimeError)
+    assert ctx.report().total_cycles > 0
+
+
+def test_values_computed_from_a_timing_only_output_have_none_either():
+    ctx = Context(MNDevice("mini:auto"))
+    consumer = ctx.compile(softmax, {"s": Q @ K.T}, None)
+    producer = ctx.compile(scores, {"q": Q, "k": K}, None, options={"simulation_mode": "timing"})
+    probs = consumer(producer({"q": Q, "k": K}))["p"]
+    with pytest.raises(mlsdk.DeviceError, match=r"softmax.p has no values"):
+        probs.cpu()
+    assert torch.allclose(consumer({"s": Q @ K.T})["p"].cpu(), torch.softmax(Q @ K.T, dim=-1), atol=1e-5), \
+        "host inputs give values again"
+    (h,) = ctx.report().handovers
+    assert h.as_run > 0, "hand-overs are measured in timing mode too"
+
+
+def test_simulation_mode_values_are_checked():
+    ctx = Context(MNDevice("mini:auto"))
+    with pytest.raises(mlsdk.OptionError, match=r"simulation_mode'\] is 'fast'; expected one of both, timing, "
+                                                r"functional"):
+        ctx.compile(scores, {"q": Q, "k": K}, None, options={"simulation_mode": "fast"})
+    with pytest.warns(UserWarning, match="'functional' runs as 'both'"):
+        fn = ctx.compile(scores, {"q": Q, "k": K}, None, options={"simulation_mode": "functional"})
+    assert torch.allclose(fn({"q": Q, "k": K})["s"].cpu(), Q @ K.T, atol=1e-5)
