@@ -137,10 +137,13 @@ def _xfer(row, mems, mem_instances, lw_addressed, group, chunk, fmt):
             if mode == Mode.broadcast:
                 for k in range(fan):
                     _copy_lw(lo, base + k, lw, up, u, uw, n, wpl)
-            elif mode == Mode.mab_broadcast:
-                for g in range(fan // group):
-                    for q in range(n):
-                        _copy_lw(lo, base + g * group + q % group, lw + wpl * (q // group), up, u, uw + wpl * q, 1, wpl)
+            elif mode == Mode.mab_broadcast:  # every group of `group` children gets the same words
+                for q in range(n):  # the first group, from the upper memory
+                    _copy_lw(lo, base + q % group, lw + wpl * (q // group), up, u, uw + wpl * q, 1, wpl)
+                for m in range(min(group, n)):  # the others copy each member's contiguous run from it
+                    words = wpl * ((n - m + group - 1) // group)
+                    for g in range(1, fan // group):
+                        lo[base + g * group + m, lw:lw + words] = lo[base + m, lw:lw + words]
             else:  # distribute
                 for q in range(n):
                     k = (q // chunk) % fan
