@@ -184,8 +184,12 @@ class Machine:
         accumulate = bool(row[isa.MM_FLAGS] & isa.MM_ACCUMULATE)
 
         def mabs(first: int, last: int) -> None:
-            tile = np.matmul(a[first:last], b[first:last]).sum(axis=1, dtype=np.float32)  # PEs' K-slices added
-            result = tile.reshape(last - first, m, pes, np_).transpose(0, 2, 1, 3)
+            # the PEs' K-slices side by side: one product over the whole K per MAB, no per-PE partials
+            count = last - first
+            a_k = a[first:last].transpose(0, 2, 1, 3).reshape(count, m, pes * kp)
+            b_k = b[first:last].reshape(count, pes * kp, n)
+            tile = np.matmul(a_k, b_k)
+            result = tile.reshape(count, m, pes, np_).transpose(0, 2, 1, 3)
             if accumulate:
                 c[first:last] += result
             else:
