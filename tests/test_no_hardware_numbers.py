@@ -26,6 +26,8 @@ ALLOWED = {
     ("compiler/layout/candidates.py", 512): "lru_cache size",
     ("compiler/layout/cli.py", 8): "copies shown by `layout show --where`",
     ("compiler/layout/hostio.py", 16): "numpy unsigned type per element width",
+    ("compiler/layout/hostio.py", 512): "host-side cache budget of element maps, MiB (not a chip number)",
+    ("compiler/layout/hostio.py", 20): "MiB as a shift (512 << 20 bytes)",
     ("compiler/layout/hostio.py", 32): "numpy unsigned type per element width",
     ("compiler/layout/hostio.py", 64): "numpy unsigned type per element width",
     ("compiler/layout/hostio.py", 8): "bits per byte",

@@ -12,11 +12,20 @@ explicit offsets. Neither loops in Python per element.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..errors import LayoutError
 from .placement import Placement
+
+# Element -> word maps of layouts no strided view expresses, kept for the next transfer in the same
+# layout (every call uploads its inputs again): least recently used first out past this many bytes.
+OFFSET_CACHE_BYTES = 512 << 20
+_offset_cache: "OrderedDict[tuple, tuple[np.ndarray, np.ndarray]]" = OrderedDict()
+_offset_lock = threading.Lock()
 
 _UINT = {16: np.uint16, 32: np.uint32, 64: np.uint64}
 
@@ -61,8 +70,30 @@ def _strided_view(p: Placement, rows: np.ndarray, base_lw: int) -> np.ndarray | 
 
 
 def _offsets(p: Placement, rows: np.ndarray, base_lw: int, first_copy_only: bool) -> tuple[np.ndarray, np.ndarray]:
-    loc = p.locate(first_copy_only=first_copy_only)
-    return loc.element, loc.instance * rows.shape[1] + (base_lw + loc.lw) * p.epl + loc.w
+    """(element, word offset in `rows`) of every element of the tensor (of its first copy)."""
+    key = (p.layout.key(), p.hw.fingerprint, p.memory, p.dtype, p.epl, rows.shape[1], first_copy_only)
+    with _offset_lock:
+        found = _offset_cache.get(key)
+        if found is not None:
+            _offset_cache.move_to_end(key)
+    if found is None:
+        loc = p.locate(first_copy_only=first_copy_only)
+        offset = loc.instance * rows.shape[1] + loc.lw * p.epl + loc.w
+        found = (_compact(loc.element), _compact(offset))
+        with _offset_lock:
+            _offset_cache[key] = found
+            while sum(a.nbytes + b.nbytes for a, b in _offset_cache.values()) > OFFSET_CACHE_BYTES \
+                    and len(_offset_cache) > 1:
+                _offset_cache.popitem(last=False)
+    element, offset = found
+    return element, offset + base_lw * p.epl if base_lw else offset
+
+
+def _compact(index: np.ndarray) -> np.ndarray:
+    """An index array in int32 when its values fit (half the memory, and faster to gather with)."""
+    if index.size and int(index.max()) < np.iinfo(np.int32).max and int(index.min()) >= 0:
+        return index.astype(np.int32)
+    return index
 
 
 def scatter(p: Placement, values: np.ndarray, mem: np.ndarray, base_lw: int = 0) -> None:

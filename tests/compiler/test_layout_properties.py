@@ -47,6 +47,11 @@ def test_gather_of_scatter_is_the_tensor(chip, memory, dtype, data):
     assert np.array_equal(gather(p, mem, base, check_replicas=True), x)
     written = np.count_nonzero(mem.view({16: np.uint16, 32: np.uint32}[bits]))
     assert written == layout.numel * p.copies  # every copy written, nothing else touched
+    again = np.zeros_like(mem)  # the same layout at another base: the cached element map, shifted
+    other = (base + 1) % 4
+    if (other + p.span_lw) * 2 + 6 <= mem.shape[1]:
+        scatter(p, x, again, other)
+        assert np.array_equal(gather(p, again, other), x) and np.count_nonzero(again) == np.count_nonzero(mem)
 
 
 @pytest.mark.parametrize("chip", CHIPS)
