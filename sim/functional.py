@@ -99,16 +99,16 @@ def _mv(row, mems, mem_instances, lw_addressed, n_groups, chunk, fmt):
                 _copy_lw(dst, first + k, dw, src, s, sw, n, wpl)
         elif mode == Mode.distribute:
             first, count = _scope_range(mem_instances, n_groups, dm, row[isa.MV_SCOPE], s // s_per)
-            for q in range(n):
+            for q in range(0, n, chunk):  # a chunk of consecutive long words goes to one child
                 k = (q // chunk) % count
-                off = chunk * (q // (chunk * count)) + q % chunk
-                _copy_lw(dst, first + k, dw + wpl * off, src, s, sw + wpl * q, 1, wpl)
+                off = chunk * (q // (chunk * count))
+                _copy_lw(dst, first + k, dw + wpl * off, src, s, sw + wpl * q, min(chunk, n - q), wpl)
         elif mode == Mode.collect:
             first, count = _scope_range(mem_instances, n_groups, sm, row[isa.MV_SCOPE], d // d_per)
-            for q in range(n):
+            for q in range(0, n, chunk):  # a chunk of consecutive long words comes from one child
                 k = (q // chunk) % count
-                off = chunk * (q // (chunk * count)) + q % chunk
-                _copy_lw(dst, d, dw + wpl * q, src, first + k, sw + wpl * off, 1, wpl)
+                off = chunk * (q // (chunk * count))
+                _copy_lw(dst, d, dw + wpl * q, src, first + k, sw + wpl * off, min(chunk, n - q), wpl)
         else:  # reduce
             first, count = _scope_range(mem_instances, n_groups, sm, row[isa.MV_SCOPE], d // d_per)
             red, dtype = row[isa.MV_RED], row[isa.MV_DTYPE]
@@ -144,17 +144,17 @@ def _xfer(row, mems, mem_instances, lw_addressed, group, chunk, fmt):
                     words = wpl * ((n - m + group - 1) // group)
                     for g in range(1, fan // group):
                         lo[base + g * group + m, lw:lw + words] = lo[base + m, lw:lw + words]
-            else:  # distribute
-                for q in range(n):
+            else:  # distribute, a chunk of consecutive long words to each child in turn
+                for q in range(0, n, chunk):
                     k = (q // chunk) % fan
-                    off = chunk * (q // (chunk * fan)) + q % chunk
-                    _copy_lw(lo, base + k, lw + wpl * off, up, u, uw + wpl * q, 1, wpl)
+                    off = chunk * (q // (chunk * fan))
+                    _copy_lw(lo, base + k, lw + wpl * off, up, u, uw + wpl * q, min(chunk, n - q), wpl)
         else:
             if mode == Mode.collect:
-                for q in range(n):
+                for q in range(0, n, chunk):
                     k = (q // chunk) % fan
-                    off = chunk * (q // (chunk * fan)) + q % chunk
-                    _copy_lw(up, u, uw + wpl * q, lo, base + k, lw + wpl * off, 1, wpl)
+                    off = chunk * (q // (chunk * fan))
+                    _copy_lw(up, u, uw + wpl * q, lo, base + k, lw + wpl * off, min(chunk, n - q), wpl)
             elif mode == Mode.individual:
                 g = row[isa.X_INDEX]
                 for q in range(n):
