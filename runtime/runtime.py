@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import warnings
 import weakref
 from typing import Callable
 
@@ -184,7 +185,11 @@ class Runtime:
                                 device_id=id(self.device))
             result[name] = self.own(value)
         if handed:
-            self._measure(context, handed)
+            try:
+                self._measure(context, handed)
+            except Exception as e:  # noqa: BLE001 - the call ran and its values stand; only its figures are missing
+                warnings.warn(f"{exe.name} ({self.label}): hand-over figures not measured: {type(e).__name__}: {e}",
+                              stacklevel=3)
         return result, call
 
     def _shared(self, stats: RunStats) -> RunStats:

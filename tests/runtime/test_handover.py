@@ -213,3 +213,19 @@ def test_chains_across_contexts_on_one_device():
     report = build([a.session, b.session])
     assert sorted(len(c.functions) for c in report.chains) == [2, 2], "two chains, each producer -> its consumer"
     assert sum(c.calls for c in report.chains) == 4
+
+
+def test_a_failure_while_measuring_leaves_the_call_and_its_values(monkeypatch):
+    from runtime import whatif
+    ctx = Context(MNDevice("mini:auto"))
+    x = torch.randn(8, 16)
+    producer = ctx.compile(lambda d: {"h": d["x"] * 2}, {"x": x}, None)
+    consumer = ctx.compile(lambda d: {"y": d["h"] + 1}, {"h": x}, None)
+
+    def broken(self, origin):
+        raise ZeroDivisionError("injected")
+    monkeypatch.setattr(whatif.WhatIf, "handover", broken)
+    with pytest.warns(UserWarning, match="hand-over figures not measured: ZeroDivisionError: injected"):
+        out = consumer(producer({"x": x}))["y"]
+    assert torch.allclose(out.cpu(), x * 2 + 1)
+    assert len(ctx.session.calls) == 2 and ctx.report().total_cycles > 0
