@@ -75,13 +75,9 @@ class Binder:
 
     def _host_round_trip(self, consumer: str, input_name: str, value: DeviceValue, spec: IOSpec, need: int,
                          where: str, mode: str) -> Bound:
-        if mode == TIMING or not value.buffer.valid:  # no values to carry: time both transfers
-            down = self.device.machine.run(self.device.transfer_program(value.buffer.placement, upload=False),
-                                           host=[self.device.host_image(value.buffer.placement)],
-                                           bases={"tensor": value.buffer.address}, mode=TIMING)
-            host, mode = None, TIMING
-        else:
-            host, down = self.device.download(value.buffer, value.spec.dtype, value.shape)
+        if not value.buffer.valid:  # no values to carry: time both transfers
+            mode = TIMING
+        host, down = self.device.download(value.buffer, value.spec.dtype, value.shape, mode=mode)
         buf = self.alloc(spec, need)
         try:
             up = self.device.upload(buf, host, mode=mode)

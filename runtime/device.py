@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -156,9 +156,14 @@ class Device:
         return stats
 
     @locked
-    def download(self, buf: DeviceBuffer, dtype: str, shape: tuple[int, ...], what: str = "a tensor"
-                 ) -> tuple[torch.Tensor, RunStats]:
-        """Device buffer -> host tensor of the logical `dtype` and `shape`, over the host link."""
+    def download(self, buf: DeviceBuffer, dtype: str, shape: tuple[int, ...], what: str = "a tensor",
+                 mode: str = BOTH) -> tuple[torch.Tensor | None, RunStats]:
+        """Device buffer -> host tensor of the logical `dtype` and `shape`, over the host link.
+        In timing mode only the transfer is timed (no tensor)."""
+        if mode == TIMING:
+            stats = self.machine.run(self.transfer_program(buf.placement, upload=False),
+                                     host=[self.host_image(buf.placement)], bases={"tensor": buf.address}, mode=TIMING)
+            return None, stats
         if not buf.valid:
             raise DeviceError(f"{what} has no values: a timing-only run (simulation_mode='timing') computed it, "
                               "so only its cycles exist; compile with simulation_mode 'both' to read values")
@@ -259,7 +264,3 @@ class Device:
 def spec_placement(spec: IOSpec, hw: HwDesc) -> Placement:
     return spec.placement(hw, DEVICE_DTYPE[spec.dtype])
 
-
-def free_all(device: Device, bufs: Iterable[DeviceBuffer]) -> None:
-    for b in bufs:
-        device.free(b)
