@@ -43,6 +43,30 @@ def _copy_lw(dst: np.ndarray, d_inst: int, d_word: int, src: np.ndarray, s_inst:
 
 
 @njit(cache=True)
+def _deal(dst, first, dw, src, s, sw, n, chunk, count, wpl):
+    """Distribute: chunk q of `src` (long words q*chunk..) goes to child q mod count at chunk
+    round q div count. Child by child, so each child's row is written in one sweep (children
+    are whole memory rows apart: interleaving them thrashes the cache on aliasing addresses)."""
+    for k in range(count):
+        for r in range((n + chunk * count - 1) // (chunk * count)):
+            q = chunk * (r * count + k)
+            if q >= n:
+                break
+            _copy_lw(dst, first + k, dw + wpl * chunk * r, src, s, sw + wpl * q, min(chunk, n - q), wpl)
+
+
+@njit(cache=True)
+def _undeal(dst, d, dw, src, first, sw, n, chunk, count, wpl):
+    """Collect, the inverse of `_deal`: child by child, each child's row read in one sweep."""
+    for k in range(count):
+        for r in range((n + chunk * count - 1) // (chunk * count)):
+            q = chunk * (r * count + k)
+            if q >= n:
+                break
+            _copy_lw(dst, d, dw + wpl * q, src, first + k, sw + wpl * chunk * r, min(chunk, n - q), wpl)
+
+
+@njit(cache=True)
 def _combine(red: int, dtype: int, a: np.uint32, b: np.uint32, fmt: np.ndarray) -> np.uint32:
     """Reduce two words element-wise (one float32/int32, or the halves packed in it)."""
     if dtype == DType.float16:
@@ -99,16 +123,10 @@ def _mv(row, mems, mem_instances, lw_addressed, n_groups, chunk, fmt):
                 _copy_lw(dst, first + k, dw, src, s, sw, n, wpl)
         elif mode == Mode.distribute:
             first, count = _scope_range(mem_instances, n_groups, dm, row[isa.MV_SCOPE], s // s_per)
-            for q in range(0, n, chunk):  # a chunk of consecutive long words goes to one child
-                k = (q // chunk) % count
-                off = chunk * (q // (chunk * count))
-                _copy_lw(dst, first + k, dw + wpl * off, src, s, sw + wpl * q, min(chunk, n - q), wpl)
+            _deal(dst, first, dw, src, s, sw, n, chunk, count, wpl)
         elif mode == Mode.collect:
             first, count = _scope_range(mem_instances, n_groups, sm, row[isa.MV_SCOPE], d // d_per)
-            for q in range(0, n, chunk):  # a chunk of consecutive long words comes from one child
-                k = (q // chunk) % count
-                off = chunk * (q // (chunk * count))
-                _copy_lw(dst, d, dw + wpl * q, src, first + k, sw + wpl * off, min(chunk, n - q), wpl)
+            _undeal(dst, d, dw, src, first, sw, n, chunk, count, wpl)
         else:  # reduce
             first, count = _scope_range(mem_instances, n_groups, sm, row[isa.MV_SCOPE], d // d_per)
             red, dtype = row[isa.MV_RED], row[isa.MV_DTYPE]
@@ -145,16 +163,10 @@ def _xfer(row, mems, mem_instances, lw_addressed, group, chunk, fmt):
                     for g in range(1, fan // group):
                         lo[base + g * group + m, lw:lw + words] = lo[base + m, lw:lw + words]
             else:  # distribute, a chunk of consecutive long words to each child in turn
-                for q in range(0, n, chunk):
-                    k = (q // chunk) % fan
-                    off = chunk * (q // (chunk * fan))
-                    _copy_lw(lo, base + k, lw + wpl * off, up, u, uw + wpl * q, min(chunk, n - q), wpl)
+                _deal(lo, base, lw, up, u, uw, n, chunk, fan, wpl)
         else:
             if mode == Mode.collect:
-                for q in range(0, n, chunk):
-                    k = (q // chunk) % fan
-                    off = chunk * (q // (chunk * fan))
-                    _copy_lw(up, u, uw + wpl * q, lo, base + k, lw + wpl * off, min(chunk, n - q), wpl)
+                _undeal(up, u, uw, lo, base, lw, n, chunk, fan, wpl)
             elif mode == Mode.individual:
                 g = row[isa.X_INDEX]
                 for q in range(n):

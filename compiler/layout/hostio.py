@@ -6,12 +6,16 @@ slots of that width, every broadcast copy included, and read back from the first
 
 Placements are linear in their digits, so for an unpadded layout the tensor reshaped to its
 digits *is* a strided view of memory: scatter and gather are one numpy strided copy each, with
-broadcast copies as extra zero-source dimensions. Padded layouts take the general path through
-explicit offsets. Neither loops in Python per element.
+broadcast copies as extra zero-source dimensions. A padded dimension's indices 0..n-1 split, as a
+mixed-radix count, into a few blocks that are each a strided view (at most the sum of its digit
+sizes), so padded layouts are a handful of strided copies, never an element map. Only placements
+whose instance index is not linear take the general path through explicit offsets. Nothing loops
+in Python per element.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 
@@ -56,8 +60,9 @@ def _check_fits(p: Placement, rows: np.ndarray, base_lw: int) -> None:
 
 
 def _strided_view(p: Placement, rows: np.ndarray, base_lw: int) -> np.ndarray | None:
-    """Memory as an array indexed [digits..., copies...], or None when the layout needs the general path."""
-    if not p.linear or p.layout.extents != p.layout.shape:
+    """Memory as an array indexed [digits..., copies...] (padding positions included), or None when
+    the instance index is not linear and the layout needs the general path."""
+    if not p.linear or _blocks(p) is None:
         return None
     per_row = rows.shape[1]
     coef = p.inst_coef * per_row + p.slot_coef
@@ -67,6 +72,56 @@ def _strided_view(p: Placement, rows: np.ndarray, base_lw: int) -> np.ndarray | 
     flat = rows.reshape(-1)[base_lw * p.epl:]
     return as_strided(flat, shape=(*p.sizes.tolist(), *copy_sizes),
                       strides=tuple(int(c) * item for c in (*coef.tolist(), *copy_coef)), writeable=True)
+
+
+# Past this many strided blocks (several padded dimensions of many digits), an element map is cheaper.
+MAX_BLOCKS = 4096
+
+Block = tuple[tuple, tuple, tuple[int, ...]]  # (index into the digit view, index into the tensor, block shape)
+
+
+def _dim_blocks(sizes: list[int], n: int) -> list[Block]:
+    """Indices 0..n-1 of one dimension whose digits have `sizes` (most significant first), as blocks
+    that are each a strided view: all digits after a fixed prefix free, the next one below a bound."""
+    blocks: list[Block] = []
+    prefix: list[int] = []
+    start, rest = 0, n
+    for j in range(len(sizes)):
+        block = int(np.prod(sizes[j + 1:], dtype=np.int64))
+        full = rest // block
+        if full:
+            blocks.append(((*prefix, slice(0, full), *[slice(None)] * (len(sizes) - j - 1)),
+                           (slice(start, start + full * block),), (full, *sizes[j + 1:])))
+        start, rest = start + full * block, rest - full * block
+        if not rest:
+            break
+        prefix.append(full)
+    return blocks
+
+
+def _blocks(p: Placement) -> list[Block] | None:
+    """The tensor as strided blocks of its digit view (the product of every dimension's blocks), or
+    None when there would be more than MAX_BLOCKS of them."""
+    key = (p.layout.key(), p.hw.fingerprint, p.memory, p.dtype)
+    if key not in _block_cache:
+        per_dim = [_dim_blocks([int(x) for x in p.sizes[p.dim_of == d]], n) for d, n in enumerate(p.layout.shape)]
+        if int(np.prod([len(b) for b in per_dim], dtype=np.int64)) > MAX_BLOCKS:
+            _block_cache[key] = None
+        else:
+            _block_cache[key] = [tuple(sum((b[i] for b in combo), ()) for i in range(3))
+                                 for combo in itertools.product(*per_dim)]
+    return _block_cache[key]
+
+
+_block_cache: dict[tuple, list[Block] | None] = {}
+
+
+def _split(part: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """`part` (a range of every dimension) with its dimensions split into a block's digits, as a
+    view: splitting never needs a copy, and setting `shape` raises rather than copy silently."""
+    view = part.view()
+    view.shape = shape
+    return view
 
 
 def _offsets(p: Placement, rows: np.ndarray, base_lw: int, first_copy_only: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -106,7 +161,9 @@ def scatter(p: Placement, values: np.ndarray, mem: np.ndarray, base_lw: int = 0)
         raise LayoutError(f"values have shape {src.shape}; the layout is for {p.layout.shape}")
     view = _strided_view(p, rows, base_lw)
     if view is not None:
-        view[...] = src.reshape(*p.sizes.tolist(), *([1] * len(p.copy_dims)))
+        copies = (1,) * len(p.copy_dims)
+        for at, part, shape in _blocks(p):
+            view[at] = _split(src[part], shape).reshape(*shape, *copies)
         return
     element, offset = _offsets(p, rows, base_lw, first_copy_only=False)
     rows.reshape(-1)[offset] = src.reshape(-1)[element]
@@ -120,10 +177,14 @@ def gather(p: Placement, mem: np.ndarray, base_lw: int = 0, *, out_dtype: np.dty
     _check_fits(p, rows, base_lw)
     view = _strided_view(p, rows, base_lw)
     if view is not None:
-        first = view[(Ellipsis, *([0] * len(p.copy_dims)))]
-        out = np.ascontiguousarray(first).reshape(p.layout.shape)
-        if check_replicas and p.copies > 1 and not (view == first[(Ellipsis, *([None] * len(p.copy_dims)))]).all():
-            raise LayoutError(f"the copies of the tensor in {p.memory} differ (layout {p.layout})")
+        out = np.empty(p.layout.shape, dtype=rows.dtype)
+        first_copy, every_copy = (0,) * len(p.copy_dims), (slice(None),) * len(p.copy_dims)
+        for at, part, shape in _blocks(p):
+            first = view[(*at, *first_copy)]
+            _split(out[part], shape)[...] = first
+            if check_replicas and p.copies > 1 and \
+                    not (view[(*at, *every_copy)] == first[(Ellipsis, *([None] * len(p.copy_dims)))]).all():
+                raise LayoutError(f"the copies of the tensor in {p.memory} differ (layout {p.layout})")
     else:
         element, offset = _offsets(p, rows, base_lw, first_copy_only=not check_replicas)
         flat = rows.reshape(-1)
