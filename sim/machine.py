@@ -19,9 +19,8 @@ from numpy.lib.stride_tricks import as_strided
 
 from hwdesc import HwDesc
 
-from . import isa
+from . import functional, isa
 from .alloc import Allocator
-from .functional import execute_block
 from .isa import DType, Op
 from .params import MachineParams
 from .program import Program
@@ -37,7 +36,6 @@ _WORKERS = os.cpu_count() or 1
 @functools.cache
 def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(_WORKERS, thread_name_prefix="mnsim-mau")
-PYTHON_OPS = (Op.MATMUL, Op.HOST_DMA)  # run with numpy here; the rest in numba blocks
 DRAM = "DRAM"
 
 
@@ -127,21 +125,8 @@ class Machine:
         for m, top in max_addresses(p, code).items():
             if p.memory_names[m] == DRAM:
                 self.grow(DRAM, top)
-        mems = tuple(self.memories)
-        f32 = tuple(m.view(np.float32) for m in mems)
-        u16 = tuple(m.view(np.uint16) for m in mems)
-        i32 = tuple(m.view(np.int32) for m in mems)
-        n_pe = int(p.mem_instances[p.pe_memories[0]])
-        ops = code[:, 0]
-        special = np.flatnonzero(np.isin(ops, PYTHON_OPS))
-        start = 0
-        for i in [*special.tolist(), len(code)]:
-            if i > start:
-                execute_block(code, start, i, mems, f32, u16, i32, p.mem_instances, p.mem_lw_addressed, p.n_groups,
-                              p.path_of, p.path_group, p.mode_chunk, n_pe, p.fmt)
-            if i < len(code):
-                (self._matmul if ops[i] == Op.MATMUL else self._host_dma)(code[i], host)
-            start = i + 1
+        functional.execute(p, self.memories, code, {Op.MATMUL: lambda row: self._matmul(row, host),
+                                                     Op.HOST_DMA: lambda row: self._host_dma(row, host)})
 
     def _host_dma(self, row: np.ndarray, host: list[np.ndarray]) -> None:
         p = self.params

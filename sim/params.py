@@ -14,11 +14,13 @@ import numpy as np
 
 from hwdesc import HwDesc, HwDescError
 
-from .functional import WORD_BITS
 from .isa import COST_NAME, DType, Mode, VOp
 from .numerics import HalfCodec
 
 HOST = -2  # memory id of the host end of the host link
+WORD_BITS = 32  # the element of mnsim's memory arrays (from_hw checks the YAML's word size against it)
+# `fmt`, passed to the kernels, holds the numbers from the YAML that data patterns depend on.
+FMT_WPL, FMT_HALF_E, FMT_HALF_M = 0, 1, 2  # words per long word, half exponent and mantissa bits
 ENGINES = ("data_engine", "pe_stream", "host_link")
 DTYPE_FORMAT = {DType.float32: "float32", DType.float16: "float16", DType.int32: "int32"}
 

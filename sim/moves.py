@@ -1,0 +1,154 @@
+"""Data movement kernels: MV (the Data Engines) and XFER (the PE stream's transfers), in numba.
+
+Every memory is a uint32 array shaped [instances, words]; a kernel loops over all instances of
+the level an instruction drives (every Group, every L2B, every PE) inside one call, so a program
+costs per instruction, not per PE. Data patterns of the transfer modes follow
+layout_notation.md section 7.2, with fan-outs and chunk sizes from the hardware description:
+
+* distribute: upper LW q goes to child (q div chunk) mod F at chunk*(q div (chunk*F)) + q mod chunk
+  (l2bmd: chunk 8 over 8 L1Bs; l1bmd: chunk 1 over the 64 PEs of an L1B); collect is its inverse;
+* mab_broadcast: upper LW q goes to member q mod G at q div G of every group of G children
+  (l1bmm: the 4 PEs of every MAB); individual (upward) reads a group the same way;
+* broadcast: every child gets the same n long words.
+
+Reductions (MV and XFER mode reduce) compute, so they live in `sim.reduce`; `execute_moves` runs
+a block of NOP, WAIT and the copying MV/XFER modes in one call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import isa
+from .isa import ALL_GROUPS, Dir, Mode, Op, Scope
+
+
+@njit(cache=True)
+def word_addr(lw_addressed: np.ndarray, mem: int, addr: int, wpl: int) -> int:
+    """The word index of an address field: long-word-addressed memories count long words."""
+    return addr * wpl if lw_addressed[mem] else addr
+
+
+@njit(cache=True)
+def copy_lw(dst: np.ndarray, d_inst: int, d_word: int, src: np.ndarray, s_inst: int, s_word: int, n_lw: int,
+            wpl: int) -> None:
+    for i in range(wpl * n_lw):
+        dst[d_inst, d_word + i] = src[s_inst, s_word + i]
+
+
+@njit(cache=True)
+def scope_range(mem_instances: np.ndarray, n_groups: int, mem: int, scope: int, group: int) -> tuple:
+    """(first instance, count) of `mem` an MV in `scope` reaches from Group `group`."""
+    if scope == Scope.chip:
+        return 0, mem_instances[mem]
+    per = mem_instances[mem] // n_groups
+    return group * per, per
+
+
+@njit(cache=True)
+def _deal(dst, first, dw, src, s, sw, n, chunk, count, wpl):
+    """Distribute: chunk q of `src` (long words q*chunk..) goes to child q mod count at chunk
+    round q div count. Child by child, so each child's row is written in one sweep (children
+    are whole memory rows apart: interleaving them thrashes the cache on aliasing addresses)."""
+    for k in range(count):
+        for r in range((n + chunk * count - 1) // (chunk * count)):
+            q = chunk * (r * count + k)
+            if q >= n:
+                break
+            copy_lw(dst, first + k, dw + wpl * chunk * r, src, s, sw + wpl * q, min(chunk, n - q), wpl)
+
+
+@njit(cache=True)
+def _undeal(dst, d, dw, src, first, sw, n, chunk, count, wpl):
+    """Collect, the inverse of `_deal`: child by child, each child's row read in one sweep."""
+    for k in range(count):
+        for r in range((n + chunk * count - 1) // (chunk * count)):
+            q = chunk * (r * count + k)
+            if q >= n:
+                break
+            copy_lw(dst, d, dw + wpl * q, src, first + k, sw + wpl * chunk * r, min(chunk, n - q), wpl)
+
+
+@njit(cache=True)
+def _mv(row, mems, mem_instances, lw_addressed, n_groups, chunk, wpl):
+    mode, n = row[isa.MV_MODE], row[isa.MV_N]
+    sm, dm = row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]
+    src, dst = mems[sm], mems[dm]
+    sw = word_addr(lw_addressed, sm, row[isa.MV_SRC_ADDR], wpl)
+    dw = word_addr(lw_addressed, dm, row[isa.MV_DST_ADDR], wpl)
+    per_group = row[isa.MV_SRC_INST] == ALL_GROUPS or row[isa.MV_DST_INST] == ALL_GROUPS
+    s_per, d_per = mem_instances[sm] // n_groups, mem_instances[dm] // n_groups
+    for g in range(n_groups if per_group else 1):
+        s = row[isa.MV_SRC_INST] if row[isa.MV_SRC_INST] >= 0 else g * s_per + row[isa.MV_SRC_LOCAL]
+        d = row[isa.MV_DST_INST] if row[isa.MV_DST_INST] >= 0 else g * d_per + row[isa.MV_DST_LOCAL]
+        if mode == Mode.individual:
+            copy_lw(dst, d, dw, src, s, sw, n, wpl)
+        elif mode == Mode.broadcast:
+            first, count = scope_range(mem_instances, n_groups, dm, row[isa.MV_SCOPE], s // s_per)
+            for k in range(count):
+                copy_lw(dst, first + k, dw, src, s, sw, n, wpl)
+        elif mode == Mode.distribute:
+            first, count = scope_range(mem_instances, n_groups, dm, row[isa.MV_SCOPE], s // s_per)
+            _deal(dst, first, dw, src, s, sw, n, chunk, count, wpl)
+        else:  # collect
+            first, count = scope_range(mem_instances, n_groups, sm, row[isa.MV_SCOPE], d // d_per)
+            _undeal(dst, d, dw, src, first, sw, n, chunk, count, wpl)
+
+
+@njit(cache=True)
+def _xfer(row, mems, mem_instances, lw_addressed, group, chunk, wpl):
+    """L2BM <-> L1BM and L1BM <-> PE, in every upper instance at once."""
+    mode, direction, n = row[isa.X_MODE], row[isa.X_DIR], row[isa.X_N]
+    um, lm = row[isa.X_UP_MEM], row[isa.X_LO_MEM]
+    up, lo = mems[um], mems[lm]
+    uw = word_addr(lw_addressed, um, row[isa.X_UP_ADDR], wpl)
+    lw = word_addr(lw_addressed, lm, row[isa.X_LO_ADDR], wpl)
+    n_up = mem_instances[um]
+    fan = mem_instances[lm] // n_up
+    for u in range(n_up):
+        base = u * fan
+        if direction == Dir.down:
+            if mode == Mode.broadcast:
+                for k in range(fan):
+                    copy_lw(lo, base + k, lw, up, u, uw, n, wpl)
+            elif mode == Mode.mab_broadcast:  # every group of `group` children gets the same words
+                for q in range(n):  # the first group, from the upper memory
+                    copy_lw(lo, base + q % group, lw + wpl * (q // group), up, u, uw + wpl * q, 1, wpl)
+                for m in range(min(group, n)):  # the others copy each member's contiguous run from it
+                    for g in range(1, fan // group):
+                        copy_lw(lo, base + g * group + m, lw, lo, base + m, lw, (n - m + group - 1) // group, wpl)
+            else:  # distribute, a chunk of consecutive long words to each child in turn
+                _deal(lo, base, lw, up, u, uw, n, chunk, fan, wpl)
+        elif mode == Mode.collect:
+            _undeal(up, u, uw, lo, base, lw, n, chunk, fan, wpl)
+        else:  # individual
+            g = row[isa.X_INDEX]
+            for q in range(n):
+                copy_lw(up, u, uw + wpl * q, lo, base + g * group + q % group, lw + wpl * (q // group), 1, wpl)
+
+
+@njit(cache=True)
+def execute_moves(code, start, end, mems, mem_instances, lw_addressed, n_groups, path_of, path_group, mode_chunk,
+                  wpl):
+    """Run instructions [start, end): NOP, WAIT (no effect on data) and copying MV/XFER modes."""
+    for i in range(start, end):
+        row = code[i]
+        op = row[0]
+        if op == Op.MV:
+            p = path_of[row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]]
+            _mv(row, mems, mem_instances, lw_addressed, n_groups, mode_chunk[p, row[isa.MV_MODE]], wpl)
+        elif op == Op.XFER:
+            if row[isa.X_DIR] == Dir.down:
+                p = path_of[row[isa.X_UP_MEM], row[isa.X_LO_MEM]]
+            else:
+                p = path_of[row[isa.X_LO_MEM], row[isa.X_UP_MEM]]
+            _xfer(row, mems, mem_instances, lw_addressed, path_group[p], mode_chunk[p, row[isa.X_MODE]], wpl)
+
+
+def is_move(code: np.ndarray) -> np.ndarray:
+    """Rows `execute_moves` runs: NOP, WAIT, and MV/XFER in every mode but reduce."""
+    ops = code[:, 0]
+    mv_red = (ops == Op.MV) & (code[:, isa.MV_MODE] == Mode.reduce)
+    x_red = (ops == Op.XFER) & (code[:, isa.X_MODE] == Mode.reduce)
+    return np.isin(ops, (Op.NOP, Op.WAIT, Op.MV, Op.XFER)) & ~mv_red & ~x_red

@@ -1,0 +1,222 @@
+"""VOP: element-wise PE operations, one numba loop per op family, chosen per instruction.
+
+Element-wise operations use the PE's lanes: float32 words, half words of a float16, or int32
+words. The common float32 and int32 ops (copy, add, sub, mul, fma, max, relu) have loops of
+their own, in which unit-stride rows vectorise; every other op goes through `numerics.apply`. The
+loop is chosen here in Python, per instruction, so numba compiles a loop the first time a
+program uses it, not every loop on the first run of any program (a fresh checkout compiled all
+of them, about 40 s, before the first result).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import isa
+from .isa import IMM, DType, VOp
+from .numerics import apply, apply_i32, half_from_f32_bits, half_from_int, half_to_f32, i32_from_f32
+from .params import FMT_HALF_E, FMT_HALF_M
+
+
+@njit(cache=True)
+def _imm(bits: np.int64) -> np.float32:
+    return np.array([bits & 0xFFFFFFFF], dtype=np.uint32).view(np.float32)[0]
+
+
+@njit(cache=True, inline="always")
+def _f_copy(a, b, c):
+    return a
+
+
+@njit(cache=True, inline="always")
+def _f_add(a, b, c):
+    return a + b
+
+
+@njit(cache=True, inline="always")
+def _f_sub(a, b, c):
+    return a - b
+
+
+@njit(cache=True, inline="always")
+def _f_mul(a, b, c):
+    return a * b
+
+
+@njit(cache=True, inline="always")
+def _f_fma(a, b, c):
+    return np.float32(a * b) + c
+
+
+@njit(cache=True, inline="always")
+def _f_max(a, b, c):
+    return a if a >= b else b
+
+
+@njit(cache=True, inline="always")
+def _f_relu(a, b, c):
+    return a if a > 0 else np.float32(0.0)
+
+
+@njit(cache=True, inline="always")
+def _i_add(a, b, c):
+    return np.int32(np.int64(a) + np.int64(b))  # wraps around, as torch's int32
+
+
+@njit(cache=True, inline="always")
+def _i_sub(a, b, c):
+    return np.int32(np.int64(a) - np.int64(b))
+
+
+def _make_loop(fn, arity, zero=np.float32(0.0)):
+    """The element loop of one op: numba compiles (and caches) one tight loop per op, inlining it;
+    operands beyond the op's arity are not read, so unit-stride loops vectorise. `zero` (the
+    element type's zero) stands in for the operands not read."""
+
+    @njit(cache=True)
+    def loop(n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi):
+        unit = dsi == 1 and asi == 1 and (arity < 2 or bsi == 1) and (arity < 3 or csi == 1)
+        for pe in range(n_pe):
+            for i in range(n_outer):
+                dd, aa, bb, cc = d0 + i * dso, a0 + i * aso, b0 + i * bso, c0 + i * cso
+                if unit:  # contiguous rows: a loop the compiler can vectorise
+                    for j in range(n_inner):
+                        y = b[pe, bb + j] if arity >= 2 else zero
+                        z = c[pe, cc + j] if arity >= 3 else zero
+                        d[pe, dd + j] = fn(a[pe, aa + j], y, z)
+                else:
+                    for j in range(n_inner):
+                        y = b[pe, bb + j * bsi] if arity >= 2 else zero
+                        z = c[pe, cc + j * csi] if arity >= 3 else zero
+                        d[pe, dd + j * dsi] = fn(a[pe, aa + j * asi], y, z)
+
+    return loop
+
+
+_loop_copy, _loop_add, _loop_sub, _loop_mul, _loop_fma, _loop_max, _loop_relu = (
+    _make_loop(f, n) for f, n in ((_f_copy, 1), (_f_add, 2), (_f_sub, 2), (_f_mul, 2), (_f_fma, 3), (_f_max, 2),
+                                  (_f_relu, 1)))
+_loop_i_copy, _loop_i_add, _loop_i_sub = (_make_loop(f, n, np.int32(0)) for f, n in ((_f_copy, 1), (_i_add, 2),
+                                                                                    (_i_sub, 2)))
+
+
+@njit(cache=True)
+def _loop_any(op, n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi):
+    for pe in range(n_pe):
+        for i in range(n_outer):
+            dd, aa, bb, cc = d0 + i * dso, a0 + i * aso, b0 + i * bso, c0 + i * cso
+            for j in range(n_inner):
+                d[pe, dd + j * dsi] = apply(op, a[pe, aa + j * asi], b[pe, bb + j * bsi], c[pe, cc + j * csi])
+
+
+@njit(cache=True)
+def _loop_any_i32(op, n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi):
+    for pe in range(n_pe):
+        for i in range(n_outer):
+            dd, aa, bb, cc = d0 + i * dso, a0 + i * aso, b0 + i * bso, c0 + i * cso
+            for j in range(n_inner):
+                d[pe, dd + j * dsi] = apply_i32(op, a[pe, aa + j * asi], b[pe, bb + j * bsi], c[pe, cc + j * csi])
+
+
+@njit(cache=True)
+def _cvt_from_i32(n_pe, n_outer, n_inner, to_half, d16, d32, d0, dso, dsi, a, a0, aso, asi, he, hm):
+    """cvt int32 -> float32 or half, rounding to nearest even once (`a` is an int32 operand)."""
+    for pe in range(n_pe):
+        for i in range(n_outer):
+            for j in range(n_inner):
+                x = np.int64(a[pe, a0 + i * aso + j * asi])
+                idx = d0 + i * dso + j * dsi
+                if to_half:
+                    d16[pe, idx] = half_from_int(x, he, hm)
+                else:
+                    d32[pe, idx] = np.float32(x)
+
+
+@njit(cache=True)
+def _cvt_to_i32(n_pe, n_outer, n_inner, from_half, d, d0, dso, dsi, a16, a32, a0, aso, asi, he, hm):
+    """cvt float32 or half -> int32, toward zero with saturation (`a32` is a float32 operand)."""
+    for pe in range(n_pe):
+        for i in range(n_outer):
+            for j in range(n_inner):
+                at = a0 + i * aso + j * asi
+                x = half_to_f32(a16[pe, at], he, hm) if from_half else a32[pe, at]
+                d[pe, d0 + i * dso + j * dsi] = i32_from_f32(x)
+
+
+@njit(cache=True)
+def _vop_half(op, n_pe, n_outer, n_inner, dst_half, src_half, d16, d32, d0, dso, dsi, a16, a32, a_imm, a0, aso, asi,
+              b16, b_imm, b0, bso, bsi, c16, c_imm, c0, cso, csi, he, hm):
+    """Loop for VOPs with a float16 side: half operands are decoded, results encoded (1-6-9)."""
+    ai, bi, ci = _imm(a0), _imm(b0), _imm(c0)
+    for pe in range(n_pe):
+        for i in range(n_outer):
+            for j in range(n_inner):
+                if a_imm:
+                    x = ai
+                elif src_half:
+                    x = half_to_f32(a16[pe, a0 + i * aso + j * asi], he, hm)
+                else:
+                    x = a32[pe, a0 + i * aso + j * asi]
+                y = bi if b_imm else half_to_f32(b16[pe, b0 + i * bso + j * bsi], he, hm)
+                z = ci if c_imm else half_to_f32(c16[pe, c0 + i * cso + j * csi], he, hm)
+                r = apply(op, x, y, z)
+                idx = d0 + i * dso + j * dsi
+                if dst_half:
+                    d16[pe, idx] = half_from_f32_bits(np.array([r], dtype=np.float32).view(np.uint32)[0], he, hm)
+                else:
+                    d32[pe, idx] = r
+
+
+FIELDS = isa.V_A - isa.V_DST  # an operand's fields: memory, address, outer stride, inner stride
+_F32_LOOPS = {VOp.copy: _loop_copy, VOp.add: _loop_add, VOp.sub: _loop_sub, VOp.mul: _loop_mul, VOp.fma: _loop_fma,
+              VOp.max: _loop_max, VOp.relu: _loop_relu}
+_I32_LOOPS = {VOp.copy: _loop_i_copy, VOp.cvt: _loop_i_copy, VOp.add: _loop_i_add, VOp.sub: _loop_i_sub}
+
+
+def _operand(views: list[np.ndarray], field: int, row: np.ndarray, n_pe: int, dtype: type) -> tuple:
+    """(array, address, outer stride, inner stride) of an operand; an immediate is a [PEs, 1] array
+    read at stride 0, so the loops do not branch on it (its bits are the operand's dtype)."""
+    m, addr, so, si = (int(x) for x in row[field:field + FIELDS])
+    if m == IMM:
+        return np.full((n_pe, 1), np.uint32(addr & 0xFFFFFFFF)).view(dtype), 0, 0, 0
+    return views[m], addr, so, si
+
+
+def run_vop(row: np.ndarray, f32: list[np.ndarray], u16: list[np.ndarray], i32: list[np.ndarray], n_pe: int,
+            fmt: np.ndarray) -> None:
+    """One VOP on every PE. `f32`, `u16` and `i32` are the memories viewed as float32, half words
+    and int32."""
+    op, dtype = int(row[isa.V_OP]), int(row[isa.V_DTYPE])
+    src_dtype = int(row[isa.V_SRC_DTYPE]) if op == VOp.cvt else dtype
+    shape = (n_pe, int(row[isa.V_N_OUTER]), int(row[isa.V_N_INNER]))
+    dm, d0, dso, dsi = (int(x) for x in row[isa.V_DST:isa.V_DST + FIELDS])
+    he, hm = int(fmt[FMT_HALF_E]), int(fmt[FMT_HALF_M])
+    if dtype == DType.int32 and src_dtype == DType.int32:
+        a, b, c = (_operand(i32, f, row, n_pe, np.int32) for f in (isa.V_A, isa.V_B, isa.V_C))
+        dst = (i32[dm], d0, dso, dsi)
+        if op in _I32_LOOPS:
+            _I32_LOOPS[op](*shape, *dst, *a, *b, *c)
+        else:
+            _loop_any_i32(op, *shape, *dst, *a, *b, *c)
+    elif src_dtype == DType.int32:  # cvt int32 -> float
+        a = _operand(i32, isa.V_A, row, n_pe, np.int32)
+        _cvt_from_i32(*shape, dtype == DType.float16, u16[dm], f32[dm], d0, dso, dsi, *a, he, hm)
+    elif dtype == DType.int32:  # cvt float -> int32
+        a = _operand(f32, isa.V_A, row, n_pe, np.float32)
+        from_half = src_dtype == DType.float16 and row[isa.V_A] != IMM
+        _cvt_to_i32(*shape, from_half, i32[dm], d0, dso, dsi, u16[max(int(row[isa.V_A]), 0)], *a, he, hm)
+    elif dtype == DType.float32 and src_dtype == DType.float32:
+        a, b, c = (_operand(f32, f, row, n_pe, np.float32) for f in (isa.V_A, isa.V_B, isa.V_C))
+        dst = (f32[dm], d0, dso, dsi)
+        if op in _F32_LOOPS:
+            _F32_LOOPS[op](*shape, *dst, *a, *b, *c)
+        else:
+            _loop_any(op, *shape, *dst, *a, *b, *c)
+    else:
+        (am, a0, aso, asi), (bm, b0, bso, bsi), (cm, c0, cso, csi) = (
+            (int(x) for x in row[f:f + FIELDS]) for f in (isa.V_A, isa.V_B, isa.V_C))
+        ka, kb, kc = max(am, 0), max(bm, 0), max(cm, 0)  # an immediate reads no memory; any array will do
+        _vop_half(op, *shape, dtype == DType.float16, src_dtype == DType.float16, u16[dm], f32[dm], d0, dso, dsi,
+                  u16[ka], f32[ka], am == IMM, a0, aso, asi, u16[kb], bm == IMM, b0, bso, bsi,
+                  u16[kc], cm == IMM, c0, cso, csi, he, hm)
