@@ -27,8 +27,15 @@ from .vector import run_vop
 Handler = Callable[[np.ndarray], None]
 
 
-def execute(p: MachineParams, memories: list[np.ndarray], code: np.ndarray, handlers: dict[Op, Handler]) -> None:
-    """Run `code` (validated) on `memories`; `handlers` run the ops this engine leaves to its caller."""
+def stepped_rows(code: np.ndarray) -> list[int]:
+    """The instructions `execute` dispatches one at a time (everything but data movement)."""
+    return np.flatnonzero(~is_move(code)).tolist()
+
+
+def execute(p: MachineParams, memories: list[np.ndarray], code: np.ndarray, handlers: dict[Op, Handler],
+            stepped: list[int] | None = None) -> None:
+    """Run `code` (validated) on `memories`; `handlers` run the ops this engine leaves to its caller.
+    `stepped` is `stepped_rows(code)`, when the caller keeps it from an earlier run."""
     mems = tuple(memories)
     views = {}  # the memories as float32, half words and int32, made on first use
 
@@ -39,9 +46,8 @@ def execute(p: MachineParams, memories: list[np.ndarray], code: np.ndarray, hand
 
     n_pe = int(p.mem_instances[p.pe_memories[0]])
     wpl = int(p.fmt[FMT_WPL])
-    stepped = np.flatnonzero(~is_move(code))
     start = 0
-    for i in [*stepped.tolist(), len(code)]:
+    for i in [*(stepped_rows(code) if stepped is None else stepped), len(code)]:
         if i > start:
             execute_moves(code, start, i, mems, p.mem_instances, p.mem_lw_addressed, p.n_groups, p.path_of,
                           p.path_group, p.mode_chunk, wpl)

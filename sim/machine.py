@@ -23,7 +23,7 @@ from . import functional, isa
 from .alloc import Allocator
 from .isa import DType, Op
 from .params import MachineParams
-from .program import Program
+from .program import Bound, Program
 from .stats import RunStats
 from .timing import simulate
 from .errors import SimError
@@ -89,16 +89,18 @@ class Machine:
         if isinstance(program, Program):
             if not validated:
                 self._check_program(program, bases or {}, [len(h) for h in host])
-            code = program.bind(bases or {})
+            bound = program.bound(bases or {}, self.hw.fingerprint)
         else:
-            code = np.ascontiguousarray(program, np.int64)
+            bound = Bound(np.ascontiguousarray(program, np.int64))
             if not validated:
-                validate(self.params, code, [len(h) for h in host])
+                validate(self.params, bound.code, [len(h) for h in host])
         if mode in ("both", "functional"):
-            self._execute(code, host)
+            self._execute(bound, host)
         if mode == "functional":
             return None
-        return self.time(code)
+        if bound.stats is None:
+            bound.stats = self.time(bound.code)
+        return bound.stats
 
     def _check_program(self, program: Program, bases: dict[str, int], host_words: list[int]) -> None:
         """Validate a Program once per chip and host-buffer sizes; at every binding only check that
@@ -120,13 +122,17 @@ class Machine:
         """Cycles of a (validated) instruction array, from the YAML numbers only."""
         return time_code(self.params, code)
 
-    def _execute(self, code: np.ndarray, host: list[np.ndarray]) -> None:
+    def _execute(self, bound: Bound, host: list[np.ndarray]) -> None:
         p = self.params
-        for m, top in max_addresses(p, code).items():
+        if bound.tops is None:
+            bound.tops = max_addresses(p, bound.code)
+            bound.stepped = functional.stepped_rows(bound.code)
+        for m, top in bound.tops.items():
             if p.memory_names[m] == DRAM:
                 self.grow(DRAM, top)
-        functional.execute(p, self.memories, code, {Op.MATMUL: lambda row: self._matmul(row, host),
-                                                     Op.HOST_DMA: lambda row: self._host_dma(row, host)})
+        functional.execute(p, self.memories, bound.code, {Op.MATMUL: lambda row: self._matmul(row, host),
+                                                     Op.HOST_DMA: lambda row: self._host_dma(row, host)},
+                           bound.stepped)
 
     def _host_dma(self, row: np.ndarray, host: list[np.ndarray]) -> None:
         p = self.params

@@ -24,13 +24,13 @@ from . import isa
 from .isa import ALL_GROUPS, Dir, Mode, Op, Scope
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def word_addr(lw_addressed: np.ndarray, mem: int, addr: int, wpl: int) -> int:
     """The word index of an address field: long-word-addressed memories count long words."""
     return addr * wpl if lw_addressed[mem] else addr
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def copy_lw(dst: np.ndarray, d_inst: int, d_word: int, src: np.ndarray, s_inst: int, s_word: int, n_lw: int,
             wpl: int) -> None:
     for i in range(wpl * n_lw):
@@ -70,11 +70,10 @@ def _undeal(dst, d, dw, src, first, sw, n, chunk, count, wpl):
             copy_lw(dst, d, dw + wpl * q, src, first + k, sw + wpl * chunk * r, min(chunk, n - q), wpl)
 
 
-@njit(cache=True)
-def _mv(row, mems, mem_instances, lw_addressed, n_groups, chunk, wpl):
+@njit(cache=True, inline="always")
+def _mv(row, src, dst, mem_instances, lw_addressed, n_groups, chunk, wpl):
     mode, n = row[isa.MV_MODE], row[isa.MV_N]
     sm, dm = row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]
-    src, dst = mems[sm], mems[dm]
     sw = word_addr(lw_addressed, sm, row[isa.MV_SRC_ADDR], wpl)
     dw = word_addr(lw_addressed, dm, row[isa.MV_DST_ADDR], wpl)
     per_group = row[isa.MV_SRC_INST] == ALL_GROUPS or row[isa.MV_DST_INST] == ALL_GROUPS
@@ -97,11 +96,10 @@ def _mv(row, mems, mem_instances, lw_addressed, n_groups, chunk, wpl):
 
 
 @njit(cache=True)
-def _xfer(row, mems, mem_instances, lw_addressed, group, chunk, wpl):
+def _xfer(row, up, lo, mem_instances, lw_addressed, group, chunk, wpl):
     """L2BM <-> L1BM and L1BM <-> PE, in every upper instance at once."""
     mode, direction, n = row[isa.X_MODE], row[isa.X_DIR], row[isa.X_N]
     um, lm = row[isa.X_UP_MEM], row[isa.X_LO_MEM]
-    up, lo = mems[um], mems[lm]
     uw = word_addr(lw_addressed, um, row[isa.X_UP_ADDR], wpl)
     lw = word_addr(lw_addressed, lm, row[isa.X_LO_ADDR], wpl)
     n_up = mem_instances[um]
@@ -131,19 +129,24 @@ def _xfer(row, mems, mem_instances, lw_addressed, group, chunk, wpl):
 @njit(cache=True)
 def execute_moves(code, start, end, mems, mem_instances, lw_addressed, n_groups, path_of, path_group, mode_chunk,
                   wpl):
-    """Run instructions [start, end): NOP, WAIT (no effect on data) and copying MV/XFER modes."""
+    """Run instructions [start, end): NOP, WAIT (no effect on data) and copying MV/XFER modes.
+
+    Kernels get the two memories an instruction touches, not the tuple of all of them: passing a
+    tuple of arrays costs a reference count per array per call, 20 times the copy of a short MV."""
     for i in range(start, end):
         row = code[i]
         op = row[0]
         if op == Op.MV:
             p = path_of[row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]]
-            _mv(row, mems, mem_instances, lw_addressed, n_groups, mode_chunk[p, row[isa.MV_MODE]], wpl)
+            _mv(row, mems[row[isa.MV_SRC_MEM]], mems[row[isa.MV_DST_MEM]], mem_instances, lw_addressed, n_groups,
+                mode_chunk[p, row[isa.MV_MODE]], wpl)
         elif op == Op.XFER:
             if row[isa.X_DIR] == Dir.down:
                 p = path_of[row[isa.X_UP_MEM], row[isa.X_LO_MEM]]
             else:
                 p = path_of[row[isa.X_LO_MEM], row[isa.X_UP_MEM]]
-            _xfer(row, mems, mem_instances, lw_addressed, path_group[p], mode_chunk[p, row[isa.X_MODE]], wpl)
+            _xfer(row, mems[row[isa.X_UP_MEM]], mems[row[isa.X_LO_MEM]], mem_instances, lw_addressed, path_group[p],
+                  mode_chunk[p, row[isa.X_MODE]], wpl)
 
 
 def is_move(code: np.ndarray) -> np.ndarray:
