@@ -12,7 +12,8 @@ layout_notation.md section 7.2, with fan-outs and chunk sizes from the hardware 
 * broadcast: every child gets the same n long words.
 
 Reductions (MV and XFER mode reduce) compute, so they live in `sim.reduce`; `execute_moves` runs
-a block of NOP, WAIT and the copying MV/XFER modes in one call.
+a block of NOP, WAIT and the copying MV/XFER modes in one call, except mab_broadcast, which
+`mab_broadcast` replicates with numpy.
 """
 
 from __future__ import annotations
@@ -110,13 +111,7 @@ def _xfer(row, up, lo, mem_instances, lw_addressed, group, chunk, wpl):
             if mode == Mode.broadcast:
                 for k in range(fan):
                     copy_lw(lo, base + k, lw, up, u, uw, n, wpl)
-            elif mode == Mode.mab_broadcast:  # every group of `group` children gets the same words
-                for q in range(n):  # the first group, from the upper memory
-                    copy_lw(lo, base + q % group, lw + wpl * (q // group), up, u, uw + wpl * q, 1, wpl)
-                for m in range(min(group, n)):  # the others copy each member's contiguous run from it
-                    for g in range(1, fan // group):
-                        copy_lw(lo, base + g * group + m, lw, lo, base + m, lw, (n - m + group - 1) // group, wpl)
-            else:  # distribute, a chunk of consecutive long words to each child in turn
+            else:  # distribute, a chunk of consecutive long words to each child in turn (mab_broadcast: below)
                 _deal(lo, base, lw, up, u, uw, n, chunk, fan, wpl)
         elif mode == Mode.collect:
             _undeal(up, u, uw, lo, base, lw, n, chunk, fan, wpl)
@@ -149,9 +144,39 @@ def execute_moves(code, start, end, mems, mem_instances, lw_addressed, n_groups,
                   mode_chunk[p, row[isa.X_MODE]], wpl)
 
 
+def mab_broadcast(row: np.ndarray, mems: list[np.ndarray], mem_instances: np.ndarray, lw_addressed: np.ndarray,
+                  group: int, wpl: int) -> None:
+    """XFER mab_broadcast: upper long word q goes to member q mod group, at q div group, of every
+    group of children. Each member's words are gathered once into contiguous runs, which numpy
+    then writes into every group at memory speed (16 copies of every word on MN-Core 2's L1B)."""
+    n, um, lm = int(row[isa.X_N]), int(row[isa.X_UP_MEM]), int(row[isa.X_LO_MEM])
+    up, lo = mems[um], mems[lm]
+    uw = int(row[isa.X_UP_ADDR]) * (wpl if lw_addressed[um] else 1)
+    lw = int(row[isa.X_LO_ADDR]) * (wpl if lw_addressed[lm] else 1)
+    n_up = int(mem_instances[um])
+    fan = int(mem_instances[lm]) // n_up
+    rounds = n // group  # long words each member gets (the validator requires a multiple of group)
+    # [upper, group, member, words of the member]
+    children = lo[:n_up * fan].reshape(n_up, fan // group, group, -1)[..., lw:lw + wpl * rounds]
+    runs = np.empty((n_up, group, wpl * rounds), dtype=lo.dtype)
+    _member_runs(up, uw, n, group, wpl, runs)
+    children[...] = runs[:, None]
+
+
+@njit(cache=True)
+def _member_runs(up, uw, n, group, wpl, out):
+    """out[u, m] = the long words m, m + group, ... of upper instance u, side by side."""
+    for u in range(out.shape[0]):
+        for q in range(n):
+            m, at = q % group, wpl * (q // group)
+            for w in range(wpl):
+                out[u, m, at + w] = up[u, uw + wpl * q + w]
+
+
 def is_move(code: np.ndarray) -> np.ndarray:
-    """Rows `execute_moves` runs: NOP, WAIT, and MV/XFER in every mode but reduce."""
+    """Rows `execute_moves` runs: NOP, WAIT, and MV/XFER in every mode but reduce (and
+    mab_broadcast, which `mab_broadcast` runs)."""
     ops = code[:, 0]
     mv_red = (ops == Op.MV) & (code[:, isa.MV_MODE] == Mode.reduce)
-    x_red = (ops == Op.XFER) & (code[:, isa.X_MODE] == Mode.reduce)
-    return np.isin(ops, (Op.NOP, Op.WAIT, Op.MV, Op.XFER)) & ~mv_red & ~x_red
+    x_own = (ops == Op.XFER) & np.isin(code[:, isa.X_MODE], (Mode.reduce, Mode.mab_broadcast))
+    return np.isin(ops, (Op.NOP, Op.WAIT, Op.MV, Op.XFER)) & ~mv_red & ~x_own
