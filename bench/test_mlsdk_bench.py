@@ -122,6 +122,7 @@ import torch
 from mlsdk import Context, MNDevice
 conv = torch.nn.Conv2d(64, 64, 3, stride=1, padding=1, bias=False)
 ctx = Context(MNDevice("mncore2:auto"))
+ctx.registry.register("conv", conv)
 x = torch.randn(1, 64, 56, 56)
 fn = ctx.compile(lambda d: {"y": conv(d["x"])}, {"x": x}, None, options={"simulation_mode": "timing"})
 fn({"x": x})

@@ -25,56 +25,34 @@ def _imm(bits: np.int64) -> np.float32:
 
 
 @njit(cache=True, inline="always")
-def _f_copy(a, b, c):
-    return a
+def _fast(op, zero, a, b, c):
+    """The ops with loops of their own. `op` is a constant of each loop (a closure variable, which
+    numba freezes), so after inlining one branch is left and the loop vectorises. Every branch
+    keeps the element type (`zero` is its zero): float32 stays float32, and an int32 sum, computed
+    in int64, wraps around when stored back, as torch's int32 does."""
+    if op == VOp.add:
+        return a + b
+    if op == VOp.sub:
+        return a - b
+    if op == VOp.mul:
+        return a * b
+    if op == VOp.fma:
+        return a * b + c
+    if op == VOp.max:
+        return a if a >= b else b
+    if op == VOp.relu:
+        return a if a > zero else zero
+    return a  # copy (and cvt between int32 words)
 
 
-@njit(cache=True, inline="always")
-def _f_add(a, b, c):
-    return a + b
+def _make_loop(op: VOp, arity: int, is_int: bool = False):
+    """The element loop of one op: operands beyond the op's arity are not read, so unit-stride
+    loops vectorise. Its closure holds only numbers: numba keys its disk cache by a hash of the
+    pickled closure, and a closure over a jitted function pickles differently in every process,
+    so such loops were compiled again each time (0.6 s each). Each loop is named after its op."""
+    op_code = int(op)
+    zero = np.int32(0) if is_int else np.float32(0.0)  # stands in for the operands not read
 
-
-@njit(cache=True, inline="always")
-def _f_sub(a, b, c):
-    return a - b
-
-
-@njit(cache=True, inline="always")
-def _f_mul(a, b, c):
-    return a * b
-
-
-@njit(cache=True, inline="always")
-def _f_fma(a, b, c):
-    return np.float32(a * b) + c
-
-
-@njit(cache=True, inline="always")
-def _f_max(a, b, c):
-    return a if a >= b else b
-
-
-@njit(cache=True, inline="always")
-def _f_relu(a, b, c):
-    return a if a > 0 else np.float32(0.0)
-
-
-@njit(cache=True, inline="always")
-def _i_add(a, b, c):
-    return np.int32(np.int64(a) + np.int64(b))  # wraps around, as torch's int32
-
-
-@njit(cache=True, inline="always")
-def _i_sub(a, b, c):
-    return np.int32(np.int64(a) - np.int64(b))
-
-
-def _make_loop(fn, arity, zero=np.float32(0.0)):
-    """The element loop of one op: numba compiles (and caches) one tight loop per op, inlining it;
-    operands beyond the op's arity are not read, so unit-stride loops vectorise. `zero` (the
-    element type's zero) stands in for the operands not read."""
-
-    @njit(cache=True)
     def loop(n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi):
         unit = dsi == 1 and asi == 1 and (arity < 2 or bsi == 1) and (arity < 3 or csi == 1)
         for pe in range(n_pe):
@@ -84,21 +62,21 @@ def _make_loop(fn, arity, zero=np.float32(0.0)):
                     for j in range(n_inner):
                         y = b[pe, bb + j] if arity >= 2 else zero
                         z = c[pe, cc + j] if arity >= 3 else zero
-                        d[pe, dd + j] = fn(a[pe, aa + j], y, z)
+                        d[pe, dd + j] = _fast(op_code, zero, a[pe, aa + j], y, z)
                 else:
                     for j in range(n_inner):
                         y = b[pe, bb + j * bsi] if arity >= 2 else zero
                         z = c[pe, cc + j * csi] if arity >= 3 else zero
-                        d[pe, dd + j * dsi] = fn(a[pe, aa + j * asi], y, z)
+                        d[pe, dd + j * dsi] = _fast(op_code, zero, a[pe, aa + j * asi], y, z)
 
-    return loop
+    loop.__name__ = loop.__qualname__ = f"loop_{op.name}_{'int32' if is_int else 'float32'}"
+    return njit(cache=True)(loop)
 
 
-_loop_copy, _loop_add, _loop_sub, _loop_mul, _loop_fma, _loop_max, _loop_relu = (
-    _make_loop(f, n) for f, n in ((_f_copy, 1), (_f_add, 2), (_f_sub, 2), (_f_mul, 2), (_f_fma, 3), (_f_max, 2),
-                                  (_f_relu, 1)))
-_loop_i_copy, _loop_i_add, _loop_i_sub = (_make_loop(f, n, np.int32(0)) for f, n in ((_f_copy, 1), (_i_add, 2),
-                                                                                    (_i_sub, 2)))
+_ARITY = {VOp.copy: 1, VOp.add: 2, VOp.sub: 2, VOp.mul: 2, VOp.fma: 3, VOp.max: 2, VOp.relu: 1}
+_F32_LOOPS = {op: _make_loop(op, arity) for op, arity in _ARITY.items()}
+_I32_LOOPS = {op: _make_loop(op, _ARITY[op], is_int=True) for op in (VOp.copy, VOp.add, VOp.sub)}
+_I32_LOOPS[VOp.cvt] = _I32_LOOPS[VOp.copy]  # cvt int32 -> int32 copies the words
 
 
 @njit(cache=True)
@@ -169,9 +147,7 @@ def _vop_half(op, n_pe, n_outer, n_inner, dst_half, src_half, d16, d32, d0, dso,
 
 
 FIELDS = isa.V_A - isa.V_DST  # an operand's fields: memory, address, outer stride, inner stride
-_F32_LOOPS = {VOp.copy: _loop_copy, VOp.add: _loop_add, VOp.sub: _loop_sub, VOp.mul: _loop_mul, VOp.fma: _loop_fma,
-              VOp.max: _loop_max, VOp.relu: _loop_relu}
-_I32_LOOPS = {VOp.copy: _loop_i_copy, VOp.cvt: _loop_i_copy, VOp.add: _loop_i_add, VOp.sub: _loop_i_sub}
+
 
 
 def _operand(views: list[np.ndarray], field: int, row: np.ndarray, n_pe: int, dtype: type) -> tuple:

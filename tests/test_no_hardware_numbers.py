@@ -18,6 +18,7 @@ ALLOWED = {
     ("sim/numerics.py", 8): "IEEE binary32 exponent width: numpy's float32, the host type PEs compute in",
     ("sim/numerics.py", 23): "IEEE binary32 mantissa width",
     ("sim/params.py", 8): "bits per byte",
+    ("sim/program.py", 4): "bindings kept per program with their timing (host-side cache size)",
     ("sim/params.py", 32): "lru_cache size; WORD_BITS (mnsim's memory arrays are uint32, from_hw rejects other sizes)",
     ("sim/machine.py", 16): "DRAM rows grow by at least 1 << 16 words (growth policy)",
     ("compiler/layout/candidates.py", 24): "how many candidates to return (planner budget)",
