@@ -7,7 +7,7 @@
   process (import, compile, one call);
 * a 1024^3 float32 product and a 16M-element add compiled through mlsdk, end to end with `.cpu()`,
   against torch computing the same on this CPU;
-* what handing a tensor from a producer to a consumer costs, from 4 KiB to 64 MiB: relocation,
+* what handing a tensor from a producer to a consumer costs, from 4 KiB to 16 MiB: relocation,
   a DRAM-to-DRAM copy between equal layouts, a conversion from row-major, and a round trip
   through the host. Written to bench/out/relocation_sweep.csv and .png.
 """
@@ -36,7 +36,9 @@ from .conftest import baseline_seconds, record_ratio
 REPO = Path(__file__).resolve().parents[1]
 SEED = REPO / "examples" / "io_spec_constraints.py"
 OUT = REPO / "bench" / "out"
-SWEEP_KIB = (4, 16, 64, 256, 1024, 4096, 16384, 65536)
+# Up to 16 MiB: the conversion from row-major is a gather of single long words, whose program for
+# 64 MiB takes about 20 GB of host memory to build (and the OOM killer ends the bench run).
+SWEEP_KIB = (4, 16, 64, 256, 1024, 4096, 16384)
 
 
 def run_seed(device: str) -> None:
@@ -204,7 +206,7 @@ def sweep_row(ctx: Context, kib: int) -> dict:
 
 
 def test_relocation_vs_conversion_vs_host(benchmark):
-    """Cycles to hand a float32 tensor from producer to consumer, 4 KiB to 64 MiB (mncore2)."""
+    """Cycles to hand a float32 tensor from producer to consumer, 4 KiB to 16 MiB (mncore2)."""
     ctx = Context(MNDevice("mncore2:auto"))
     rows = benchmark.pedantic(lambda: [sweep_row(ctx, kib) for kib in SWEEP_KIB], rounds=1, iterations=1)
     OUT.mkdir(exist_ok=True)
