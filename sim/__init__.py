@@ -20,6 +20,9 @@ from .params import MachineParams
 from .program import Program
 from .stats import RunStats, TraceEvent
 from .validate import disassemble, validate
+from . import jitcache as _jitcache
+
+_jitcache.refresh_package()  # before any kernel is loaded
 
 __all__ = ["ALL_GROUPS", "TABLE", "Allocator", "DType", "DeviceMemoryError", "Dir", "Machine", "MachineParams",
            "Mode", "Op", "Program", "ProgramBuilder", "RunStats", "SimError", "Sym", "TraceEvent", "VOp",

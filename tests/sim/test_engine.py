@@ -87,3 +87,27 @@ def test_a_program_rebound_to_other_buffers_moves_their_data(mini):
     np.testing.assert_array_equal(dram[:, words:2 * words], dram[:, :words])
     np.testing.assert_array_equal(dram[:, 3 * words:4 * words], dram[:, 2 * words:3 * words])
     assert other.total_cycles == first.total_cycles
+
+
+def test_the_cache_of_sim_kernels_is_dropped_when_any_sim_source_changes(tmp_path):
+    from sim import jitcache
+
+    kernel, other = tmp_path / "vector.loop_max_float32-56.py311.nbi", tmp_path / "mylib.f-3.py311.nbi"
+    for path in (kernel, other):
+        path.write_bytes(b"cached")
+    assert jitcache.refresh(tmp_path, "digest-1", {"vector", "numerics"}) == [kernel.name]
+    assert not kernel.exists() and other.exists()  # another library's cache is not ours to drop
+    kernel.write_bytes(b"cached")
+    assert jitcache.refresh(tmp_path, "digest-1", {"vector", "numerics"}) == []  # built from these sources
+    assert kernel.exists()
+    assert jitcache.refresh(tmp_path, "digest-2", {"vector", "numerics"}) == [kernel.name]
+
+
+def test_the_digest_covers_every_sim_source(tmp_path):
+    from sim import jitcache
+
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text("x = 1\n")
+    before = jitcache.sources_digest(tmp_path)
+    (tmp_path / "b.py").write_text("x = 2\n")
+    assert jitcache.sources_digest(tmp_path) != before
