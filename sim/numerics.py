@@ -9,6 +9,12 @@ ties to even.
 How mnsim deviates from the hardware, exactly:
 * float32 arithmetic is IEEE single precision with round-to-nearest, as torch computes it;
   the hardware flushes float32 denormals to zero and has no NaN (a NaN result of ours is NaN).
+  Nothing is published about MN-Core 2's NaN and signed zeros, so special values follow torch
+  (tests/mlsdk/test_special_values.py checks every element-wise op): max and min propagate a NaN
+  from either operand (`nan_max`, `nan_min`; reductions too) and keep torch's choice between
+  -0.0 and +0.0; relu keeps NaN and -0.0; x / -0.0 and rsqrt(-0.0) are -inf; exp(NaN) is NaN.
+  Functions torch computes from a decomposition (gelu, for one) give that decomposition's
+  signed zero: gelu(-0.0) is -0.0, where torch's CPU kernel returns +0.0.
 * A NaN encoded to half becomes +inf (the format has no NaN).
 * exp, expm1, log, log1p, sin, cos, tanh, sigmoid, erf, reciprocal, rsqrt, sqrt, pow, floor_div
   and rem are computed to float32 accuracy (floor_div and rem exactly as torch computes them);
@@ -236,6 +242,19 @@ def _rem(a: np.float32, b: np.float32) -> np.float32:
     return mod
 
 
+@njit(cache=True, inline="always")
+def nan_max(a, b):
+    """torch.maximum: a NaN in either operand gives NaN; otherwise b if a < b, else a (so
+    max(-0.0, +0.0) is -0.0, as torch computes it on the CPU)."""
+    return b if (b != b or a < b) else a
+
+
+@njit(cache=True, inline="always")
+def nan_min(a, b):
+    """torch.minimum, as `nan_max`: NaN wins, otherwise b if b < a, else a."""
+    return b if (b != b or b < a) else a
+
+
 @njit(cache=True)
 def _truth(x: bool) -> np.float32:
     return np.float32(1.0) if x else np.float32(0.0)
@@ -259,11 +278,11 @@ def apply(op: int, a: np.float32, b: np.float32, c: np.float32) -> np.float32:
     if op == VOp.neg:
         return np.float32(-a)
     if op == VOp.max:
-        return a if a >= b else b
+        return nan_max(a, b)
     if op == VOp.min:
-        return a if a <= b else b
+        return nan_min(a, b)
     if op == VOp.relu:
-        return a if a > 0 else np.float32(0.0)
+        return np.float32(0.0) if a < 0 else a  # keeps NaN and -0.0, as torch.relu
     if op == VOp.abs:
         return np.float32(abs(a))
     if op == VOp.cmp_lt:
@@ -285,11 +304,13 @@ def apply(op: int, a: np.float32, b: np.float32, c: np.float32) -> np.float32:
     if op == VOp.reciprocal:
         return np.float32(1.0) / a if a != 0 else np.float32(np.copysign(np.inf, a))
     if op == VOp.rsqrt:
-        return np.float32(1.0 / math.sqrt(a)) if a > 0 else (np.float32(np.inf) if a == 0 else np.float32(np.nan))
+        if a == 0:
+            return np.float32(np.copysign(np.inf, a))  # rsqrt(-0.0) is -inf, as 1 / sqrt(-0.0)
+        return np.float32(1.0 / math.sqrt(a)) if a > 0 else np.float32(np.nan)
     if op == VOp.sqrt:
         return np.float32(math.sqrt(a)) if a >= 0 else np.float32(np.nan)
     if op == VOp.exp:
-        return np.float32(math.exp(float(a))) if a < _EXP_OVERFLOW else np.float32(np.inf)
+        return np.float32(np.inf) if a >= _EXP_OVERFLOW else np.float32(math.exp(float(a)))  # NaN stays NaN
     if op == VOp.log:
         return np.float32(math.log(a)) if a > 0 else (np.float32(-np.inf) if a == 0 else np.float32(np.nan))
     if op == VOp.tanh:

@@ -14,7 +14,7 @@ from numba import njit
 from . import isa
 from .isa import ALL_GROUPS, DType, Red
 from .moves import scope_range
-from .numerics import half_from_f32_bits, half_to_f32
+from .numerics import half_from_f32_bits, half_to_f32, nan_max, nan_min
 from .params import FMT_HALF_E, FMT_HALF_M, FMT_WPL, WORD_BITS
 
 
@@ -26,7 +26,7 @@ def _combine_values(red: int, acc: np.ndarray, other: np.ndarray) -> None:
         for j in range(acc.shape[1]):
             for k in range(acc.shape[2]):
                 x, y = acc[i, j, k], other[i, j, k]
-                acc[i, j, k] = x + y if red == Red.add else (max(x, y) if red == Red.max else min(x, y))
+                acc[i, j, k] = x + y if red == Red.add else (nan_max(x, y) if red == Red.max else nan_min(x, y))
 
 
 @njit(cache=True)
@@ -43,7 +43,7 @@ def _combine_halves(red: int, acc: np.ndarray, other: np.ndarray, he: int, hm: i
                     shift = h * bits
                     x = half_to_f32(np.uint16((a >> shift) & mask), he, hm)
                     y = half_to_f32(np.uint16((b >> shift) & mask), he, hm)
-                    r = np.float32(x + y) if red == Red.add else (max(x, y) if red == Red.max else min(x, y))
+                    r = np.float32(x + y) if red == Red.add else (nan_max(x, y) if red == Red.max else nan_min(x, y))
                     out |= np.uint32(half_from_f32_bits(np.array([r]).view(np.uint32)[0], he, hm)) << shift
                 acc[i, j, k] = out
 

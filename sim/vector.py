@@ -15,7 +15,7 @@ from numba import njit
 
 from . import isa
 from .isa import IMM, DType, VOp
-from .numerics import apply, apply_i32, half_from_f32_bits, half_from_int, half_to_f32, i32_from_f32
+from .numerics import apply, apply_i32, half_from_f32_bits, half_from_int, half_to_f32, i32_from_f32, nan_max
 from .params import FMT_HALF_E, FMT_HALF_M
 
 
@@ -39,9 +39,9 @@ def _fast(op, zero, a, b, c):
     if op == VOp.fma:
         return a * b + c
     if op == VOp.max:
-        return a if a >= b else b
+        return nan_max(a, b)
     if op == VOp.relu:
-        return a if a > zero else zero
+        return zero if a < zero else a  # keeps NaN and -0.0, as torch.relu
     return a  # copy (and cvt between int32 words)
 
 

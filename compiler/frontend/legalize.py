@@ -161,14 +161,25 @@ def _pow(b, out, x, y):
     return b.ew("pow", x, float(y))
 
 
-@rule("maximum", "fmax")
+@rule("maximum")
 def _maximum(b, out, x, y):
-    return arith(b, "max", out, x, y)
+    return arith(b, "max", out, x, y)  # a NaN operand gives NaN (sim.numerics.nan_max)
 
 
-@rule("minimum", "fmin")
+@rule("minimum")
 def _minimum(b, out, x, y):
     return arith(b, "min", out, x, y)
+
+
+@rule("fmax", "fmin")
+def _fmax(b, out, x, y):
+    """torch.fmax and fmin ignore a NaN operand: the result is the other one (NaN if both are)."""
+    extreme = arith(b, "max" if b.aten.startswith("aten.fmax") else "min", out, x, y)
+    dtype = out_dtype(out)
+    if dtype not in FLOAT_DTYPES:
+        return extreme
+    x, y = as_dtype(b, x, dtype), as_dtype(b, y, dtype)
+    return b.ew("where", b.ew("ne", x, x), y, b.ew("where", b.ew("ne", y, y), x, extreme, dtype=dtype), dtype=dtype)
 
 
 @rule("clamp", "clamp_min", "clamp_max")
