@@ -36,6 +36,8 @@ _WORKERS = os.cpu_count() or 1
 @functools.cache
 def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(_WORKERS, thread_name_prefix="mnsim-mau")
+
+
 DRAM = "DRAM"
 
 
@@ -90,17 +92,21 @@ class Machine:
             if not validated:
                 self._check_program(program, bases or {}, [len(h) for h in host])
             bound = program.bound(bases or {}, self.hw.fingerprint)
+            if program.stepped is None:
+                program.stepped = functional.stepped_rows(program.code)
+            stepped, timed = program.stepped, program.timed
         else:
-            bound = Bound(np.ascontiguousarray(program, np.int64))
+            bound = Bound((), np.ascontiguousarray(program, np.int64))
             if not validated:
                 validate(self.params, bound.code, [len(h) for h in host])
+            stepped, timed = None, {}
         if mode in ("both", "functional"):
-            self._execute(bound, host)
+            self._execute(bound, host, stepped)
         if mode == "functional":
             return None
-        if bound.stats is None:
-            bound.stats = self.time(bound.code)
-        return bound.stats
+        if self.hw.fingerprint not in timed:
+            timed[self.hw.fingerprint] = self.time(bound.code)
+        return timed[self.hw.fingerprint]
 
     def _check_program(self, program: Program, bases: dict[str, int], host_words: list[int]) -> None:
         """Validate a Program once per chip and host-buffer sizes; at every binding only check that
@@ -122,17 +128,16 @@ class Machine:
         """Cycles of a (validated) instruction array, from the YAML numbers only."""
         return time_code(self.params, code)
 
-    def _execute(self, bound: Bound, host: list[np.ndarray]) -> None:
+    def _execute(self, bound: Bound, host: list[np.ndarray], stepped: list[int] | None) -> None:
         p = self.params
         if bound.tops is None:
             bound.tops = max_addresses(p, bound.code)
-            bound.stepped = functional.stepped_rows(bound.code)
         for m, top in bound.tops.items():
             if p.memory_names[m] == DRAM:
                 self.grow(DRAM, top)
         functional.execute(p, self.memories, bound.code, {Op.MATMUL: lambda row: self._matmul(row, host),
                                                      Op.HOST_DMA: lambda row: self._host_dma(row, host)},
-                           bound.stepped)
+                           stepped)
 
     def _host_dma(self, row: np.ndarray, host: list[np.ndarray]) -> None:
         p = self.params

@@ -11,8 +11,10 @@ How mnsim deviates from the hardware, exactly:
   the hardware flushes float32 denormals to zero and has no NaN (a NaN result of ours is NaN).
   Nothing is published about MN-Core 2's NaN and signed zeros, so special values follow torch
   (tests/mlsdk/test_special_values.py checks every element-wise op): max and min propagate a NaN
-  from either operand (`nan_max`, `nan_min`; reductions too) and keep torch's choice between
-  -0.0 and +0.0; relu keeps NaN and -0.0; x / -0.0 and rsqrt(-0.0) are -inf; exp(NaN) is NaN.
+  from either operand (`nan_max`, `nan_min`; reductions too); relu keeps NaN and -0.0; x / -0.0
+  and rsqrt(-0.0) are -inf; exp(NaN) is NaN. Between -0.0 and +0.0, max and min answer as
+  torch's scalar CPU loop does (max(-0.0, +0.0) is -0.0); torch itself is not consistent there:
+  its vectorised loop, which it takes from 16 elements on, answers +0.0.
   Functions torch computes from a decomposition (gelu, for one) give that decomposition's
   signed zero: gelu(-0.0) is -0.0, where torch's CPU kernel returns +0.0.
 * A NaN encoded to half becomes +inf (the format has no NaN).

@@ -8,27 +8,21 @@ addresses (chosen at run time, or the producer's buffer for relocation) in one v
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .isa import FIELDS, Op
 
-BOUND_KEPT = 4  # bindings of one program kept with their derived figures (a loop reuses its buffers)
-
-
 @dataclass
 class Bound:
-    """A program bound to buffer addresses, with what runs derive from the code alone: the highest
-    address per memory (to grow DRAM) and the timing (cycles do not depend on the data), so a loop
-    calling the same program on the same buffers computes them once. Nothing may write the code
-    (it stays writeable: numba compiles read-only arrays as another type)."""
+    """A program bound to buffer addresses, and the highest address it touches per memory (to grow
+    DRAM before a run). Nothing may write the code (it stays writeable: numba compiles read-only
+    arrays as another type)."""
 
+    key: tuple
     code: np.ndarray
     tops: dict[int, int] | None = None
-    stepped: list[int] | None = None  # sim.functional.stepped_rows(code)
-    stats: object | None = None  # sim.stats.RunStats, once timed
 
 
 @dataclass
@@ -39,8 +33,14 @@ class Program:
     symbols: tuple[str, ...] = ()
     # Validation results per (chip, host buffer sizes): the long words each symbol must span.
     validated: dict = field(default_factory=dict, repr=False, compare=False)
-    _bound: OrderedDict = field(default_factory=OrderedDict, repr=False, compare=False)
-    _bound_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # What runs derive from the code alone, kept for the next run: the latest binding (a loop calls
+    # a program on the same buffers; one kept, so programs run on fresh buffers each time hold no
+    # extra copies), the timing per chip (cycles depend neither on the data nor on the addresses)
+    # and the rows sim.functional dispatches one at a time.
+    timed: dict = field(default_factory=dict, repr=False, compare=False)
+    stepped: list[int] | None = field(default=None, repr=False, compare=False)
+    _last: Bound | None = field(default=None, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.code = np.ascontiguousarray(self.code, dtype=np.int64).reshape(-1, FIELDS)
@@ -62,15 +62,10 @@ class Program:
     def bound(self, bases: dict[str, int], chip: str) -> Bound:
         """`bind(bases)` for chip `chip` (a fingerprint), kept for the next run on the same buffers."""
         key = (chip, tuple(sorted(bases.items())))
-        with self._bound_lock:
-            found = self._bound.get(key)
-            if found is None:
-                found = self._bound[key] = Bound(self.bind(bases))
-                while len(self._bound) > BOUND_KEPT:
-                    self._bound.popitem(last=False)
-            else:
-                self._bound.move_to_end(key)
-            return found
+        with self._lock:
+            if self._last is None or self._last.key != key:
+                self._last = Bound(key, self.bind(bases))
+            return self._last
 
     def counts(self) -> dict[str, int]:
         ops = np.bincount(self.code[:, 0], minlength=len(Op))

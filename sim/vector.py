@@ -149,7 +149,6 @@ def _vop_half(op, n_pe, n_outer, n_inner, dst_half, src_half, d16, d32, d0, dso,
 FIELDS = isa.V_A - isa.V_DST  # an operand's fields: memory, address, outer stride, inner stride
 
 
-
 def _operand(views: list[np.ndarray], field: int, row: np.ndarray, n_pe: int, dtype: type) -> tuple:
     """(array, address, outer stride, inner stride) of an operand; an immediate is a [PEs, 1] array
     read at stride 0, so the loops do not branch on it (its bits are the operand's dtype)."""

@@ -32,6 +32,7 @@ ALLOWED = {
     ("compiler/layout/hostio.py", 64): "numpy unsigned type per element width",
     ("compiler/layout/hostio.py", 8): "bits per byte",
     ("compiler/layout/hostio.py", 4096): "strided blocks per transfer past which an element map is cheaper (host policy)",
+    ("compiler/layout/hostio.py", 1024): "block lists of layouts kept for reuse (host-side cache size)",
     ("compiler/layout/placement.py", 24): "elements beyond 1 << 24 are checked algebraically only",
     ("compiler/layout/placement.py", 4): "the inverse map may be 4x the exact-check limit",
     ("compiler/layout/placement.py", 4096): "placements kept for reuse (compile-time cache size)",

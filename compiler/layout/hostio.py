@@ -103,17 +103,24 @@ def _blocks(p: Placement) -> list[Block] | None:
     """The tensor as strided blocks of its digit view (the product of every dimension's blocks), or
     None when there would be more than MAX_BLOCKS of them."""
     key = (p.layout.key(), p.hw.fingerprint, p.memory, p.dtype)
-    if key not in _block_cache:
-        per_dim = [_dim_blocks([int(x) for x in p.sizes[p.dim_of == d]], n) for d, n in enumerate(p.layout.shape)]
-        if int(np.prod([len(b) for b in per_dim], dtype=np.int64)) > MAX_BLOCKS:
-            _block_cache[key] = None
-        else:
-            _block_cache[key] = [tuple(sum((b[i] for b in combo), ()) for i in range(3))
-                                 for combo in itertools.product(*per_dim)]
-    return _block_cache[key]
+    with _offset_lock:
+        if key in _block_cache:
+            _block_cache.move_to_end(key)
+            return _block_cache[key]
+    per_dim = [_dim_blocks([int(x) for x in p.sizes[p.dim_of == d]], n) for d, n in enumerate(p.layout.shape)]
+    found = None
+    if int(np.prod([len(b) for b in per_dim], dtype=np.int64)) <= MAX_BLOCKS:
+        found = [tuple(sum((b[i] for b in combo), ()) for i in range(3)) for combo in itertools.product(*per_dim)]
+    with _offset_lock:
+        _block_cache[key] = found
+        while len(_block_cache) > BLOCK_CACHE_ENTRIES:
+            _block_cache.popitem(last=False)
+    return found
 
 
-_block_cache: dict[tuple, list[Block] | None] = {}
+# Block lists of recent layouts (each a few tuples), least recently used first out.
+BLOCK_CACHE_ENTRIES = 1024
+_block_cache: "OrderedDict[tuple, list[Block] | None]" = OrderedDict()
 
 
 def _split(part: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

@@ -1,8 +1,8 @@
 """The functional engine's dispatch: kernels cached on disk, programs bound once per buffer set.
 
 A kernel that numba cannot find in its disk cache is compiled again in every process (0.6 s per
-VOP loop); loops made by a factory used to overwrite each other's cache files. A program run on
-the same buffers keeps its bound code and timing; other buffers get their own binding.
+VOP loop); loops made by a factory used to overwrite each other's cache files. A program keeps its
+latest binding and its timing (which depends neither on data nor on addresses).
 """
 
 from __future__ import annotations
@@ -80,13 +80,11 @@ def test_a_program_rebound_to_other_buffers_moves_their_data(mini):
     dram = machine.memory("DRAM")
     dram[:, :4 * words] = np.arange(4 * words, dtype=np.uint32)
     first = machine.run(program, bases={"x": 0, "y": 8})
-    again = machine.run(program, bases={"x": 0, "y": 8})
-    assert again is first  # the same binding: timing computed once
     other = machine.run(program, bases={"x": 16, "y": 24})
+    assert other is first  # timed once: the addresses change no cycle
     dram = machine.memory("DRAM")
     np.testing.assert_array_equal(dram[:, words:2 * words], dram[:, :words])
     np.testing.assert_array_equal(dram[:, 3 * words:4 * words], dram[:, 2 * words:3 * words])
-    assert other.total_cycles == first.total_cycles
 
 
 def test_the_cache_of_sim_kernels_is_dropped_when_any_sim_source_changes(tmp_path):
