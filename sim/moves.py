@@ -144,33 +144,42 @@ def execute_moves(code, start, end, mems, mem_instances, lw_addressed, n_groups,
                   mode_chunk[p, row[isa.X_MODE]], wpl)
 
 
+def member_groups(row: np.ndarray, mems: list[np.ndarray], mem_instances: np.ndarray, lw_addressed: np.ndarray,
+                  group: int, wpl: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """An XFER between every upper instance and its children in groups of `group` (mab_broadcast,
+    reduce), as numpy views: the upper words [upper, words], the children's words
+    [upper, group index, member, words of the member], and the long words of each member (the
+    validator requires n to be a multiple of group)."""
+    n, um, lm = int(row[isa.X_N]), int(row[isa.X_UP_MEM]), int(row[isa.X_LO_MEM])
+    up, lo = mems[um], mems[lm]
+    uw = word_addr(lw_addressed, um, int(row[isa.X_UP_ADDR]), wpl)
+    lw = word_addr(lw_addressed, lm, int(row[isa.X_LO_ADDR]), wpl)
+    n_up = int(mem_instances[um])
+    fan = int(mem_instances[lm]) // n_up
+    rounds = n // group
+    children = lo[:n_up * fan].reshape(n_up, fan // group, group, -1)[..., lw:lw + wpl * rounds]
+    return up[:, uw:uw + wpl * n], children, rounds
+
+
 def mab_broadcast(row: np.ndarray, mems: list[np.ndarray], mem_instances: np.ndarray, lw_addressed: np.ndarray,
                   group: int, wpl: int) -> None:
     """XFER mab_broadcast: upper long word q goes to member q mod group, at q div group, of every
     group of children. Each member's words are gathered once into contiguous runs, which numpy
     then writes into every group at memory speed (16 copies of every word on MN-Core 2's L1B)."""
-    n, um, lm = int(row[isa.X_N]), int(row[isa.X_UP_MEM]), int(row[isa.X_LO_MEM])
-    up, lo = mems[um], mems[lm]
-    uw = int(row[isa.X_UP_ADDR]) * (wpl if lw_addressed[um] else 1)
-    lw = int(row[isa.X_LO_ADDR]) * (wpl if lw_addressed[lm] else 1)
-    n_up = int(mem_instances[um])
-    fan = int(mem_instances[lm]) // n_up
-    rounds = n // group  # long words each member gets (the validator requires a multiple of group)
-    # [upper, group, member, words of the member]
-    children = lo[:n_up * fan].reshape(n_up, fan // group, group, -1)[..., lw:lw + wpl * rounds]
-    runs = np.empty((n_up, group, wpl * rounds), dtype=lo.dtype)
-    _member_runs(up, uw, n, group, wpl, runs)
+    upper, children, rounds = member_groups(row, mems, mem_instances, lw_addressed, group, wpl)
+    runs = np.empty((upper.shape[0], group, wpl * rounds), dtype=upper.dtype)
+    _member_runs(upper, group, wpl, runs)
     children[...] = runs[:, None]
 
 
 @njit(cache=True)
-def _member_runs(up, uw, n, group, wpl, out):
+def _member_runs(upper, group, wpl, out):
     """out[u, m] = the long words m, m + group, ... of upper instance u, side by side."""
     for u in range(out.shape[0]):
-        for q in range(n):
+        for q in range(upper.shape[1] // wpl):
             m, at = q % group, wpl * (q // group)
             for w in range(wpl):
-                out[u, m, at + w] = up[u, uw + wpl * q + w]
+                out[u, m, at + w] = upper[u, wpl * q + w]
 
 
 def is_move(code: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ from numba import njit
 
 from . import isa
 from .isa import ALL_GROUPS, DType, Red
-from .moves import scope_range
+from .moves import member_groups, scope_range, word_addr
 from .numerics import half_from_f32_bits, half_to_f32, nan_max, nan_min
 from .params import FMT_HALF_E, FMT_HALF_M, FMT_WPL, WORD_BITS
 
@@ -65,8 +65,8 @@ def mv_reduce(row: np.ndarray, mems: list[np.ndarray], mem_instances: np.ndarray
     wpl = int(fmt[FMT_WPL])
     n, sm, dm = int(row[isa.MV_N]), int(row[isa.MV_SRC_MEM]), int(row[isa.MV_DST_MEM])
     src, dst = mems[sm], mems[dm]
-    sw = int(row[isa.MV_SRC_ADDR]) * (wpl if lw_addressed[sm] else 1)
-    dw = int(row[isa.MV_DST_ADDR]) * (wpl if lw_addressed[dm] else 1)
+    sw = word_addr(lw_addressed, sm, int(row[isa.MV_SRC_ADDR]), wpl)
+    dw = word_addr(lw_addressed, dm, int(row[isa.MV_DST_ADDR]), wpl)
     per_group = row[isa.MV_SRC_INST] == ALL_GROUPS or row[isa.MV_DST_INST] == ALL_GROUPS
     d_per = int(mem_instances[dm]) // n_groups
     red, dtype, words = int(row[isa.MV_RED]), int(row[isa.MV_DTYPE]), wpl * n
@@ -84,19 +84,12 @@ def xfer_reduce(row: np.ndarray, mems: list[np.ndarray], mem_instances: np.ndarr
     """XFER reduce (upward): member m of every group of `group` children, combined over the groups,
     gives upper long words m, m + group, ... (the inverse pattern of mab_broadcast)."""
     wpl = int(fmt[FMT_WPL])
-    n, um, lm = int(row[isa.X_N]), int(row[isa.X_UP_MEM]), int(row[isa.X_LO_MEM])
-    up, lo = mems[um], mems[lm]
-    uw = int(row[isa.X_UP_ADDR]) * (wpl if lw_addressed[um] else 1)
-    lw = int(row[isa.X_LO_ADDR]) * (wpl if lw_addressed[lm] else 1)
-    n_up = int(mem_instances[um])
-    fan = int(mem_instances[lm]) // n_up
-    rounds = n // group  # long words of each member (the validator requires a multiple of group)
-    # [upper, group index, member, words of the member]
-    children = lo[:n_up * fan].reshape(n_up, fan // group, group, -1)[..., lw:lw + wpl * rounds]
+    upper, children, rounds = member_groups(row, mems, mem_instances, lw_addressed, group, wpl)
     acc = children[:, 0].copy()
-    for g in range(1, fan // group):
+    for g in range(1, children.shape[1]):
         _combine(int(row[isa.X_RED]), int(row[isa.X_DTYPE]), acc, children[:, g], fmt)
     # upper long word q = member + group * j holds long word j of the member
-    upper = up[:, uw:uw + wpl * n].view()
+    n_up = upper.shape[0]
+    upper = upper.view()
     upper.shape = (n_up, rounds, group, wpl)  # a split of the last axis: a view, never a copy
     upper[...] = acc.reshape(n_up, group, rounds, wpl).transpose(0, 2, 1, 3)
