@@ -42,6 +42,7 @@ class DeviceBuffer:
     freed: bool = False
     valid: bool = True  # False once a timing-only run wrote it: it holds no values
 
+
 def check_host_value(tensor: torch.Tensor, dtype: str, name: str = "tensor") -> None:
     """Refuse a host tensor the device cannot hold as `dtype` (an IOSpec dtype): integers must fit
     the device's int32 (class labels held as int64 by torch do)."""
