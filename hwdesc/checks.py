@@ -8,6 +8,7 @@ Each problem is returned with its key path so that the loader can name the file 
 
 from __future__ import annotations
 
+from .bounds import check_bounds
 from .model import HwDesc
 from .source import KeyPath
 
@@ -17,6 +18,9 @@ RESERVED_AXES = ("W", "Time")
 # The transfer-mode vocabulary the simulator implements; the numbers behind each live in YAML.
 TRANSFER_MODES = ("individual", "broadcast", "mab_broadcast", "distribute", "collect", "reduce")
 HOST = "host"
+# The hazard vocabulary: sim.hazards says which pairs of instructions each key separates.
+HAZARDS = ("lm_write_to_read", "grf_write_to_read", "alu_result_to_use", "l2bm_to_l1bm_read",
+           "l1bm_write_to_l2bm_read", "l1bm_reduce_to_read", "l2bm_write_to_mv_read")
 
 Problem = tuple[KeyPath, str]
 
@@ -30,6 +34,9 @@ def check(hw: HwDesc) -> list[Problem]:
     problems += _check_units(hw)
     problems += _check_transfers(hw)
     problems += _check_host_link(hw)
+    problems += [(("hazards", k), f"unknown hazard {k!r}; {_known('hazards', HAZARDS)}") for k in hw.hazards
+                 if k not in HAZARDS]
+    problems += check_bounds(hw)
     return problems
 
 

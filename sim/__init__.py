@@ -15,11 +15,13 @@ from .alloc import Allocator
 from .builder import ProgramBuilder, Sym
 from .errors import DeviceMemoryError, SimError
 from .isa import ALL_GROUPS, TABLE, DType, Dir, Mode, Op, VOp
-from .machine import Machine, time_code
+from .machine import Machine
 from .params import MachineParams
 from .program import Program
 from .stats import RunStats, TraceEvent
-from .validate import disassemble, validate
+from .timing import time_code
+from .disasm import disassemble
+from .validate import validate
 from . import jitcache as _jitcache
 
 _jitcache.refresh_package()  # before any kernel is loaded

@@ -18,6 +18,16 @@ from .errors import SimError
 from .isa import ALL_GROUPS, FIELDS, IMM, DType, Dir, Mode, Op, Red, Scope, VOp
 from .params import MachineParams
 from .program import Program
+from .hazards import schedule as schedule_hazards
+from .validate import validate_fields
+
+
+def _fields_valid(params: MachineParams, code: np.ndarray) -> bool:
+    try:
+        validate_fields(params, code, None)
+    except SimError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -114,12 +124,21 @@ class ProgramBuilder:
             self._blocks.append(np.ascontiguousarray(code, dtype=np.int64).reshape(-1, FIELDS))
             self._count += len(code)
 
-    def build(self) -> Program:
+    def build(self, *, hazards: bool = True) -> Program:
+        """The program, with the nops its hazards need inserted (`sim.hazards.schedule`), so
+        that what a kernel emits is what the validator accepts. Labels and relocations follow
+        the instructions. A program whose fields are invalid is returned as written: running it
+        raises the error. `hazards=False` keeps it exactly as written (to test the validator)."""
         code = np.concatenate(self._blocks) if self._blocks else np.zeros((0, FIELDS), dtype=np.int64)
         relocs = np.concatenate([np.array(self._relocs, dtype=np.int64).reshape(-1, 3), *self._reloc_blocks])
         relocs = relocs[np.argsort(relocs[:, 0], kind="stable")]
         symbols = tuple(sorted(self._symbols, key=self._symbols.get))
-        return Program(code, list(self._labels), relocs, symbols)
+        labels = list(self._labels)
+        if hazards and len(code) and _fields_valid(self.params, code):
+            code, moved = schedule_hazards(self.params, code)
+            relocs[:, 0] = moved[relocs[:, 0] + 1] - 1
+            labels = [(int(moved[a]), int(moved[b]), name) for a, b, name in labels]
+        return Program(code, labels, relocs, symbols)
 
     # ---- instructions -----------------------------------------------------------------------
 

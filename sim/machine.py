@@ -25,7 +25,7 @@ from .isa import DType, Op
 from .params import MachineParams
 from .program import Bound, Program
 from .stats import RunStats
-from .timing import simulate
+from .timing import time_code
 from .errors import SimError
 from .validate import max_addresses, symbol_extents, validate
 
@@ -195,21 +195,3 @@ class Machine:
         n_mab = a.shape[0]
         bounds = np.linspace(0, n_mab, min(_WORKERS, n_mab) + 1).astype(int)
         list(_pool().map(lambda k: mabs(bounds[k], bounds[k + 1]), range(len(bounds) - 1)))
-
-
-def time_code(p: MachineParams, code: np.ndarray) -> RunStats:
-    """Cycles of a (validated) instruction array on the chip `p` describes, from the YAML numbers
-    only: no machine state, so a planner can time what it would emit."""
-    (start, end, unit, mask, path, nbytes, total, pe_busy, engine_busy, host_busy, wait_stall,
-     queue_stall) = simulate(code, p.n_groups, p.step_cycles, p.queue_depth, p.tags, p.mem_instances, p.path_of,
-                             p.path_engine, p.path_latency, p.path_group, p.mode_src_rate, p.mode_dst_rate,
-                             p.mode_cross_rate, p.mode_unit, p.vop_dtype_issues, p.vop_lanes, p.mm_rows, p.mm_cols,
-                             p.mm_load_rows, p.host_path_in, p.host_path_out, p.lw_bytes)
-    per_path = np.bincount(path[path >= 0], weights=nbytes[path >= 0], minlength=len(p.path_names))
-    ops = np.bincount(code[:, 0], minlength=len(Op))
-    return RunStats(total_cycles=int(total), clock_hz=p.clock_hz, pe_busy=int(pe_busy),
-                    engine_busy=[int(x) for x in engine_busy], host_busy=int(host_busy),
-                    wait_stall=int(wait_stall), queue_stall=int(queue_stall),
-                    bytes_per_path={name: int(per_path[i]) for i, name in enumerate(p.path_names) if per_path[i]},
-                    instructions={op.name: int(ops[op]) for op in Op if ops[op]},
-                    start=start, end=end, unit=unit, engine_mask=mask)

@@ -27,6 +27,8 @@ from numba import njit
 
 from . import isa
 from .isa import ALL_GROUPS, Dir, Mode, Op, Scope
+from .params import MachineParams
+from .stats import RunStats
 
 UNIT_WAIT, UNIT_PE, UNIT_HOST = -1, 0, 1  # per-instruction unit ids; Data Engine g is 2 + g; a WAIT is a stall
 
@@ -233,3 +235,21 @@ def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, 
         total = max(total, engine_free[g])
     total = max(total, host_free)
     return start, end, unit, mask_of, path, nbytes, total, pe_busy, engine_busy, host_busy, wait_stall, queue_stall
+
+
+def time_code(p: MachineParams, code: np.ndarray) -> RunStats:
+    """Cycles of a (validated) instruction array on the chip `p` describes, from the YAML numbers
+    only: no machine state, so a planner can time what it would emit."""
+    (start, end, unit, mask, path, nbytes, total, pe_busy, engine_busy, host_busy, wait_stall,
+     queue_stall) = simulate(code, p.n_groups, p.step_cycles, p.queue_depth, p.tags, p.mem_instances, p.path_of,
+                             p.path_engine, p.path_latency, p.path_group, p.mode_src_rate, p.mode_dst_rate,
+                             p.mode_cross_rate, p.mode_unit, p.vop_dtype_issues, p.vop_lanes, p.mm_rows, p.mm_cols,
+                             p.mm_load_rows, p.host_path_in, p.host_path_out, p.lw_bytes)
+    per_path = np.bincount(path[path >= 0], weights=nbytes[path >= 0], minlength=len(p.path_names))
+    ops = np.bincount(code[:, 0], minlength=len(Op))
+    return RunStats(total_cycles=int(total), clock_hz=p.clock_hz, pe_busy=int(pe_busy),
+                    engine_busy=[int(x) for x in engine_busy], host_busy=int(host_busy),
+                    wait_stall=int(wait_stall), queue_stall=int(queue_stall),
+                    bytes_per_path={name: int(per_path[i]) for i, name in enumerate(p.path_names) if per_path[i]},
+                    instructions={op.name: int(ops[op]) for op in Op if ops[op]},
+                    start=start, end=end, unit=unit, engine_mask=mask)

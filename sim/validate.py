@@ -2,7 +2,8 @@
 
 Every address range an instruction touches must lie inside its memory, every mode must be one
 its path offers (from the YAML), operands must be aligned as the hardware requires, tags must
-be in range and a WAIT must follow a transfer with its tag. The first problem raises `SimError`
+be in range, a WAIT must follow a transfer with its tag, and dependent instructions must be as
+far apart as the YAML's hazards ask (`sim.hazards`). The first problem raises `SimError`
 naming the instruction index and its decoded fields. The numba kernels do not bounds-check;
 this is what keeps them safe.
 """
@@ -11,68 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import isa
+from . import hazards, isa
 from .errors import SimError
 from .isa import ALL_GROUPS, IMM, DType, Dir, Mode, Op, Red, Scope, VOp, arity
+from .disasm import disassemble
 from .params import DTYPE_FORMAT, HOST, MachineParams
 
 
-def disassemble(row: np.ndarray, params: MachineParams) -> str:
-    """One instruction in words, e.g. `MV distribute DRAM[each]+0 -> L2BM[each.0]+0 n=256 tag=1`."""
-    op = Op(int(row[0]))
-    mem = lambda i: params.memory_names[i] if 0 <= i < len(params.memory_names) else ("imm" if i == IMM else f"mem{i}")  # noqa: E731
-    if op == Op.NOP:
-        return f"NOP steps={row[isa.NOP_STEPS]}"
-    if op == Op.WAIT:
-        return f"WAIT tag={row[isa.WAIT_TAG]}"
-    if op == Op.MV:
-        def at(m, inst, local, addr):
-            where = f"each.{local}" if inst == ALL_GROUPS else str(inst)
-            return f"{mem(m)}[{where}]+{addr}"
-        text = (f"MV {_name(Mode, row[isa.MV_MODE])} {at(row[isa.MV_SRC_MEM], row[isa.MV_SRC_INST], row[isa.MV_SRC_LOCAL], row[isa.MV_SRC_ADDR])}"
-                f" -> {at(row[isa.MV_DST_MEM], row[isa.MV_DST_INST], row[isa.MV_DST_LOCAL], row[isa.MV_DST_ADDR])}"
-                f" n={row[isa.MV_N]} tag={row[isa.MV_TAG]} scope={_name(Scope, row[isa.MV_SCOPE])}")
-        return text + (f" {_name(Red, row[isa.MV_RED])}" if row[isa.MV_RED] else "")
-    if op == Op.HOST_DMA:
-        way = "host -> PDM" if row[isa.DMA_DIR] == 0 else "PDM -> host"
-        return (f"HOST_DMA {way} pdm+{row[isa.DMA_PDM_ADDR]} buf{row[isa.DMA_HOST_BUF]}+{row[isa.DMA_HOST_OFF]} "
-                f"n={row[isa.DMA_N]} tag={row[isa.DMA_TAG]}")
-    if op == Op.XFER:
-        return (f"XFER {_name(Mode, row[isa.X_MODE])} {_name(Dir, row[isa.X_DIR])} {mem(row[isa.X_UP_MEM])}+{row[isa.X_UP_ADDR]}"
-                f" / {mem(row[isa.X_LO_MEM])}+{row[isa.X_LO_ADDR]} n={row[isa.X_N]}"
-                + (f" {_name(Red, row[isa.X_RED])}" if row[isa.X_RED] else "")
-                + (f" index={row[isa.X_INDEX]}" if row[isa.X_MODE] == Mode.individual and row[isa.X_DIR] == Dir.up else ""))
-    if op == Op.VOP:
-        ops = []
-        for base in (isa.V_DST, isa.V_A, isa.V_B, isa.V_C):
-            m = row[base]
-            ops.append("imm" if m == IMM else f"{mem(m)}[{row[base + 1]}:{row[base + 2]},{row[base + 3]}]")
-        return (f"VOP {_vop_name(row[isa.V_OP])}.{_name(DType, row[isa.V_DTYPE])} {row[isa.V_N_OUTER]}x{row[isa.V_N_INNER]} "
-                + " ".join(ops[: 1 + arity(VOp(int(row[isa.V_OP])))]))
-    if op == Op.MATMUL:
-        return (f"MATMUL.{_name(DType, row[isa.MM_DTYPE])} M={row[isa.MM_M]} K={row[isa.MM_K]} N={row[isa.MM_N]} "
-                f"A={mem(row[isa.MM_A_MEM])}+{row[isa.MM_A_ADDR]} B={mem(row[isa.MM_B_MEM])}+{row[isa.MM_B_ADDR]} "
-                f"C={mem(row[isa.MM_C_MEM])}+{row[isa.MM_C_ADDR]} flags={row[isa.MM_FLAGS]}")
-    return f"op {int(row[0])}"
-
-
-def _vop_name(value: int) -> str:
-    """A VOP's op as programs spell it (`and`, not the enum's `and_`)."""
-    try:
-        return isa.OP_NAME[VOp(int(value))]
-    except ValueError:
-        return f"?{int(value)}"
-
-
-def _name(enum, value: int) -> str:
-    try:
-        return enum(int(value)).name
-    except ValueError:
-        return f"?{int(value)}"
-
-
 class _Checker:
-    def __init__(self, params: MachineParams, code: np.ndarray, host_words: list[int]) -> None:
+    def __init__(self, params: MachineParams, code: np.ndarray, host_words: list[int] | None) -> None:
         self.p, self.code, self.host_words = params, code, host_words
         self.first_issue: dict[int, int] = {}  # tag -> first MV / HOST_DMA carrying it (see validate)
 
@@ -186,11 +134,15 @@ class _Checker:
         if link < 0:
             raise self.fail(i, f"{self.p.hw.name} has no host link in this direction")
         buf, off, n = int(row[isa.DMA_HOST_BUF]), int(row[isa.DMA_HOST_OFF]), int(row[isa.DMA_N])
-        if not 0 <= buf < len(self.host_words):
-            raise self.fail(i, f"host buffer {buf} was not given to the run ({len(self.host_words)} given)")
         w = self.p.words_per_lw
-        if n <= 0 or off < 0 or w * (off + n) > self.host_words[buf]:
-            raise self.fail(i, f"host buffer {buf} holds {self.host_words[buf] // w} long words; asked for {off}..{off + n - 1}")
+        if n <= 0 or off < 0:
+            raise self.fail(i, f"host long words {off}..{off + n - 1}: a DMA moves at least one, from offset 0 on")
+        if self.host_words is not None:  # None: the buffers are not known yet (a program being built)
+            if not 0 <= buf < len(self.host_words):
+                raise self.fail(i, f"host buffer {buf} was not given to the run ({len(self.host_words)} given)")
+            if w * (off + n) > self.host_words[buf]:
+                raise self.fail(i, f"host buffer {buf} holds {self.host_words[buf] // w} long words; asked for "
+                                   f"{off}..{off + n - 1}")
         window = int(self.p.hw.host_link.window_bytes) // self.p.hw.long_word_bytes
         pdm = int(row[isa.DMA_PDM_ADDR])
         if pdm < 0 or pdm + n > window:
@@ -266,7 +218,6 @@ class _Checker:
             if addr < 0 or last >= cap:
                 raise self.fail(i, f"operand {'dst a b c'.split()[k]} elements {addr}..{last} are outside "
                                    f"{self.p.memory_names[m]} (0..{cap - 1} {dt.name} elements)")
-
     def _vop_offered(self, i: int, op: VOp, dtype: DType, src_dtype: DType) -> None:
         """The chip costs the op for each of its dtypes on a unit that has a vector mode for the
         dtype, and the op is defined on those dtypes (int32 has its own, smaller op set)."""
@@ -314,12 +265,20 @@ class _Checker:
 
 
 def validate(params: MachineParams, code: np.ndarray, host_words: list[int] | None = None) -> None:
-    """Raise SimError at the first instruction that cannot run on this chip.
+    """Raise SimError at the first instruction that cannot run on this chip: its fields first
+    (`validate_fields`), then the hazards between instructions (`sim.hazards`)."""
+    validate_fields(params, code, host_words or [])
+    hazards.check(params, code)
+
+
+def validate_fields(params: MachineParams, code: np.ndarray, host_words: list[int] | None) -> None:
+    """Raise SimError at the first instruction whose fields cannot run on this chip; host buffer
+    sizes are checked when `host_words` are given.
 
     Plain individual MVs (most of a gather-heavy program) are checked all at once with numpy;
     every other instruction, and any MV that fails the bulk check, goes through the per-
     instruction checker in program order, so the error is the same as checking one by one."""
-    checker = _Checker(params, code, host_words or [])
+    checker = _Checker(params, code, host_words)
     checker.first_issue = _first_issue(code)
     for i in np.flatnonzero(~_plain_mvs_ok(params, code)):
         checker.check(int(i))

@@ -32,7 +32,7 @@ def program(m: sim.Machine, *, overlap: bool, n_mv: int = 4096, vops: int = 40) 
     if not overlap:
         b.wait(1)
     for _ in range(vops):
-        b.vop("add", "float32", 1, 512, ("LM0", 0, 0, 1), ("LM0", 0, 0, 1), ("LM1", 0, 0, 1))
+        b.vop("add", "float32", 1, 512, ("LM0", 0, 0, 1), ("LM1", 0, 0, 1), ("LM1", 0, 0, 1))  # no hazard between them
     if overlap:
         b.wait(1)
     return b.build()

@@ -1,0 +1,81 @@
+"""What mnsim can simulate: bounds on values that are a valid chip but not one mnsim can serve.
+
+A description can be well-typed and consistent and still break the simulator later, far from
+the YAML line that caused it: a latency that overflows the int64 cycle counters, a PE count whose
+memories do not fit the host, a word size the memory arrays do not have. `hw validate` (and every
+load) rejects such values here, with the key, the bound and why it exists. Each bound is derived
+from how mnsim stores or counts things, not from MN-Core 2's numbers.
+"""
+
+from __future__ import annotations
+
+from .model import HwDesc
+from .source import KeyPath
+
+Problem = tuple[KeyPath, str]
+
+WORD_BYTES = 4
+"""mnsim's memories are arrays of 32-bit words (sim.params.WORD_BITS)."""
+MAX_INSTRUCTIONS_LOG2 = 23
+MAX_CYCLES_PER_ITEM = 2 ** (63 - MAX_INSTRUCTIONS_LOG2)
+"""Cycles are int64: a program of 2^23 instructions, each this long, still fits."""
+MIN_RATE = 2.0 ** -10
+"""LW per cycle: below it, moving a whole DRAM (2^29 LW) takes more than MAX_CYCLES_PER_ITEM."""
+MAX_ONCHIP_BYTES = 4 * 2 ** 30
+"""A Machine allocates every memory but DRAM when it is made (mncore2: about 170 MB); more than
+this would exhaust a workstation before the first instruction."""
+MAX_LANE_GROUPS = 2 ** 20
+"""A VOP covers at most this many lane groups (a whole 4 MiB memory of half words)."""
+MAX_HAZARD_STEPS = 16
+"""The hazard check looks this many steps back from each reader (mncore2's largest gap is 3)."""
+LAZY_MEMORIES = ("DRAM",)
+"""Grown to the highest address a program touches, so their capacity costs no host memory."""
+
+
+def check_bounds(hw: HwDesc) -> list[Problem]:
+    problems: list[Problem] = []
+    if hw.word_bytes != WORD_BYTES:
+        problems.append((("word_bytes",), f"{hw.word_bytes} is not supported: mnsim's memories are arrays of "
+                                          f"{WORD_BYTES}-byte words"))
+    for name, level in hw.levels.items():
+        if level.axis is not None and level.count & (level.count - 1):
+            problems.append((("levels", name, "count"),
+                             f"{level.count} is not a power of two: mnsim's compiler lays tensors out only over "
+                             f"axes of power-of-two sizes (its layouts must tile the transfers' round-robin chunks "
+                             f"evenly; with 5 MABs per L1B not even a 64x64 add has a layout)"))
+    upfront = {n: hw.memory_instances(n) * int(m.capacity_bytes) for n, m in hw.memories.items()
+               if m.level in hw.levels and n not in LAZY_MEMORIES}
+    if sum(upfront.values()) > MAX_ONCHIP_BYTES:
+        largest = max(upfront, key=upfront.get)
+        problems.append((("levels", hw.memories[largest].level, "count"), f"the memories other than DRAM take {sum(upfront.values()) / 2 ** 30:.3g} GiB "
+                                      f"({largest}: {hw.memory_instances(largest)} instances, "
+                                      f"{upfront[largest] / 2 ** 30:.3g} GiB); mnsim allocates them when a machine "
+                                      f"is made and serves at most {MAX_ONCHIP_BYTES // 2 ** 30} GiB"))
+    for name, t in hw.transfers.items():
+        if t.latency_cycles > MAX_CYCLES_PER_ITEM:
+            problems.append((("transfers", name, "latency_cycles"),
+                             f"{t.latency_cycles} cycles is above the bound {MAX_CYCLES_PER_ITEM} (2^"
+                             f"{63 - MAX_INSTRUCTIONS_LOG2}): cycles are int64, and 2^{MAX_INSTRUCTIONS_LOG2} "
+                             f"such transfers must not overflow them"))
+        for mode_name, mode in t.modes.items():
+            for side in ("src_lw_per_cycle", "dst_lw_per_cycle", "cross_group_lw_per_cycle"):
+                rate = getattr(mode, side)
+                if rate is not None and rate < MIN_RATE:
+                    problems.append((("transfers", name, "modes", mode_name, side),
+                                     f"{rate:g} LW/cycle is below the bound {MIN_RATE:g}: one transfer "
+                                     f"could outlast the int64 cycle counters"))
+    if hw.step_cycles > MAX_CYCLES_PER_ITEM // MAX_LANE_GROUPS:
+        problems.append((("step_cycles",), f"{hw.step_cycles} is above the bound {MAX_CYCLES_PER_ITEM // MAX_LANE_GROUPS}"))
+    else:
+        most = MAX_CYCLES_PER_ITEM // (hw.step_cycles * MAX_LANE_GROUPS)
+        for name, op in hw.pe_ops.items():
+            costs = [(("pe_ops", name, "issues"), op.issues)]
+            costs += [(("pe_ops", name, "dtypes", d, "issues"), c.issues) for d, c in op.dtypes.items()]
+            problems += [(path, f"{issues} issues per lane group is above the bound {most}: a VOP over "
+                                f"2^{MAX_LANE_GROUPS.bit_length() - 1} lane groups would overflow the int64 "
+                                f"cycle counters") for path, issues in costs if issues > most]
+    for name, gap in hw.hazards.items():
+        if gap > MAX_HAZARD_STEPS:
+            problems.append((("hazards", name), f"{gap} steps is above the bound {MAX_HAZARD_STEPS}: the hazard "
+                                                f"check looks back at most {MAX_HAZARD_STEPS} steps"))
+    return problems

@@ -1,0 +1,67 @@
+"""Values that are a valid chip but not one mnsim can serve are refused at load (`hw validate`),
+with the file, the line, the key and the bound, before they overflow a counter or the host."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import hwdesc
+from hwdesc import bounds
+from tests.hwdesc.test_errors import load_error, write
+
+
+@pytest.mark.parametrize("name, body, key, message", [
+    ("latency", """
+        transfers:
+          dram_to_l2bm:
+            latency_cycles: 100000000000000000000  # <-
+        """, "transfers.dram_to_l2bm.latency_cycles",
+     rf"above the bound {bounds.MAX_CYCLES_PER_ITEM} \(2\^40\): cycles are int64"),
+    ("pes", """
+        levels:
+          PE:
+            count: 1000000000000  # <-
+        """, "levels.PE.count", r"the memories other than DRAM take .* GiB \(LM0: 1024000000000000 instances, .*\); mnsim "
+                       r"allocates them when a machine is made and serves at most 4 GiB"),
+    ("mab5", """
+        levels:
+          MAB:
+            count: 5  # <-
+        """, "levels.MAB.count", "5 is not a power of two: mnsim's compiler lays tensors out only over axes of power-of-two sizes"),
+    ("word", """
+        word_bytes: 8  # <-
+        """, "word_bytes", "8 is not supported: mnsim's memories are arrays of 4-byte words"),
+    ("rate", """
+        transfers:
+          dram_to_l2bm:
+            modes:
+              individual:
+                src_lw_per_cycle: 0.0000001  # <-
+        """, "transfers.dram_to_l2bm.modes.individual.src_lw_per_cycle", "1e-07 LW/cycle is below the bound"),
+    ("issues", """
+        pe_ops:
+          exp:
+            issues: 1000000000000  # <-
+        """, "pe_ops.exp.issues", "1000000000000 issues per lane group is above the bound 262144"),
+    ("hazard", """
+        hazards:
+          lm_write_to_read: 100  # <-
+        """, "hazards.lm_write_to_read", "100 steps is above the bound 16"),
+    ("unknown_hazard", """
+        hazards:
+          lm_write_to_raed: 2  # <-
+        """, "hazards.lm_write_to_raed", "unknown hazard 'lm_write_to_raed'; expected one of the hazards: "
+                                         "lm_write_to_read, grf_write_to_read"),
+])
+def test_a_value_mnsim_cannot_serve_is_refused_with_its_line(tmp_path, name, body, key, message):
+    path, line = write(tmp_path, f"{name}.yaml", f"extends: mncore2\nname: {name}\n" + body.replace("\n        ", "\n"))
+    e = load_error(path)
+    assert (e.file, e.line, e.key_path) == (str(path), line, key)
+    assert re.search(message, str(e)), str(e)
+
+
+def test_mncore2_and_its_variants_are_within_every_bound():
+    for name in hwdesc.names():
+        assert bounds.check_bounds(hwdesc.load(name)) == []
