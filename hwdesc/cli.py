@@ -123,13 +123,12 @@ def _units_table(hw: HwDesc) -> Table:
 
 
 def _paths_table(hw: HwDesc) -> Table:
-    table = Table("path", "mode", "engine", "LW/cycle src/dst", "read B/s per engine",
-                  "engines", "read B/s chip", "latency", title="transfer paths")
+    table = Table("path", "mode", "engine", "LW/cycle src/dst instance", "LW/cycle per engine",
+                  "engines", "B/s chip", "latency", title="transfer paths (what the simulator reaches)")
     for b in figures.path_bandwidths(hw):
         t = hw.transfers[b.transfer]
         table.add_row(b.transfer, b.mode, t.engine, f"{b.src_lw_per_cycle:g} / {b.dst_lw_per_cycle:g}",
-                      si(b.src_bytes_per_s, "B/s"), str(b.instances), si(b.total_bytes_per_s, "B/s"),
-                      f"{t.latency_cycles} cyc")
+                      f"{b.lw_per_cycle:g}", str(b.engines), si(b.bytes_per_s, "B/s"), f"{t.latency_cycles} cyc")
     return table
 
 

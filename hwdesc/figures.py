@@ -25,20 +25,20 @@ class Peak:
 
 @dataclass(frozen=True)
 class PathBandwidth:
-    """Throughput of one transfer mode: each side of one engine instance, and the chip total.
+    """Throughput of one transfer mode: the rate of each side of one instance, and the payload (the
+    long words a transfer instruction names) one engine and the whole chip move.
 
-    The two sides are given separately because the modes differ in fan-out: a distribute reads
-    64 LW/cycle from L2BM but writes 8 LW/cycle into each of the 8 L1BMs.
+    The sides differ in fan-out: a distribute reads 64 LW/cycle from one L1BM and writes 1 LW/cycle
+    into each of its 64 PEs, so one engine (one L1B) moves 64 LW of payload per cycle either way.
     """
 
     transfer: str
     mode: str
-    src_lw_per_cycle: float
-    dst_lw_per_cycle: float
-    src_bytes_per_s: float  # read side of one engine instance
-    dst_bytes_per_s: float  # write side, per destination instance
-    instances: int  # engines that can run this path at once
-    total_bytes_per_s: float  # read side over all engine instances
+    src_lw_per_cycle: float  # per source instance, bounded by the memories' rates
+    dst_lw_per_cycle: float  # per destination instance
+    lw_per_cycle: float  # payload per engine: the slower side, over the instances sharing it
+    engines: int  # engines that run this path at once
+    bytes_per_s: float  # payload over the whole chip
 
 
 def level_counts(hw: HwDesc) -> dict[str, int]:
@@ -92,26 +92,60 @@ def dram_bandwidth_total(hw: HwDesc) -> float:
     return memory_bandwidth(hw, "DRAM") * hw.memory_instances("DRAM")
 
 
+def side_rates(hw: HwDesc, transfer: str, mode: str) -> tuple[float, float]:
+    """LW/cycle on the source and destination side of one instance of a transfer mode: the mode's
+    rate, bounded by the rate of each memory on that side (`memories.<m>.lw_per_cycle`; the host
+    end has none). The simulator's timing uses exactly these (sim.params)."""
+    t, m = hw.transfers[transfer], hw.transfers[transfer].modes[mode]
+
+    def bounded(rate: float, memories: tuple[str, ...]) -> float:
+        return min([rate, *(hw.memories[x].lw_per_cycle for x in memories if x in hw.memories)])
+
+    return bounded(m.src_lw_per_cycle, t.src), bounded(m.dst_lw_per_cycle, t.dst)
+
+
 def engine_instances(hw: HwDesc, transfer: str) -> int:
     """How many engines run a path at once: one Data Engine per Group, one PE-stream transfer per
-    instance of the source memory's level (every L2B or L1B at once), one host link."""
+    instance of the upper memory (every L2B or L1B at once), one host link."""
     t = hw.transfers[transfer]
     if t.engine == "host_link":
         return 1
     if t.engine == "data_engine":
         return hw.instances(hw.data_engine.level)
-    upper = [m for m in (*t.src, *t.dst) if m in hw.memories]
-    return min(hw.memory_instances(m) for m in upper)
+    return min(hw.memory_instances(m) for m in (*t.src, *t.dst) if m in hw.memories)
+
+
+def side_shares(hw: HwDesc, transfer: str, mode: str) -> tuple[int, int]:
+    """Into how many instances one engine's payload is split on the source and the destination
+    side (the timing model's rule, sim.isa.TABLE): a distribute deals it out over the children, a
+    collect gathers it from them, a MAB-wide mode splits it over a group's members; every other
+    side carries all of it (a broadcast writes all of it into every child)."""
+    t = hw.transfers[transfer]
+    if t.engine == "pe_stream":
+        mems = [m for m in (*t.src, *t.dst) if m in hw.memories]
+        upper = min(mems, key=hw.memory_instances)
+        lower = max(mems, key=hw.memory_instances)
+        fan = hw.memory_instances(lower) // hw.memory_instances(upper)
+        group = hw.fanout(t.group_level, hw.memories[lower].level) if t.group_level else 1
+        share = 1 if mode == "broadcast" else fan if mode in ("distribute", "collect") else group
+        return (1, share) if upper in t.src else (share, 1)
+    if t.engine == "data_engine" and mode in ("distribute", "collect"):
+        side = t.dst if mode == "distribute" else t.src
+        count = hw.memory_instances(side[0]) // hw.instances(hw.data_engine.level)
+        return (1, count) if mode == "distribute" else (count, 1)
+    return 1, 1
 
 
 def path_bandwidths(hw: HwDesc) -> list[PathBandwidth]:
     out = []
     lw, f = hw.long_word_bytes, hw.clock_hz
-    for name, t in hw.transfers.items():
+    for name in hw.transfers:
         n = engine_instances(hw, name)
-        for mode_name, m in t.modes.items():
-            src, dst = m.src_lw_per_cycle * lw * f, m.dst_lw_per_cycle * lw * f
-            out.append(PathBandwidth(name, mode_name, m.src_lw_per_cycle, m.dst_lw_per_cycle, src, dst, n, src * n))
+        for mode_name in hw.transfers[name].modes:
+            src, dst = side_rates(hw, name, mode_name)
+            src_share, dst_share = side_shares(hw, name, mode_name)
+            payload = min(src * src_share, dst * dst_share)
+            out.append(PathBandwidth(name, mode_name, src, dst, payload, n, payload * n * lw * f))
     return out
 
 
@@ -126,7 +160,7 @@ def summary(hw: HwDesc) -> dict[str, float | int]:
     for p in peaks(hw):
         out[f"peak_flops.{p.unit}.{p.mode}.{p.dtype}"] = p.flops
     for b in path_bandwidths(hw):
-        out[f"bandwidth.{b.transfer}.{b.mode}"] = b.total_bytes_per_s
+        out[f"bandwidth.{b.transfer}.{b.mode}"] = b.bytes_per_s
     out["bandwidth.dram_total"] = dram_bandwidth_total(hw)
     return out
 
@@ -142,6 +176,6 @@ def dram_traffic_cycles(hw: HwDesc, read_bytes: int, write_bytes: int) -> float:
     """Cycles to read and write these bytes between DRAM and L2BM once, every Group's Data Engine
     at its individual-mode rate: the traffic side of a roofline."""
     groups, lw = hw.instances(hw.memories["DRAM"].level), hw.long_word_bytes
-    read = hw.transfers["dram_to_l2bm"].modes["individual"].src_lw_per_cycle * lw * groups
-    write = hw.transfers["l2bm_to_dram"].modes["individual"].dst_lw_per_cycle * lw * groups
+    read = side_rates(hw, "dram_to_l2bm", "individual")[0] * lw * groups
+    write = side_rates(hw, "l2bm_to_dram", "individual")[1] * lw * groups
     return read_bytes / read + write_bytes / write

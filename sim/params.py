@@ -12,13 +12,15 @@ from functools import lru_cache
 
 import numpy as np
 
-from hwdesc import HwDesc, HwDescError
+from hwdesc import HwDesc
+from hwdesc.bounds import WORD_BYTES
+from hwdesc.figures import side_rates
 
 from .isa import COST_NAME, DType, Mode, VOp
 from .numerics import HalfCodec
 
 HOST = -2  # memory id of the host end of the host link
-WORD_BITS = 32  # the element of mnsim's memory arrays (from_hw checks the YAML's word size against it)
+WORD_BITS = 8 * WORD_BYTES  # the element of mnsim's memory arrays (hwdesc.bounds refuses another word size)
 # `fmt`, passed to the kernels, holds the numbers from the YAML that data patterns depend on.
 FMT_WPL, FMT_HALF_E, FMT_HALF_M = 0, 1, 2  # words per long word, half exponent and mantissa bits
 ENGINES = ("data_engine", "pe_stream", "host_link")
@@ -100,9 +102,6 @@ class MachineParams:
 
 @lru_cache(maxsize=32)
 def _from_hw(hw: HwDesc) -> MachineParams:
-    if hw.word_bytes * 8 != WORD_BITS:
-        raise HwDescError(f"{hw.name}: mnsim's memories are arrays of {WORD_BITS}-bit words; word_bytes "
-                         f"{hw.word_bytes} is not supported")
     names = tuple(hw.memories)
     mem_id = {n: i for i, n in enumerate(names)}
     levels = hw.level_names
@@ -135,7 +134,7 @@ def _from_hw(hw: HwDesc) -> MachineParams:
         for mname, m in t.modes.items():
             k = Mode[mname]
             offered[p, k] = True
-            src_rate[p, k], dst_rate[p, k] = m.src_lw_per_cycle, m.dst_lw_per_cycle
+            src_rate[p, k], dst_rate[p, k] = side_rates(hw, pname, mname)  # bounded by the memories' rates
             cross[p, k] = m.cross_group_lw_per_cycle or 0.0
             unit[p, k] = m.unit_lw
             chunk[p, k] = m.chunk_lw or 1

@@ -24,6 +24,7 @@ from math import ceil, prod
 
 import numpy as np
 
+from hwdesc.figures import side_rates
 from sim import Sym
 from sim.isa import DType, VOp
 
@@ -289,7 +290,7 @@ def _cost(cg: EmitContext, t: Tiling, work: Work) -> float:
     candidates the planner times (the choice is the timing engine's)."""
     hw, chain = cg.hw, cg.chain
     down = hw.transfers[chain.dram_to_l2]
-    rate = down.modes["individual"].src_lw_per_cycle
+    rate = side_rates(hw, chain.dram_to_l2, "individual")[0]
     # A Group's queue keeps `queue_depth` MVs in flight: their data flows one after another, their
     # latencies overlap (the timing engine's rule), so many short MVs cost their latency over the depth
     data = work.engine_lw / rate
@@ -298,9 +299,9 @@ def _cost(cg: EmitContext, t: Tiling, work: Work) -> float:
     keys = sorted([(chain.l2_to_l1, m) for m in ("broadcast", "distribute")] +
                   [(chain.l1_to_pe, m) for m in ("mab_broadcast", "distribute")])
     for k, (path, mode) in enumerate(keys):
-        rates = hw.transfers[path].modes.get(mode)
-        if rates is not None:
-            stream += max(work.stream[2 * k] / rates.src_lw_per_cycle, work.stream[2 * k + 1] / rates.dst_lw_per_cycle)
+        if mode in hw.transfers[path].modes:
+            src_rate, dst_rate = side_rates(hw, path, mode)
+            stream += max(work.stream[2 * k] / src_rate, work.stream[2 * k + 1] / dst_rate)
     stream += work.steps * 2 * (hw.hazards["l2bm_to_l1bm_read"] + hw.hazards["lm_write_to_read"]) * hw.step_cycles
     upload = work.upload_lw / rate + work.rounds * down.latency_cycles
     if work.serial:

@@ -21,7 +21,8 @@ def test_show_mncore2_headline_figures(capsys):
     assert "4096 PEs, 1024 MABs, 16 GiB DRAM" in out
     for peak in ("12.29 TFLOP/s", "49.15 TFLOP/s", "98.3 TFLOP/s", "393.2 TFLOP/s"):
         assert peak in out
-    assert "dram_to_l2bm" in out and "96 GB/s" in out
+    assert "dram_to_l2bm" in out and "384 GB/s" in out  # 16 LW/cycle x 8 B x 750 MHz x 4 Groups
+    assert "24.58 TB/s" in out  # the PE-side distribute and collect: 64 LW/cycle x 64 L1Bs
 
 
 def test_show_mini_and_sources(capsys):

@@ -45,10 +45,37 @@ def test_mncore2_bandwidths(mncore2):
     assert figures.dram_bandwidth_total(mncore2) == pytest.approx(4 * 128e9, rel=1e-6)
     by_key = {(b.transfer, b.mode): b for b in figures.path_bandwidths(mncore2)}
     mv = by_key["dram_to_l2bm", "individual"]
-    assert mv.src_bytes_per_s == 16 * lw * f == 96e9
-    assert mv.instances == 4 and mv.total_bytes_per_s == 4 * 96e9
+    assert mv.lw_per_cycle * lw * f == 16 * lw * f == 96e9
+    assert mv.engines == 4 and mv.bytes_per_s == 4 * 96e9
     l1bmd = by_key["l1bm_to_pe", "distribute"]
-    assert l1bmd.instances == 64 and l1bmd.total_bytes_per_s == 64 * 64 * lw * f  # 24.6 TB/s, SDM 3.2
+    assert l1bmd.engines == 64 and l1bmd.bytes_per_s == 64 * 64 * lw * f  # 24.6 TB/s, SDM 3.2
+    # the way up: 1 LW/cycle from each of an L1B's 64 PEs, 64 LW/cycle into its L1BM
+    collect = by_key["pe_to_l1bm", "collect"]
+    assert (collect.src_lw_per_cycle, collect.dst_lw_per_cycle, collect.lw_per_cycle) == (1, 64, 64)
+    assert collect.engines == 64 and collect.bytes_per_s == 64 * 64 * lw * f
+    # a MAB-wide broadcast reads 8 LW/cycle and writes 2 into each of the 4 PEs of a MAB: 8 per engine
+    mab = by_key["l1bm_to_pe", "mab_broadcast"]
+    assert mab.lw_per_cycle == min(8, 2 * 4)
+    # the Data Engine's collect gathers from the Group's 2 L2BMs at 32 each, writes DRAM at 16
+    mvc = by_key["l2bm_to_dram", "collect"]
+    assert mvc.lw_per_cycle == min(32 * 2, 16)
+
+
+def test_a_slower_memory_bounds_every_path_through_it(tmp_path):
+    """memories.<m>.lw_per_cycle is in force: DRAM at 4 LW/cycle caps its 16 LW/cycle paths, in the
+    figures and in the simulator's rates alike."""
+    import hwdesc
+    import sim
+    path = tmp_path / "slowdram.yaml"
+    path.write_text("extends: mncore2\nname: slowdram\nmemories:\n  DRAM: {lw_per_cycle: 4}\n")
+    hw = hwdesc.load(path)
+    by_key = {(b.transfer, b.mode): b for b in figures.path_bandwidths(hw)}
+    assert by_key["dram_to_l2bm", "individual"].src_lw_per_cycle == 4
+    assert by_key["l2bm_to_dram", "individual"].dst_lw_per_cycle == 4
+    assert by_key["l2bm_to_pdm", "individual"].lw_per_cycle == 16  # no DRAM on this path
+    p = sim.MachineParams.from_hw(hw)
+    k = p.path_names.index("dram_to_l2bm")
+    assert p.mode_src_rate[k, sim.Mode.individual] == 4
 
 
 def test_mini_figures(mini):
