@@ -78,11 +78,19 @@ class Memory(_Frozen):
     address_unit: Literal["long_word", "word"]
     """What one address step selects: a 64-bit long word (DRAM..L1BM) or a 32-bit word (LM, GRF)."""
     ports: Literal["1RW", "1R1W"]
+    """One read/write port, or one read and one write port. A PE instruction has one read-address
+    field per memory, so all its operands read from one memory share an address pattern."""
     lw_per_cycle: Rate
     """Long words per cycle per port."""
     location: bool
     """Whether the compiler may keep a tensor here (MLSDK's Location: DRAM, LM0, LM1)."""
     doc: str = ""
+
+    @property
+    def read_ports(self) -> int:
+        """Ports that can read (the number before R in `ports`): the distinct read-address patterns
+        one instruction may use here."""
+        return int(self.ports.split("R", 1)[0])
 
 
 class NumberFormat(_Frozen):

@@ -218,6 +218,24 @@ class _Checker:
             if addr < 0 or last >= cap:
                 raise self.fail(i, f"operand {'dst a b c'.split()[k]} elements {addr}..{last} are outside "
                                    f"{self.p.memory_names[m]} (0..{cap - 1} {dt.name} elements)")
+        self._read_fields(i, [(name, int(row[base]), (int(row[base + 1]), int(row[base + 2]), int(row[base + 3])))
+                              for name, base in (("a", isa.V_A), ("b", isa.V_B), ("c", isa.V_C))[:arity(op)]
+                              if row[base] != IMM])
+
+    def _read_fields(self, i: int, operands: list[tuple[str, int, tuple]]) -> None:
+        """An instruction has one read-address field per memory port (SDM: readers of one memory
+        use identical address patterns), so operands read from one memory share their pattern."""
+        for m in dict.fromkeys(mem for _, mem, _ in operands):
+            mine = [(name, pattern) for name, mem, pattern in operands if mem == m]
+            patterns = dict.fromkeys(pattern for _, pattern in mine)
+            name = self.p.memory_names[m]
+            ports = self.p.hw.memories[name].read_ports
+            if len(patterns) > ports:
+                names = " and ".join(n for n, _ in mine)
+                raise self.fail(i, f"operands {names} read {name} at different addresses or strides; {name} has "
+                                   f"{ports} read port(s) (memories.{name}.ports: {self.p.hw.memories[name].ports}), "
+                                   f"so an instruction reads it with one address pattern")
+
     def _vop_offered(self, i: int, op: VOp, dtype: DType, src_dtype: DType) -> None:
         """The chip costs the op for each of its dtypes on a unit that has a vector mode for the
         dtype, and the op is defined on those dtypes (int32 has its own, smaller op set)."""
@@ -262,6 +280,9 @@ class _Checker:
             cap = int(self.p.mem_words[mem]) * pw
             if addr < 0 or last >= cap:
                 raise self.fail(i, f"operand {name} elements {addr}..{last} are outside {self.p.memory_names[mem]} (0..{cap - 1})")
+        read = ("A", "B", "C") if row[isa.MM_FLAGS] & isa.MM_ACCUMULATE else ("A", "B")
+        self._read_fields(i, [(name, int(row[base]), (int(row[base + 1]), int(row[base + 2]), rows, cols))
+                              for name, base, rows, cols, _ in shapes if name in read])
 
 
 def validate(params: MachineParams, code: np.ndarray, host_words: list[int] | None = None) -> None:

@@ -77,13 +77,20 @@ class Arena:
         self.memories = chain.scratch
         self.allocators = {m: Allocator(m, hw.memory_words(m), "words", align=2 * wpl) for m in self.memories}
 
-    def alloc(self, words: int, prefer: tuple[str, ...] | None = None) -> tuple[str, int]:
-        for m in prefer or self.memories:
+    def alloc(self, words: int, prefer: tuple[str, ...] | None = None, avoid: set[str] | frozenset = frozenset(),
+              strict: bool = False) -> tuple[str, int]:
+        """A region of `words` in the first memory of `prefer` (default: all, in chain order) with
+        room, other than those in `avoid` (`strict`: never in them): operands one instruction
+        reads together go to different memories, since an instruction reads each memory with
+        one address pattern (memories.<m>.ports)."""
+        order = prefer or self.memories
+        for m in [m for m in order if m not in avoid] + ([] if strict else [m for m in order if m in avoid]):
             alloc = self.allocators.get(m)
             if alloc is not None and alloc.largest_free >= words:
                 return m, alloc.alloc(max(1, words))
         free = {m: a.largest_free for m, a in self.allocators.items()}
-        raise CompileError(f"a kernel needs {words} more words of PE memory; largest free regions: {free}")
+        besides = f" outside {', '.join(sorted(avoid))} (read by the same instruction)" if strict and avoid else ""
+        raise CompileError(f"a kernel needs {words} more words of PE memory{besides}; largest free regions: {free}")
 
     def free(self, memory: str, word: int) -> None:
         self.allocators[memory].free(word)

@@ -98,6 +98,16 @@ def _last_reads(steps: list[Step]) -> dict[object, int]:
     return last
 
 
+def _read_together(steps: list[Step]) -> dict[object, set]:
+    """For each slot, the other slots some step reads with it (they belong in other memories)."""
+    partners: dict[object, set] = {}
+    for s in steps:
+        slots = {a for a in s.srcs if isinstance(a, (Value, tuple))}
+        for a in slots:
+            partners.setdefault(a, set()).update(slots - {a})
+    return partners
+
+
 @dataclass
 class Group:
     """Fused element-wise nodes of one output shape: inputs from outside, outputs read outside."""
@@ -242,6 +252,12 @@ class ElementwiseKernel(Kernel):
         return ("ew", steps, shapes, stored, outs, str(self.layout), self.group.shape)
 
     @staticmethod
+    def read_together(group: Group) -> int:
+        """The most tensors one of the group's steps reads (each needs its own memory)."""
+        return max((len({a for a in s.srcs if isinstance(a, (Value, tuple))}) for n in group.nodes for s in recipe(n)),
+                   default=1)
+
+    @staticmethod
     def regions_of(group: Group) -> int:
         """LM regions a group's kernel needs at once: its inputs and outputs, and the most values
         computed inside it that are alive at the same time (a region is reused once its value
@@ -269,15 +285,20 @@ class ElementwiseKernel(Kernel):
             if isinstance(s.dst, tuple) and s.dst not in ops:
                 ops[s.dst] = Operand(None, restrict(self.layout, shape), s.dst[1])
         kept = list(dict.fromkeys([*self.group.inputs, *self.group.outputs]))  # in order: deterministic addresses
-        for slot in kept:
+        partners = _read_together(self.steps)
+
+        def place(slot) -> None:
             o = ops[slot]
-            o.memory, o.word = arena.alloc(o.words(ctx))
+            avoid = {ops[p].memory for p in partners.get(slot, ()) if ops[p].memory}
+            o.memory, o.word = arena.alloc(o.words(ctx), avoid=avoid, strict=True)
+
+        for slot in kept:
+            place(slot)
         last = _last_reads(self.steps)
         placed: dict = {}  # slots holding a region now, in order of birth
         for k, s in enumerate(self.steps):  # values inside the group share regions as they die
             if s.dst not in kept and s.dst not in placed:
-                o = ops[s.dst]
-                o.memory, o.word = arena.alloc(o.words(ctx))
+                place(s.dst)
                 placed[s.dst] = True
             for slot in [slot for slot in placed if last.get(slot, -1) <= k]:
                 arena.free(ops[slot].memory, ops[slot].word)

@@ -156,9 +156,11 @@ def _regions(cg: EmitContext, t: Tiling, convert_in: bool, out_half: bool) -> Re
         wanted["c16"] = c_words // 2 + 1
     arena = Arena(cg.hw)
     got = {}
+    together = ("a", "b", "c")  # one MATMUL reads A, B and (accumulating) C: each memory once
     for name in sorted(wanted, key=lambda n: -wanted[n]):
         prefer = ("GRF0", "GRF1", "LM0", "LM1") if name == "c" else ("LM0", "LM1", "GRF0", "GRF1")
-        got[name] = arena.alloc(wanted[name], prefer=prefer)
+        avoid = {got[o][0] for o in together if o in got and o != name} if name in together else set()
+        got[name] = arena.alloc(wanted[name], prefer=prefer, avoid=avoid, strict=True)
     return Regions(got["a"], got["b"], got["c"], got.get("a32"), got.get("b32"), got.get("c16"))
 
 

@@ -118,8 +118,9 @@ class ReduceKernel(Kernel):
         src = Operand(x, restrict(self.layout, x.shape or (1,)), dtype)
         res = Operand(out, self.result, dtype)
         arena = Arena(ctx.hw)
-        for o in (src, res):
-            o.memory, o.word = arena.alloc(o.words(ctx))
+        src.memory, src.word = arena.alloc(src.words(ctx))
+        # each step reads the running result with the input: another memory (one pattern per memory)
+        res.memory, res.word = arena.alloc(res.words(ctx), avoid={src.memory}, strict=True)
         epl = ctx.hw.elements_per_lw(dtype)
         sizes = [n for n, _ in per_pe(self.layout, epl)]
         in_op, out_op = src.loop(ctx), res.loop(ctx)
@@ -185,7 +186,7 @@ def plan(node: Node, planner) -> list[Kernel]:
     shape = x.shape or (1,)
     dims = node.attrs["dims"] or tuple(range(len(shape)))
     dtype = device_dtype(x)
-    budget = planner.budget(2)
+    budget = planner.budget(2, together=2)
     found: list[Layout] = []
     for pack in (True, False):
         for cyclic in (False, True):

@@ -201,15 +201,18 @@ class Planner:
             elif v not in self.refs:
                 self.register(v, ref)
 
-    def budget(self, tensors: int) -> int:
+    def budget(self, tensors: int, together: int = 1) -> int:
         """LM long words per PE each of `tensors` operands of one kernel may use: the largest
-        region size of which that many fit the PE memories, each region inside one memory."""
+        region size of which that many fit the PE memories, each region inside one memory, with
+        `together` of them in distinct memories (the operands one instruction reads together: it
+        reads each memory with one address pattern)."""
         capacities = [self.hw.memory_lw(m) for m in self.ctx.chain.scratch]
         align = max(1, self.hw.long_word_bytes // self.hw.word_bytes)  # regions start on 2-word boundaries
         low, high = 1, max(1, sum(capacities) // max(1, tensors))
         while low < high:  # the largest size that still packs
             mid = (low + high + 1) // 2
-            if sum(c // (mid + align) for c in capacities) >= tensors:
+            holding = [c // (mid + align) for c in capacities]
+            if sum(holding) >= tensors and sum(h > 0 for h in holding) >= min(together, len(capacities)):
                 low = mid
             else:
                 high = mid - 1
@@ -387,7 +390,7 @@ class Planner:
         what its consumers want, then fresh ones."""
         shape = group.shape or (1,)
         dtype = group.layout_dtype
-        budget = self.budget(ElementwiseKernel.regions_of(group))
+        budget = self.budget(ElementwiseKernel.regions_of(group), ElementwiseKernel.read_together(group))
         found: list[Layout] = []
 
         def add(layout: Layout | None) -> None:

@@ -37,13 +37,17 @@ def pe_rows(m: sim.Machine, name: str) -> np.ndarray:
     return m.memory(name).view(np.float32)
 
 
+# one memory per operand: an instruction reads each memory with one address pattern (memories.*.ports)
+OPERAND_MEMORIES = ("LM0", "GRF0", "GRF1")
+
+
 def run_vop(m: sim.Machine, op: str, a: np.ndarray, b: np.ndarray | None = None, c: np.ndarray | None = None):
     n = a.shape[1]
     for k, arr in enumerate((a, b, c)):
         if arr is not None:
-            pe_rows(m, "LM0")[:, k * n:(k + 1) * n] = arr
+            pe_rows(m, OPERAND_MEMORIES[k])[:, :n] = arr
     bld = sim.ProgramBuilder(m.params)
-    ops = [("LM0", k * n, 0, 1) if arr is not None else None for k, arr in enumerate((a, b, c))]
+    ops = [(OPERAND_MEMORIES[k], 0, 0, 1) if arr is not None else None for k, arr in enumerate((a, b, c))]
     bld.vop(op, "float32", 1, n, ("LM1", 0, 0, 1), *ops)
     return m.run(bld.build()), pe_rows(m, "LM1")[:, :n].copy()
 
@@ -96,15 +100,15 @@ def test_strides_broadcast_and_reduce_along_the_address(mini):
     x = rng.standard_normal((16, 4, 8), dtype=np.float32)
     bias = rng.standard_normal((16, 8), dtype=np.float32)
     pe_rows(m, "LM0")[:, :32] = x.reshape(16, 32)
-    pe_rows(m, "LM0")[:, 32:40] = bias
+    pe_rows(m, "GRF0")[:, :8] = bias  # another memory than x: one read pattern per memory
     bld = sim.ProgramBuilder(m.params)
-    bld.vop("add", "float32", 4, 8, ("LM1", 0, 8, 1), ("LM0", 0, 8, 1), ("LM0", 32, 0, 1))
-    bld.vop("copy", "float32", 1, 4, ("LM1", 64, 0, 1), 0.0)
-    bld.vop("add", "float32", 4, 8, ("LM1", 64, 1, 0), ("LM1", 64, 1, 0), ("LM1", 0, 8, 1))
+    bld.vop("add", "float32", 4, 8, ("LM1", 0, 8, 1), ("LM0", 0, 8, 1), ("GRF0", 0, 0, 1))
+    bld.vop("copy", "float32", 1, 4, ("GRF1", 0, 0, 1), 0.0)
+    bld.vop("add", "float32", 4, 8, ("GRF1", 0, 1, 0), ("GRF1", 0, 1, 0), ("LM1", 0, 8, 1))
     m.run(bld.build())
     np.testing.assert_array_equal(pe_rows(m, "LM1")[:, :32].reshape(16, 4, 8), x + bias[:, None, :])
     # summed left to right in float32 (numpy sums pairwise, hence the tolerance)
-    np.testing.assert_allclose(pe_rows(m, "LM1")[:, 64:68], (x + bias[:, None, :]).sum(axis=2), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pe_rows(m, "GRF1")[:, :4], (x + bias[:, None, :]).sum(axis=2), rtol=1e-5, atol=1e-6)
 
 
 def test_half_conversions_and_arithmetic(mini):

@@ -25,7 +25,7 @@ CASES = {
         lambda b: b.vop("add", "float32", 1, 8, ("GRF0", 0, 0, 1), ("LM1", 0, 0, 1), ("LM1", 0, 0, 1)),
         lambda b: b.vop("copy", "float32", 1, 8, ("LM1", 64, 0, 1), ("GRF0", 4, 0, 1))),
     "alu_result_to_use": (  # max runs on the ALU; the GRF rule alone would ask for less
-        lambda b: b.vop("max", "float32", 1, 8, ("GRF1", 0, 0, 1), ("LM1", 0, 0, 1), ("LM1", 8, 0, 1)),
+        lambda b: b.vop("max", "float32", 1, 8, ("GRF1", 0, 0, 1), ("LM1", 0, 0, 1), ("GRF0", 0, 0, 1)),
         lambda b: b.vop("copy", "float32", 1, 8, ("LM1", 64, 0, 1), ("GRF1", 0, 0, 1))),
     "l2bm_to_l1bm_read": (
         lambda b: b.xfer("broadcast", "down", "L2BM", 0, "L1BM", 0, 16),

@@ -23,9 +23,10 @@ N = 64  # elements per PE of every test vector
 def _load(m: sim.Machine, arrays: list[np.ndarray]) -> list[tuple[str, int, int, int] | None]:
     """Test setup: operand k at LM0 words [k*N, (k+1)*N) of every PE, bit for bit."""
     ops = []
-    for k, arr in enumerate(arrays):
-        m.memory("LM0")[:, k * N:(k + 1) * N] = np.ascontiguousarray(arr).view(np.uint32)
-        ops.append(("LM0", k * N, 0, 1))
+    for k, arr in enumerate(arrays):  # one memory per operand: one read pattern per memory (memories.*.ports)
+        mem = ("LM0", "GRF0", "GRF1")[k]
+        m.memory(mem)[:, :N] = np.ascontiguousarray(arr).view(np.uint32)
+        ops.append((mem, 0, 0, 1))
     return ops
 
 
@@ -286,7 +287,7 @@ def _without_int32(tmp_path, op: str) -> sim.Machine:
 def test_a_variant_without_the_int32_override_refuses_int32_add(tmp_path):
     m = _without_int32(tmp_path, "add")
     b = sim.ProgramBuilder(m.params)
-    b.vop("add", "int32", 1, N, ("LM1", 0, 0, 1), ("LM0", 0, 0, 1), ("LM0", N, 0, 1))
+    b.vop("add", "int32", 1, N, ("LM1", 0, 0, 1), ("LM0", 0, 0, 1), ("GRF0", 0, 0, 1))
     with pytest.raises(SimError, match=r"instruction #0 \(VOP add.int32.*PE op add has no unit with a vector mode "
                                        r"for int32: pe_ops.add runs int32 on MAU"):
         m.run(b.build())
@@ -316,7 +317,7 @@ def vop_cycles(hw: hwdesc.HwDesc, op: str, fmt: str, n: int) -> int:
 def test_vop_cycles_from_the_dtype_entry(mncore2, op, dtype):
     m = sim.Machine(mncore2)
     b = sim.ProgramBuilder(m.params)
-    b.vop(op, dtype, 3, 100, ("LM1", 0, 100, 1), ("LM0", 0, 100, 1), ("LM0", 300, 100, 1))
+    b.vop(op, dtype, 3, 100, ("LM1", 0, 100, 1), ("LM0", 0, 100, 1), ("GRF0", 0, 100, 1))
     stats = m.run(b.build(), mode="timing")
     assert stats.pe_busy == vop_cycles(mncore2, op, dtype, 300)
 
