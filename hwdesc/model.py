@@ -126,6 +126,9 @@ class Unit(_Frozen):
 
     level: Name
     doc: str = ""
+    slot: Name | None = None
+    """The VLIW group its instructions issue in: PE-stream instructions in different groups may
+    issue in the same steps (sim.isa, the issue model); none: it issues alone."""
     matrix: Table(MatrixMode) = FrozenDict()
     vector: Table(VectorMode) = FrozenDict()
 

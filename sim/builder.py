@@ -78,6 +78,7 @@ class ProgramBuilder:
         self._reloc_blocks: list[np.ndarray] = []  # [k, 3] (instruction, field, symbol) of mv_block
         self._symbols: dict[str, int] = {}
         self._labels: list[tuple[int, int, str]] = []
+        self._bundle: bool | None = None  # inside `together`: whether a member was emitted yet
 
     def __len__(self) -> int:
         return self._count
@@ -90,6 +91,9 @@ class ProgramBuilder:
     def _emit(self, op: Op, fields: dict[int, Address]) -> int:
         row = np.zeros((1, FIELDS), dtype=np.int64)
         row[0, 0] = op
+        if self._bundle is not None and op in (Op.VOP, Op.XFER, Op.MATMUL):
+            row[0, isa.F_WITH_PREVIOUS] = 1 if self._bundle else 0
+            self._bundle = True
         index = self._count
         for k, v in fields.items():
             if isinstance(v, Sym):
@@ -116,6 +120,18 @@ class ProgramBuilder:
         yield
         if self._count > first:
             self._labels.append((first, self._count, name))
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """Issue the VOPs, XFERs and MATMULs emitted inside the block in the same steps (one bundle
+        of the issue model, sim.isa): each after the first carries `isa.F_WITH_PREVIOUS`."""
+        if self._bundle is not None:
+            raise SimError("bundles do not nest")
+        self._bundle = False
+        try:
+            yield
+        finally:
+            self._bundle = None
 
     def extend(self, code: np.ndarray) -> None:
         """Append instructions built elsewhere (rows without relocatable addresses): a kernel emits

@@ -36,17 +36,18 @@ from functools import lru_cache
 import numpy as np
 
 from . import isa
+from .accesses import FIRST, LAST, MAX_READS, MEM, ON_ALU, PATH, REDUCES, accesses
 from .disasm import disassemble
 from .errors import SimError
-from .isa import IMM, DType, Dir, Mode, Op, VOp
-from .params import DTYPE_FORMAT, MachineParams
+from .issue import bundle_heads
+from .isa import Op
+from .params import MachineParams
 from .timing import UNIT_PE, time_code
 
 # The rules: key -> (written memories, how the pair is matched); see the module docstring.
 LM_RULE = ("lm_write_to_read", ("LM0", "LM1"))
 GRF_RULE = ("grf_write_to_read", ("GRF0", "GRF1"))
 ALU_RULE = "alu_result_to_use"
-ALU_UNIT = "ALU"
 # (key, writer path, writer must reduce, reader paths): reader "mv:<memory>" is every Data Engine
 # path reading that memory.
 PATH_RULES = (
@@ -57,10 +58,6 @@ PATH_RULES = (
 )
 KEYS = (LM_RULE[0], GRF_RULE[0], ALU_RULE, *(r[0] for r in PATH_RULES))
 NO_HAZARD = -1
-# Columns of the access tables of `_accesses`: a read is (memory, first, last, path); a write also
-# says whether it reduces and whether the ALU produced it. At most MAX_READS operands are read.
-MEM, FIRST, LAST, PATH, REDUCES, ON_ALU = range(6)
-READ_FIELDS, WRITE_FIELDS, MAX_READS = PATH + 1, ON_ALU + 1, 3
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,8 +69,6 @@ class HazardTables:
     overlap: np.ndarray  # [memories] gap between a write and a read of an overlapping range
     overlap_rule: np.ndarray
     alu_gap: int
-    vop_alu: np.ndarray  # [VOp, DType] the op runs on the ALU
-    vop_arity: np.ndarray  # [VOp] operands read
     path_gap: np.ndarray  # [writer path, writer reduces (0/1), reader path]
     path_rule: np.ndarray
     alu_rule: int
@@ -92,11 +87,6 @@ def tables(p: MachineParams) -> HazardTables:
         for m in mems:
             if key in hz and m in p.memory_names:
                 gaps[p.memory_id(m)], rule[p.memory_id(m)] = hz[key], KEYS.index(key)
-    vop_alu = np.zeros((len(isa.VOp), len(isa.DType)), dtype=np.bool_)
-    for op in isa.VOp:
-        entry = p.hw.pe_ops.get(isa.COST_NAME[op])
-        for dt in isa.DType:
-            vop_alu[op, dt] = entry is not None and entry.cost(DTYPE_FORMAT[dt]).unit == ALU_UNIT
     path_gap = np.zeros((n_paths, 2, n_paths), dtype=np.int64)
     path_rule = np.full((n_paths, 2, n_paths), NO_HAZARD, dtype=np.int64)
     for key, writer, reduces, readers in PATH_RULES:
@@ -108,8 +98,7 @@ def tables(p: MachineParams) -> HazardTables:
                 if hz[key] > path_gap[w, red, r]:
                     path_gap[w, red, r], path_rule[w, red, r] = hz[key], KEYS.index(key)
     horizon = max((v for k, v in hz.items() if k in KEYS), default=0)
-    arity = np.array([isa.arity(op) for op in isa.VOp], dtype=np.int64)
-    return HazardTables(any_address, any_rule, overlap, overlap_rule, int(hz.get(ALU_RULE, 0)), vop_alu, arity, path_gap,
+    return HazardTables(any_address, any_rule, overlap, overlap_rule, int(hz.get(ALU_RULE, 0)), path_gap,
                         path_rule, KEYS.index(ALU_RULE), horizon)
 
 
@@ -123,84 +112,6 @@ def _reader_paths(p: MachineParams, readers: tuple[str, ...]) -> list[int]:
         elif r in p.path_names:
             out.append(p.path_names.index(r))
     return out
-
-
-def _accesses(p: MachineParams, t: HazardTables, code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """What each instruction writes and reads: writes [n, 6] = (memory, first, last, path, reduces,
-    on the ALU) and reads [n, 3, 4] = (memory, first, last, path), memory -1 where none. Ranges are
-    in the memory's own address units (words or long words), bounding boxes of strided operands."""
-    n = len(code)
-    op = code[:, 0]
-    writes = np.full((n, WRITE_FIELDS), -1, dtype=np.int64)
-    reads = np.full((n, MAX_READS, READ_FIELDS), -1, dtype=np.int64)
-    half = DType.float16
-    per_word = p.elements_per_word(half)
-
-    def words(first, last, dtype):
-        halves = dtype == half
-        return np.where(halves, first // per_word, first), np.where(halves, last // per_word, last)
-
-    rows = np.flatnonzero(op == Op.VOP)
-    if len(rows):
-        c = code[rows]
-        vop, dt, no, ni = c[:, isa.V_OP], c[:, isa.V_DTYPE], c[:, isa.V_N_OUTER], c[:, isa.V_N_INNER]
-        arity = t.vop_arity[vop]
-        for k, base in enumerate((isa.V_DST, isa.V_A, isa.V_B, isa.V_C)):
-            mem = c[:, base]
-            used = (mem != IMM) & (k <= arity)
-            d = np.where((k == 1) & (vop == VOp.cvt), c[:, isa.V_SRC_DTYPE], dt)
-            first = c[:, base + 1]
-            lo, hi = words(first, first + (no - 1) * c[:, base + 2] + (ni - 1) * c[:, base + 3], d)
-            where = rows[used]
-            if k == 0:
-                writes[where, :PATH] = np.stack([mem, lo, hi], 1)[used]
-                writes[where, REDUCES], writes[where, ON_ALU] = 0, t.vop_alu[vop, dt][used]
-            else:
-                reads[where, k - 1, :PATH] = np.stack([mem, lo, hi], 1)[used]
-    rows = np.flatnonzero(op == Op.XFER)
-    if len(rows):
-        c = code[rows]
-        mode, n_lw, um, lm = c[:, isa.X_MODE], c[:, isa.X_N], c[:, isa.X_UP_MEM], c[:, isa.X_LO_MEM]
-        down = c[:, isa.X_DIR] == Dir.down
-        path = np.where(down, p.path_of[um, lm], p.path_of[lm, um])
-        fan = p.mem_instances[lm] // p.mem_instances[um]
-        per = np.where(mode == Mode.broadcast, 1,
-                       np.where((mode == Mode.distribute) | (mode == Mode.collect), fan, p.path_group[path]))
-        lower_n = -(-n_lw // per)
-        lo_first = c[:, isa.X_LO_ADDR]
-        lo_last = lo_first + lower_n * np.where(p.mem_lw_addressed[lm], 1, p.words_per_lw) - 1
-        up_first = c[:, isa.X_UP_ADDR]
-        upper = np.stack([um, up_first, up_first + n_lw - 1, path], 1)
-        lower = np.stack([lm, lo_first, lo_last, path], 1)
-        src, dst = np.where(down[:, None], upper, lower), np.where(down[:, None], lower, upper)
-        reads[rows, 0] = src
-        writes[rows, :READ_FIELDS] = dst
-        writes[rows, REDUCES], writes[rows, ON_ALU] = mode == Mode.reduce, 0
-    rows = np.flatnonzero(op == Op.MATMUL)
-    if len(rows):
-        c = code[rows]
-        dt, m, kp, np_ = c[:, isa.MM_DTYPE], c[:, isa.MM_M], c[:, isa.MM_K] // p.pes_per_mab, c[:, isa.MM_N] // p.pes_per_mab
-        trans = (c[:, isa.MM_FLAGS] & isa.MM_TRANS_B) != 0
-        shapes = ((isa.MM_A_MEM, m, kp, dt), (isa.MM_B_MEM, np.where(trans, c[:, isa.MM_N], kp),
-                                               np.where(trans, kp, c[:, isa.MM_N]), dt),
-                  (isa.MM_C_MEM, m, np_, np.full(len(c), DType.float32)))
-        for k, (base, n_rows, cols, d) in enumerate(shapes):
-            first = c[:, base + 1]
-            lo, hi = words(first, first + (n_rows - 1) * c[:, base + 2] + cols - 1, d)
-            access = np.stack([c[:, base], lo, hi, np.full(len(c), -1)], 1)
-            if base == isa.MM_C_MEM:
-                writes[rows, :READ_FIELDS] = access
-                writes[rows, REDUCES], writes[rows, ON_ALU] = 0, 0
-                accumulate = (c[:, isa.MM_FLAGS] & isa.MM_ACCUMULATE) != 0
-                reads[rows[accumulate], 2] = access[accumulate]
-            else:
-                reads[rows, k] = access
-    rows = np.flatnonzero(op == Op.MV)
-    if len(rows):
-        c = code[rows]
-        sm, first = c[:, isa.MV_SRC_MEM], c[:, isa.MV_SRC_ADDR]
-        reads[rows, 0] = np.stack([sm, first, first + c[:, isa.MV_N] - 1, p.path_of[sm, c[:, isa.MV_DST_MEM]]], 1)
-    return writes, reads
 
 
 @dataclass(frozen=True)
@@ -222,21 +133,25 @@ def shortfalls(p: MachineParams, code: np.ndarray, steps: np.ndarray) -> Shortfa
     empty = np.zeros(0, dtype=np.int64)
     if t.horizon == 0 or len(code) == 0:
         return Shortfalls(empty, empty, empty, empty, empty)
-    writes, reads = _accesses(p, t, code)
-    end = np.cumsum(steps)
-    start = end - steps
+    writes, reads = accesses(p, code)
+    heads = bundle_heads(code)
+    length = np.zeros(len(code), dtype=np.int64)  # a bundle holds the stream for its longest member
+    np.maximum.at(length, heads, steps)
+    start = (np.cumsum(length) - length)[heads]  # members start with their bundle
+    end = start + steps  # and each one's writes land after its own steps
     writers = np.flatnonzero(writes[:, MEM] >= 0)
     readers = np.flatnonzero((reads[:, :, MEM] >= 0).any(1))
     if len(writers) == 0 or len(readers) == 0:
         return Shortfalls(empty, empty, empty, empty, empty)
     before = np.searchsorted(writers, readers)  # writers strictly before each reader
-    # every writer takes at least one step, so only the last `horizon` of them can be in reach
-    k = np.arange(1, t.horizon + 1)
+    # every bundle takes at least one step and holds at most one writer per slot, so only the
+    # last `horizon` bundles' writers can be in reach
+    k = np.arange(1, t.horizon * max(1, len(p.slot_names)) + 1)
     cand = before[:, None] - k[None, :]
     ok = cand >= 0
     w = writers[np.where(ok, cand, 0)]
     dist = start[readers][:, None] - end[w]
-    ok &= dist < t.horizon
+    ok &= (dist < t.horizon) & (heads[w] != heads[readers][:, None])  # a bundle's members are independent
     pair_r, pair_k = np.nonzero(ok)
     if len(pair_r) == 0:
         return Shortfalls(empty, empty, empty, empty, empty)
@@ -282,7 +197,8 @@ def check(p: MachineParams, code: np.ndarray) -> None:
 
 
 def schedule(p: MachineParams, code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The program with the fewest nops inserted that clears every hazard, and `moved`: where each
+    """The program with the fewest nops inserted that clears every hazard (before a bundle, never
+    inside one), and `moved`: where each
     original position went (`moved[i]` is the new position of the nop or instruction that now
     opens instruction i's place, `moved[n]` the new length), so labels and relocations follow.
 
@@ -290,10 +206,11 @@ def schedule(p: MachineParams, code: np.ndarray) -> tuple[np.ndarray, np.ndarray
     shortfalls are settled in program order, each less the nops already inserted between its
     writer and its reader."""
     found = shortfalls(p, code, pe_steps(p, code))
+    heads = bundle_heads(code)
     inserted: dict[int, int] = {}
-    at: list[int] = []  # readers given nops, ascending
+    at: list[int] = []  # readers given nops (a bundle's first member for the others), ascending
     total: list[int] = [0]  # total[k]: the nops of at[:k]
-    for i, w, short in zip(found.reader.tolist(), found.writer.tolist(), found.short.tolist()):
+    for i, w, short in zip(heads[found.reader].tolist(), found.writer.tolist(), found.short.tolist()):
         covered = total[-1] - total[bisect.bisect_right(at, w)]  # nops after the writer, up to the reader
         more = short - covered
         if more <= 0:

@@ -13,6 +13,17 @@ the Group in the matching *_local field).
 
 The timing rules cite the YAML numbers they use: steps are PE-stream steps of `step_cycles`;
 "rate" is a transfer mode's LW/cycle on one side (`transfers.<path>.modes.<mode>`).
+
+The issue model. The PE stream is a VLIW word per step; each instruction of mnsim occupies one
+group (slot) of it: a VOP its unit's (`units.<u>.slot`: mau, alu), a MATMUL the MAU's, an XFER
+its path's (`transfers.<t>.slot`: l2bm, l1bm). A VOP, XFER or MATMUL with F_WITH_PREVIOUS set
+issues in the same steps as the PE-stream instruction before it: together they are a bundle,
+which starts when the stream reaches it and holds the stream for its longest member; each
+member ends after its own cycles. Without the flag, instructions issue one after another. The
+validator (sim.issue) accepts a bundle when its members use distinct slots, none reads or writes
+what another writes, each memory is read by at most one member and written by at most one, and a
+memory with a single read/write port (1RW) is not read by one member and written by another.
+Hazards (sim.hazards) count a bundle as one issue: its members start at its first step.
 """
 
 from __future__ import annotations
@@ -21,6 +32,9 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 FIELDS = 24
+# Field of every PE-stream instruction (VOP, XFER, MATMUL): 1 = it issues in the same steps as
+# the PE-stream instruction before it (one VLIW word; see "the issue model" below).
+F_WITH_PREVIOUS = FIELDS - 1
 ALL_GROUPS = -1  # an instance field meaning: the same transfer in every Group at once
 # A VOP operand memory meaning: an immediate, its 32 bits in the address field, in the operand's
 # dtype: int32 bits (two's complement) for an int32 operand, float32 bits for every other (a half
@@ -175,7 +189,7 @@ class InstrDoc:
 
 TABLE: tuple[InstrDoc, ...] = (
     InstrDoc(Op.NOP, "steps", "PE stream",
-             "steps * step_cycles"),
+             "steps * step_cycles (never in a bundle)"),
     InstrDoc(Op.WAIT, "tag", "PE stream",
              "the stream (and every later issue) stalls until all MV/DMA with this tag have completed"),
     InstrDoc(Op.MV, "mode, src_mem, src_inst, src_addr, dst_mem, dst_inst, dst_addr, n_lw, tag, red, dtype, "

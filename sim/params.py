@@ -76,6 +76,11 @@ class MachineParams:
     half: HalfCodec  # the chip's half format (1-6-9 on MN-Core 2)
     fmt: np.ndarray  # [words per LW, half exponent bits, half mantissa bits] for the kernels
     hazards: dict[str, int] = field(default_factory=dict)
+    # the issue model: the VLIW group (slot) each PE-stream instruction issues in, -1 = none
+    slot_names: tuple[str, ...] = ()
+    vop_slot: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))  # [VOp, DType]
+    path_slot: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [paths]
+    mm_slot: int = -1
 
     def elements_per_word(self, dtype: DType) -> int:
         return WORD_BITS // self.hw.formats[DTYPE_FORMAT[dtype]].bits
@@ -177,7 +182,25 @@ def _from_hw(hw: HwDesc) -> MachineParams:
         lw_bytes=hw.long_word_bytes, half=HalfCodec.of(hw),
         fmt=np.array([hw.long_word_bytes // hw.word_bytes, hw.formats["float16"].exponent_bits,
                       hw.formats["float16"].mantissa_bits], dtype=np.int64),
-        hazards=dict(hw.hazards))
+        hazards=dict(hw.hazards), **_slots(hw, path_names))
+
+
+def _slots(hw: HwDesc, path_names: tuple[str, ...]) -> dict:
+    """Slot ids of the units' and PE-stream paths' VLIW groups (`units.<u>.slot`,
+    `transfers.<t>.slot`): which instructions may issue in the same steps."""
+    names = tuple(dict.fromkeys([u.slot for u in hw.units.values() if u.slot] +
+                                [t.slot for t in hw.transfers.values() if t.slot]))
+    slot = lambda name: names.index(name) if name else -1  # noqa: E731
+    vop_slot = np.full((len(VOp), len(DType)), -1, dtype=np.int64)
+    for op in VOp:
+        entry = hw.pe_ops.get(COST_NAME[op])
+        for dt in DType if entry else ():
+            unit = hw.units.get(entry.cost(DTYPE_FORMAT[dt]).unit)
+            vop_slot[op, dt] = slot(unit.slot) if unit else -1
+    mau = hw.units.get("MAU")
+    return dict(slot_names=names, vop_slot=vop_slot,
+                path_slot=np.array([slot(hw.transfers[n].slot) for n in path_names], dtype=np.int64),
+                mm_slot=slot(mau.slot) if mau else -1)
 
 
 def _vop_costs(hw: HwDesc) -> tuple[np.ndarray, np.ndarray]:

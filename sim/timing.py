@@ -3,7 +3,8 @@
 Units and how they advance (DESIGN.md, "the machine model"):
 
 * the PE stream issues one macro-instruction after another; a PE instruction (NOP, VOP, XFER,
-  MATMUL) occupies it for steps x step_cycles;
+  MATMUL) occupies it for steps x step_cycles, and a bundle of instructions issued together
+  (`isa.F_WITH_PREVIOUS`, the issue model of sim.isa) for its longest member;
 * MV instructions are issued from the stream at no stream time and run on the Data Engines of
   the Groups they touch, first come first served. A transfer's data flows `latency_cycles`
   after its issue at the earliest, and after the previous transfer's data on each of its
@@ -151,6 +152,7 @@ def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, 
     issued = np.zeros(n_groups + 1, dtype=np.int64)
     tag_done = np.zeros(n_tags + 1, dtype=np.int64)
     t = np.int64(0)
+    bundle_start = np.int64(0)
     host_free = np.int64(0)
     pe_busy = np.int64(0)
     host_busy = np.int64(0)
@@ -221,10 +223,13 @@ def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, 
         else:
             cycles = _pe_cycles(row, step, vop_dtype_issues, vop_lanes, path_of, path_group, mode_src_rate,
                                 mode_dst_rate, mem_instances, mm_rows, mm_cols, mm_load)
-            start[i] = t
-            t += cycles
-            end[i] = t
-            pe_busy += cycles
+            if row[isa.F_WITH_PREVIOUS] == 0:  # a new bundle starts where the stream is
+                bundle_start = t
+            start[i] = bundle_start
+            end[i] = bundle_start + cycles
+            if end[i] > t:  # the stream is held for the bundle's longest member
+                pe_busy += end[i] - t
+                t = end[i]
             unit[i] = UNIT_PE
             if op == Op.XFER:
                 um, lm = row[isa.X_UP_MEM], row[isa.X_LO_MEM]

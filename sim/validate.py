@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import hazards, isa
+from . import hazards, isa, issue
 from .errors import SimError
 from .isa import ALL_GROUPS, IMM, DType, Dir, Mode, Op, Red, Scope, VOp, arity
 from .disasm import disassemble
@@ -287,8 +287,10 @@ class _Checker:
 
 def validate(params: MachineParams, code: np.ndarray, host_words: list[int] | None = None) -> None:
     """Raise SimError at the first instruction that cannot run on this chip: its fields first
-    (`validate_fields`), then the hazards between instructions (`sim.hazards`)."""
+    (`validate_fields`), then the bundles issued together (`sim.issue`), then the hazards between
+    instructions (`sim.hazards`)."""
     validate_fields(params, code, host_words or [])
+    issue.check(params, code)
     hazards.check(params, code)
 
 

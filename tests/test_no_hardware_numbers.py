@@ -20,7 +20,7 @@ ALLOWED = {
     ("sim/params.py", 8): "bits per byte",
     ("sim/program.py", 4): "bindings kept per program with their timing (host-side cache size)",
     ("sim/params.py", 32): "lru_cache size; WORD_BITS (mnsim's memory arrays are uint32, from_hw rejects other sizes)",
-    ("sim/hazards.py", 6): "columns of the hazard check's access table (memory, first, last, path, reduces, on ALU)",
+    ("sim/accesses.py", 6): "columns of the hazard check's access table (memory, first, last, path, reduces, on ALU)",
     ("sim/machine.py", 16): "DRAM rows grow by at least 1 << 16 words (growth policy)",
     ("compiler/layout/candidates.py", 24): "how many candidates to return (planner budget)",
     ("compiler/layout/candidates.py", 16): "PFN's educational-compiler convention: tensors of <= 16 elements stay in DRAM 0",
