@@ -22,9 +22,12 @@ Which pairs each YAML key separates (W writes, R reads; "overlapping" = the addr
 Distance is counted statically: the steps of the PE-stream instructions (NOPs included) between
 the end of W and the start of R. MV, HOST_DMA and WAIT take no step (a WAIT's stall depends on
 the run, and a program's correctness must not). When several rules apply to a pair, the largest
-gap holds. A key absent from the YAML asks for no gap. A macro-instruction is checked against
-the others, not against itself: its steps are the hardware's unrolled loop, whose order the
-instruction's own semantics already fix.
+gap holds. A key absent from the YAML asks for no gap. A bundle (the issue model of sim.isa)
+counts as one issue: its members start together, and the nops go before it.
+
+Known deviation: inside one macro-instruction the gaps are not modelled. On the hardware a
+multi-step VOP that writes an LM it also reads would need gaps between its own steps; mnsim
+times it at full rate.
 """
 
 from __future__ import annotations

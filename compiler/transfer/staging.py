@@ -324,45 +324,107 @@ def emit_fetch(b: ProgramBuilder, st: Staging, *, dram: Address, l2_addr: int, f
                      dst_local=target)
 
 
-def emit_drain_piece(b: ProgramBuilder, st: Staging, p: "Piece", *, l2_addr: int, l1_addr: int, lm_mem: str,
-                     lm_word: int) -> None:
-    """One piece from L2BM (its long words at `l2_addr`) through L1BM to LM, in the PE stream. The
-    L1BM range is padded to whole l2bm chunks; the PE hop moves only the piece's own long words,
-    so that nothing lands past the LM region."""
-    wpl = st.lm.hw.long_word_bytes // st.lm.hw.word_bytes
+def _to_l1(b: ProgramBuilder, st: Staging, p: "Piece", *, l2_addr: int, l1_addr: int) -> None:
+    """A piece's L2BM long words (at `l2_addr`) into an L1BM transit buffer (the l2bm slot)."""
     b.xfer(st.l1_mode, "down", L2BM, l2_addr, L1BM, l1_addr, p.q2_count)
-    b.nop(st.lm.hw.hazards["l2bm_to_l1bm_read"])
+
+
+def _to_lm(b: ProgramBuilder, st: Staging, p: "Piece", *, l1_addr: int, lm_mem: str, lm_word: int) -> None:
+    """A piece from its L1BM transit buffer to LM (the l1bm slot). The L1BM range is padded to
+    whole l2bm chunks; this hop moves only the piece's own long words, so that nothing lands past
+    the LM region."""
+    wpl = st.lm.hw.long_word_bytes // st.lm.hw.word_bytes
     b.xfer(st.pe_mode, "down", L1BM, l1_addr, lm_mem, lm_word + wpl * p.lm_first,
            (p.lm_last - p.lm_first) * st.per_lm_lw)
 
 
+@dataclass(frozen=True)
+class Leg:
+    """One piece of a slice on its way from L2BM (at `l2_addr`) to LM."""
+
+    st: Staging
+    piece: Piece
+    l2_addr: int
+    lm_mem: str
+    lm_word: int
+
+    def to_l1(self, b: ProgramBuilder, transit: Transit, k: int) -> None:
+        _to_l1(b, self.st, self.piece, l2_addr=self.l2_addr, l1_addr=transit.l1[k % 2])
+
+    def to_lm(self, b: ProgramBuilder, transit: Transit, k: int) -> None:
+        _to_lm(b, self.st, self.piece, l1_addr=transit.l1[k % 2], lm_mem=self.lm_mem, lm_word=self.lm_word)
+
+
+def emit_legs(b: ProgramBuilder, legs: list[Leg], transit: Transit, *, started: bool = False, before=None,
+              after=None) -> None:
+    """Legs through the two L1BM transit buffers (leg k through buffer k % 2), software-
+    pipelined: leg k + 1 goes from L2BM into one buffer while leg k goes from the other to LM, in
+    one bundle (the l2bm and l1bm slots; L1BM's separate ports serve both), so the stream pays the
+    slower hop, not both. `started`: leg 0's L2BM hop was issued already (with the instruction
+    before, see `first_hop`). `before(k)` runs before leg k's L2BM hop (a WAIT for its data),
+    `after(k)` right after it (a fetch into the L2BM buffer leg k has left). The builder inserts
+    the hazard nops."""
+    if not legs:
+        return
+    if not started:
+        if before:
+            before(0)
+        legs[0].to_l1(b, transit, 0)
+        if after:
+            after(0)
+    for k, leg in enumerate(legs):
+        if k + 1 < len(legs) and before:
+            before(k + 1)
+        with b.together():
+            leg.to_lm(b, transit, k)
+            if k + 1 < len(legs):
+                legs[k + 1].to_l1(b, transit, k + 1)
+        if after and k + 1 < len(legs):
+            after(k + 1)
+
+
+def first_hop(b: ProgramBuilder, legs: list[Leg], transit: Transit, instruction) -> None:
+    """`instruction()` (emitting one PE-stream instruction, a MATMUL say) in one bundle with the
+    L2BM hop of the first of `legs`, which `emit_legs(..., started=True)` then continues. The
+    instruction must not touch L2BM or the first transit buffer."""
+    with b.together():
+        instruction()
+        if legs:
+            legs[0].to_l1(b, transit, 0)
+
+
+def slice_legs(st: Staging, transit: Transit, *, l2_addr: int, lm_mem: str, lm_word: int) -> list[Leg]:
+    """The legs of a whole slice already in L2BM at `l2_addr`."""
+    parts = pieces(st, replace(transit, l2_room=max(transit.l2_room, st.n_l2)))
+    return [Leg(st, p, l2_addr + p.q2_first, lm_mem, lm_word) for p in parts]
+
+
 def emit_drain(b: ProgramBuilder, st: Staging, *, l2_addr: int, lm_mem: str, lm_word: int, transit: Transit) -> None:
     """A whole slice already in L2BM (at `l2_addr`, fetched by `emit_fetch`) down to LM, through
-    the L1BM transit buffers in pieces."""
-    for k, p in enumerate(pieces(st, replace(transit, l2_room=max(transit.l2_room, st.n_l2)))):
-        emit_drain_piece(b, st, p, l2_addr=l2_addr + p.q2_first, l1_addr=transit.l1[k % 2], lm_mem=lm_mem,
-                         lm_word=lm_word)
-    b.nop(st.lm.hw.hazards["lm_write_to_read"])
+    the L1BM transit buffers in pipelined pieces."""
+    emit_legs(b, slice_legs(st, transit, l2_addr=l2_addr, lm_mem=lm_mem, lm_word=lm_word), transit)
 
 
 def emit_download(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
                   slice_index: int = 0, source: Gather | None = None) -> None:
     """DRAM image (at `dram`) -> LM (`lm_mem` from word `lm_word`), one slice, double-buffered:
-    the Data Engines fetch piece k + 1 into one transit buffer while the stream drains piece k."""
+    as soon as piece k has left its L2BM buffer the Data Engines fetch piece k + 2 into it, while
+    the stream moves pieces k and k + 1 on (see `emit_legs`)."""
     parts = pieces(st, transit)
 
     def fetch(k: int) -> None:
         emit_fetch(b, st, dram=dram, l2_addr=transit.l2[k % 2], first=parts[k].q2_first, count=parts[k].q2_count,
                    tag=transit.tags[k % 2], slice_index=slice_index, source=source)
 
-    fetch(0)
-    for k, p in enumerate(parts):
-        if k + 1 < len(parts):
-            fetch(k + 1)
-        b.wait(transit.tags[k % 2])
-        emit_drain_piece(b, st, p, l2_addr=transit.l2[k % 2], l1_addr=transit.l1[k % 2], lm_mem=lm_mem,
-                         lm_word=lm_word)
-    b.nop(st.lm.hw.hazards["lm_write_to_read"])
+    for k in range(min(2, len(parts))):
+        fetch(k)
+
+    def after(k: int) -> None:  # piece k has left its L2BM buffer: piece k + 2 may come in
+        if k + 2 < len(parts):
+            fetch(k + 2)
+
+    legs = [Leg(st, p, transit.l2[k % 2], lm_mem, lm_word) for k, p in enumerate(parts)]
+    emit_legs(b, legs, transit, before=lambda k: b.wait(transit.tags[k % 2]), after=after)
 
 
 def emit_upload(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
