@@ -18,13 +18,16 @@ from .errors import SimError
 from .isa import ALL_GROUPS, FIELDS, IMM, DType, Dir, Mode, Op, Red, Scope, VOp
 from .params import MachineParams
 from .program import Program
-from .hazards import schedule as schedule_hazards
+from .hazards import involved, schedule as schedule_hazards
 from .validate import validate_fields
 
 
-def _fields_valid(params: MachineParams, code: np.ndarray) -> bool:
+def _fields_valid(params: MachineParams, rows: np.ndarray) -> bool:
+    """Whether the fields the hazard analysis reads (of these rows) are valid: it times the
+    PE-stream instructions with the unchecked numba engine. The whole program is validated when
+    it runs."""
     try:
-        validate_fields(params, code, None)
+        validate_fields(params, rows, None)
     except SimError:
         return False
     return True
@@ -150,8 +153,9 @@ class ProgramBuilder:
         relocs = relocs[np.argsort(relocs[:, 0], kind="stable")]
         symbols = tuple(sorted(self._symbols, key=self._symbols.get))
         labels = list(self._labels)
-        if hazards and len(code) and _fields_valid(self.params, code):
-            code, moved = schedule_hazards(self.params, code)
+        rows = involved(code) if hazards and len(code) else None
+        if rows is not None and _fields_valid(self.params, code[rows]):
+            code, moved = schedule_hazards(self.params, code, rows)
             relocs[:, 0] = moved[relocs[:, 0] + 1] - 1
             labels = [(int(moved[a]), int(moved[b]), name) for a, b, name in labels]
         return Program(code, labels, relocs, symbols)

@@ -43,9 +43,9 @@ from .accesses import FIRST, LAST, MAX_READS, MEM, ON_ALU, PATH, REDUCES, access
 from .disasm import disassemble
 from .errors import SimError
 from .issue import bundle_heads
-from .isa import Op
+from .isa import Dir, Op
 from .params import MachineParams
-from .timing import UNIT_PE, time_code
+from .timing import time_code
 
 # The rules: key -> (written memories, how the pair is matched); see the module docstring.
 LM_RULE = ("lm_write_to_read", ("LM0", "LM1"))
@@ -127,25 +127,30 @@ class Shortfalls:
     rule: np.ndarray
     distance: np.ndarray
     short: np.ndarray
+    reader_head: np.ndarray  # the first instruction of each reader's bundle (where nops can go)
 
 
-def shortfalls(p: MachineParams, code: np.ndarray, steps: np.ndarray) -> Shortfalls:
-    """The pairs of a (field-validated) program whose gap is short; `steps` are the PE-stream steps
-    of each instruction (0 for MV, HOST_DMA, WAIT)."""
+def shortfalls(p: MachineParams, code: np.ndarray, rows: np.ndarray | None = None) -> Shortfalls:
+    """The pairs of a (field-validated) program whose gap is short. Only the `involved` rows take
+    part (pass them if known); the analysis runs on them alone, since the rest take no step."""
     t = tables(p)
     empty = np.zeros(0, dtype=np.int64)
     if t.horizon == 0 or len(code) == 0:
-        return Shortfalls(empty, empty, empty, empty, empty)
-    writes, reads = accesses(p, code)
-    heads = bundle_heads(code)
-    length = np.zeros(len(code), dtype=np.int64)  # a bundle holds the stream for its longest member
+        return Shortfalls(empty, empty, empty, empty, empty, empty)
+    rows = involved(code) if rows is None else rows
+    sub = code[rows]  # below, indices are positions in `rows` until the end
+    writes, reads = accesses(p, sub)
+    steps = pe_steps(p, sub)
+    heads = bundle_heads(sub)
+    length = np.zeros(len(sub), dtype=np.int64)  # a bundle holds the stream for its longest member
     np.maximum.at(length, heads, steps)
     start = (np.cumsum(length) - length)[heads]  # members start with their bundle
     end = start + steps  # and each one's writes land after its own steps
     writers = np.flatnonzero(writes[:, MEM] >= 0)
-    readers = np.flatnonzero((reads[:, :, MEM] >= 0).any(1))
+    written = np.isin(reads[:, :, MEM], np.unique(writes[writers, MEM]))
+    readers = np.flatnonzero(written.any(1))
     if len(writers) == 0 or len(readers) == 0:
-        return Shortfalls(empty, empty, empty, empty, empty)
+        return Shortfalls(empty, empty, empty, empty, empty, empty)
     before = np.searchsorted(writers, readers)  # writers strictly before each reader
     # every bundle takes at least one step and holds at most one writer per slot, so only the
     # last `horizon` bundles' writers can be in reach
@@ -157,7 +162,7 @@ def shortfalls(p: MachineParams, code: np.ndarray, steps: np.ndarray) -> Shortfa
     ok &= (dist < t.horizon) & (heads[w] != heads[readers][:, None])  # a bundle's members are independent
     pair_r, pair_k = np.nonzero(ok)
     if len(pair_r) == 0:
-        return Shortfalls(empty, empty, empty, empty, empty)
+        return Shortfalls(empty, empty, empty, empty, empty, empty)
     r_i, w_i, d = readers[pair_r], w[pair_r, pair_k], dist[pair_r, pair_k]
     wr = writes[w_i]
     gap = np.zeros((len(r_i), MAX_READS), dtype=np.int64)
@@ -178,18 +183,36 @@ def shortfalls(p: MachineParams, code: np.ndarray, steps: np.ndarray) -> Shortfa
     j = gap.argmax(1)
     short = gap[np.arange(len(j)), j] - d
     bad = short > 0
-    return Shortfalls(r_i[bad], w_i[bad], rule[np.arange(len(j)), j][bad], d[bad], short[bad])
+    return Shortfalls(rows[r_i[bad]], rows[w_i[bad]], rule[np.arange(len(j)), j][bad], d[bad], short[bad],
+                      rows[heads[r_i[bad]]])
+
+
+def involved(code: np.ndarray) -> np.ndarray:
+    """The rows a rule can concern: the PE-stream instructions (NOPs included, for their steps),
+    and the MVs reading a memory an XFER writes upward (most MVs of a gather read DRAM, which
+    nothing in the stream writes)."""
+    op = code[:, 0]
+    stream = np.isin(op, (Op.NOP, Op.VOP, Op.XFER, Op.MATMUL))
+    up = (op == Op.XFER) & (code[:, isa.X_DIR] == Dir.up)
+    return np.flatnonzero(stream | ((op == Op.MV) & np.isin(code[:, isa.MV_SRC_MEM], code[up, isa.X_UP_MEM])))
 
 
 def pe_steps(p: MachineParams, code: np.ndarray) -> np.ndarray:
-    """Steps each instruction occupies the PE stream (the timing model's own rule)."""
-    stats = time_code(p, code)
-    return np.where(stats.unit == UNIT_PE, (stats.end - stats.start) // p.step_cycles, 0)
+    """Steps each instruction occupies the PE stream on its own (the timing model's rule, applied
+    to the PE-stream instructions alone: their steps depend on nothing else); 0 for the rest."""
+    stream = np.flatnonzero(np.isin(code[:, 0], (Op.NOP, Op.VOP, Op.XFER, Op.MATMUL)))
+    steps = np.zeros(len(code), dtype=np.int64)
+    if len(stream):
+        alone = code[stream].copy()
+        alone[:, isa.F_WITH_PREVIOUS] = 0  # each one's own steps, not its bundle's
+        stats = time_code(p, alone)
+        steps[stream] = (stats.end - stats.start) // p.step_cycles
+    return steps
 
 
 def check(p: MachineParams, code: np.ndarray) -> None:
     """Raise SimError at the first instruction that reads too soon after a write it depends on."""
-    found = shortfalls(p, code, pe_steps(p, code))
+    found = shortfalls(p, code)
     if len(found.reader) == 0:
         return
     i, w, key = int(found.reader[0]), int(found.writer[0]), KEYS[int(found.rule[0])]
@@ -199,7 +222,7 @@ def check(p: MachineParams, code: np.ndarray) -> None:
                    f"steps={short} before it", index=i, instruction=disassemble(code[i], p))
 
 
-def schedule(p: MachineParams, code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def schedule(p: MachineParams, code: np.ndarray, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The program with the fewest nops inserted that clears every hazard (before a bundle, never
     inside one), and `moved`: where each
     original position went (`moved[i]` is the new position of the nop or instruction that now
@@ -208,12 +231,11 @@ def schedule(p: MachineParams, code: np.ndarray) -> tuple[np.ndarray, np.ndarray
     A nop inserted before a reader also lengthens every later pair that spans it, so the
     shortfalls are settled in program order, each less the nops already inserted between its
     writer and its reader."""
-    found = shortfalls(p, code, pe_steps(p, code))
-    heads = bundle_heads(code)
+    found = shortfalls(p, code, rows)
     inserted: dict[int, int] = {}
     at: list[int] = []  # readers given nops (a bundle's first member for the others), ascending
     total: list[int] = [0]  # total[k]: the nops of at[:k]
-    for i, w, short in zip(heads[found.reader].tolist(), found.writer.tolist(), found.short.tolist()):
+    for i, w, short in zip(found.reader_head.tolist(), found.writer.tolist(), found.short.tolist()):
         covered = total[-1] - total[bisect.bisect_right(at, w)]  # nops after the writer, up to the reader
         more = short - covered
         if more <= 0:
@@ -229,7 +251,8 @@ def schedule(p: MachineParams, code: np.ndarray) -> tuple[np.ndarray, np.ndarray
     moved = np.arange(n + 1) + np.concatenate([[0], np.cumsum(opens)])  # + the nops before position i
     if not at:
         return code, moved
-    rows = np.array(at, dtype=np.int64)
-    nops = np.zeros((len(rows), code.shape[1]), dtype=np.int64)
-    nops[:, 0], nops[:, isa.NOP_STEPS] = Op.NOP, [inserted[i] for i in at]
-    return np.insert(code, rows, nops, axis=0), moved
+    out = np.zeros((n + len(at), code.shape[1]), dtype=np.int64)
+    out[np.arange(n) + np.cumsum(opens)] = code  # each row after the nops inserted up to it
+    nop_rows = moved[at]
+    out[nop_rows, 0], out[nop_rows, isa.NOP_STEPS] = Op.NOP, [inserted[i] for i in at]
+    return out, moved
