@@ -38,6 +38,16 @@ def _op_tables(p: MachineParams) -> _OpTables:
     return _OpTables(vop_alu, np.array([isa.arity(op) for op in VOp], dtype=np.int64))
 
 
+def matmul_operands(c: np.ndarray, pes: int) -> tuple:
+    """(name, memory field, rows, columns) per PE of a MATMUL's A, B and C, from one row or from
+    an array of rows (sim.isa: K is split over the MAB's PEs in A and B, N in C; B is N x K
+    when transposed)."""
+    m, kp, n = c[..., isa.MM_M], c[..., isa.MM_K] // pes, c[..., isa.MM_N]
+    trans = (c[..., isa.MM_FLAGS] & isa.MM_TRANS_B) != 0
+    return (("A", isa.MM_A_MEM, m, kp), ("B", isa.MM_B_MEM, np.where(trans, n, kp), np.where(trans, kp, n)),
+            ("C", isa.MM_C_MEM, m, n // pes))
+
+
 def accesses(p: MachineParams, code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """What each instruction writes and reads: writes [n, 6] = (memory, first, last, path, reduces,
     on the ALU) and reads [n, 3, 4] = (memory, first, last, path), memory -1 where none. Ranges are
@@ -93,12 +103,8 @@ def accesses(p: MachineParams, code: np.ndarray) -> tuple[np.ndarray, np.ndarray
     rows = np.flatnonzero(op == Op.MATMUL)
     if len(rows):
         c = code[rows]
-        dt, m, kp, np_ = c[:, isa.MM_DTYPE], c[:, isa.MM_M], c[:, isa.MM_K] // p.pes_per_mab, c[:, isa.MM_N] // p.pes_per_mab
-        trans = (c[:, isa.MM_FLAGS] & isa.MM_TRANS_B) != 0
-        shapes = ((isa.MM_A_MEM, m, kp, dt), (isa.MM_B_MEM, np.where(trans, c[:, isa.MM_N], kp),
-                                               np.where(trans, kp, c[:, isa.MM_N]), dt),
-                  (isa.MM_C_MEM, m, np_, np.full(len(c), DType.float32)))
-        for k, (base, n_rows, cols, d) in enumerate(shapes):
+        for k, (name, base, n_rows, cols) in enumerate(matmul_operands(c, p.pes_per_mab)):
+            d = np.full(len(c), DType.float32) if name == "C" else c[:, isa.MM_DTYPE]  # C accumulates in float32
             first = c[:, base + 1]
             lo, hi = words(first, first + (n_rows - 1) * c[:, base + 2] + cols - 1, d)
             access = np.stack([c[:, base], lo, hi, np.full(len(c), -1)], 1)

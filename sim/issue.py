@@ -29,10 +29,8 @@ PE_OPS = (Op.VOP, Op.XFER, Op.MATMUL)
 
 def bundle_heads(code: np.ndarray) -> np.ndarray:
     """For each instruction, the index of the first instruction of its bundle (itself if alone)."""
-    n = len(code)
-    flagged = (code[:, isa.F_WITH_PREVIOUS] != 0) & np.isin(code[:, 0], [int(o) for o in PE_OPS]) if n else np.zeros(0, bool)
-    index = np.arange(n)
-    return np.maximum.accumulate(np.where(flagged, 0, index)) if n else index
+    flagged = (code[:, isa.F_WITH_PREVIOUS] != 0) & np.isin(code[:, 0], PE_OPS)
+    return np.maximum.accumulate(np.where(flagged, 0, np.arange(len(code))))
 
 
 def slot_of(p: MachineParams, row: np.ndarray) -> int:
@@ -48,7 +46,7 @@ def slot_of(p: MachineParams, row: np.ndarray) -> int:
 
 def check(p: MachineParams, code: np.ndarray) -> None:
     """Raise SimError at the first bundle member that cannot issue with the others."""
-    flagged = np.flatnonzero(code[:, isa.F_WITH_PREVIOUS] != 0) if len(code) else []
+    flagged = np.flatnonzero(code[:, isa.F_WITH_PREVIOUS] != 0)
     if len(flagged) == 0:
         return
 
@@ -62,8 +60,17 @@ def check(p: MachineParams, code: np.ndarray) -> None:
             raise fail(i, f"only VOP, XFER and MATMUL issue with the previous instruction, not {Op(int(code[i, 0])).name}")
         if i == 0 or code[i - 1, 0] not in PE_OPS:
             raise fail(i, "it issues with the previous instruction, which is not a VOP, XFER or MATMUL")
-    for head in np.unique(heads[flagged]):
-        rows = np.arange(head, np.flatnonzero(heads == head)[-1] + 1)
+    # bundles are contiguous: each runs from its head to the last flagged row with that head
+    firsts, lasts = heads[flagged], flagged
+    ends = np.r_[firsts[1:] != firsts[:-1], True]
+    bundles = [np.arange(h, e + 1) for h, e in zip(firsts[ends].tolist(), lasts[ends].tolist())]
+    members = np.concatenate(bundles)
+    writes_all, reads_all = accesses(p, code[members])  # once for every bundle, in `members` order
+    offset = 0
+    for rows in bundles:
+        head = int(rows[0])
+        writes, reads = writes_all[offset: offset + len(rows)], reads_all[offset: offset + len(rows)]
+        offset += len(rows)
         slots: dict[int, int] = {}
         for i in rows.tolist():
             slot = slot_of(p, code[i])
@@ -74,7 +81,6 @@ def check(p: MachineParams, code: np.ndarray) -> None:
                 raise fail(i, f"it issues with instruction #{slots[slot]} in the same VLIW slot "
                               f"{p.slot_names[slot]}; a slot holds one instruction per step")
             slots[slot] = i
-        writes, reads = accesses(p, code[rows])
         readers: dict[int, tuple[int, int, int]] = {}
         writers: dict[int, tuple[int, int, int]] = {}
         for k, i in enumerate(rows.tolist()):

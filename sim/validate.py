@@ -15,6 +15,7 @@ import numpy as np
 from . import hazards, isa, issue
 from .errors import SimError
 from .isa import ALL_GROUPS, IMM, DType, Dir, Mode, Op, Red, Scope, VOp, arity
+from .accesses import matmul_operands
 from .disasm import disassemble
 from .params import DTYPE_FORMAT, HOST, MachineParams
 
@@ -264,11 +265,9 @@ class _Checker:
         if m <= 0 or k <= 0 or n <= 0 or k % pes or n % pes:
             raise self.fail(i, f"M, K, N must be positive and K, N multiples of the {pes} PEs of a MAB (K is split "
                                f"over them in A and B, N in C)")
-        trans = bool(row[isa.MM_FLAGS] & isa.MM_TRANS_B)
-        kp, np_ = k // pes, n // pes
         per_word = self.p.elements_per_word(dtype)
-        shapes = (("A", isa.MM_A_MEM, m, kp, per_word), ("B", isa.MM_B_MEM, n if trans else kp, kp if trans else n, per_word),
-                  ("C", isa.MM_C_MEM, m, np_, 1))
+        shapes = [(name, base, int(rows), int(cols), 1 if name == "C" else per_word)  # C is float32
+                  for name, base, rows, cols in matmul_operands(row, pes)]
         for name, base, rows, cols, pw in shapes:
             mem = self.memory(i, int(row[base]), name)
             if mem not in self.p.pe_memories:

@@ -88,21 +88,21 @@ def _cast(x: Value, out: Value) -> list[Step]:
     return [Step("cvt", dst, out, [x], src)]
 
 
+def _tensor_srcs(step: Step) -> set:
+    """The slots (values and temporaries, not immediates) a step reads."""
+    return {a for a in step.srcs if isinstance(a, (Value, tuple))}
+
+
 def _last_reads(steps: list[Step]) -> dict[object, int]:
     """The index of the last step that reads each slot."""
-    last: dict[object, int] = {}
-    for k, s in enumerate(steps):
-        for a in s.srcs:
-            if isinstance(a, (Value, tuple)):
-                last[a] = k
-    return last
+    return {a: k for k, s in enumerate(steps) for a in _tensor_srcs(s)}
 
 
 def _read_together(steps: list[Step]) -> dict[object, set]:
     """For each slot, the other slots some step reads with it (they belong in other memories)."""
     partners: dict[object, set] = {}
     for s in steps:
-        slots = {a for a in s.srcs if isinstance(a, (Value, tuple))}
+        slots = _tensor_srcs(s)
         for a in slots:
             partners.setdefault(a, set()).update(slots - {a})
     return partners
@@ -254,8 +254,7 @@ class ElementwiseKernel(Kernel):
     @staticmethod
     def read_together(group: Group) -> int:
         """The most tensors one of the group's steps reads (each needs its own memory)."""
-        return max((len({a for a in s.srcs if isinstance(a, (Value, tuple))}) for n in group.nodes for s in recipe(n)),
-                   default=1)
+        return max((len(_tensor_srcs(s)) for n in group.nodes for s in recipe(n)), default=1)
 
     @staticmethod
     def regions_of(group: Group) -> int:

@@ -324,20 +324,6 @@ def emit_fetch(b: ProgramBuilder, st: Staging, *, dram: Address, l2_addr: int, f
                      dst_local=target)
 
 
-def _to_l1(b: ProgramBuilder, st: Staging, p: "Piece", *, l2_addr: int, l1_addr: int) -> None:
-    """A piece's L2BM long words (at `l2_addr`) into an L1BM transit buffer (the l2bm slot)."""
-    b.xfer(st.l1_mode, "down", L2BM, l2_addr, L1BM, l1_addr, p.q2_count)
-
-
-def _to_lm(b: ProgramBuilder, st: Staging, p: "Piece", *, l1_addr: int, lm_mem: str, lm_word: int) -> None:
-    """A piece from its L1BM transit buffer to LM (the l1bm slot). The L1BM range is padded to
-    whole l2bm chunks; this hop moves only the piece's own long words, so that nothing lands past
-    the LM region."""
-    wpl = st.lm.hw.long_word_bytes // st.lm.hw.word_bytes
-    b.xfer(st.pe_mode, "down", L1BM, l1_addr, lm_mem, lm_word + wpl * p.lm_first,
-           (p.lm_last - p.lm_first) * st.per_lm_lw)
-
-
 @dataclass(frozen=True)
 class Leg:
     """One piece of a slice on its way from L2BM (at `l2_addr`) to LM."""
@@ -349,10 +335,17 @@ class Leg:
     lm_word: int
 
     def to_l1(self, b: ProgramBuilder, transit: Transit, k: int) -> None:
-        _to_l1(b, self.st, self.piece, l2_addr=self.l2_addr, l1_addr=transit.l1[k % 2])
+        """Its L2BM long words into L1BM transit buffer k % 2 (the l2bm slot)."""
+        b.xfer(self.st.l1_mode, "down", L2BM, self.l2_addr, L1BM, transit.l1[k % 2], self.piece.q2_count)
 
     def to_lm(self, b: ProgramBuilder, transit: Transit, k: int) -> None:
-        _to_lm(b, self.st, self.piece, l1_addr=transit.l1[k % 2], lm_mem=self.lm_mem, lm_word=self.lm_word)
+        """From L1BM transit buffer k % 2 to LM (the l1bm slot). The L1BM range is padded to whole
+        l2bm chunks; this hop moves only the piece's own long words, so that nothing lands past the
+        LM region."""
+        st, p = self.st, self.piece
+        wpl = st.lm.hw.long_word_bytes // st.lm.hw.word_bytes
+        b.xfer(st.pe_mode, "down", L1BM, transit.l1[k % 2], self.lm_mem, self.lm_word + wpl * p.lm_first,
+               (p.lm_last - p.lm_first) * st.per_lm_lw)
 
 
 def emit_legs(b: ProgramBuilder, legs: list[Leg], transit: Transit, *, started: bool = False, before=None,
@@ -397,12 +390,6 @@ def slice_legs(st: Staging, transit: Transit, *, l2_addr: int, lm_mem: str, lm_w
     """The legs of a whole slice already in L2BM at `l2_addr`."""
     parts = pieces(st, replace(transit, l2_room=max(transit.l2_room, st.n_l2)))
     return [Leg(st, p, l2_addr + p.q2_first, lm_mem, lm_word) for p in parts]
-
-
-def emit_drain(b: ProgramBuilder, st: Staging, *, l2_addr: int, lm_mem: str, lm_word: int, transit: Transit) -> None:
-    """A whole slice already in L2BM (at `l2_addr`, fetched by `emit_fetch`) down to LM, through
-    the L1BM transit buffers in pipelined pieces."""
-    emit_legs(b, slice_legs(st, transit, l2_addr=l2_addr, lm_mem=lm_mem, lm_word=lm_word), transit)
 
 
 def emit_download(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,

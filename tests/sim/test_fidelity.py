@@ -45,13 +45,11 @@ def _microbenchmark(m: sim.Machine, transfer: str, mode: str) -> tuple[sim.Progr
         b.host_dma(t.src == ("host",), 0, 0, 0, n, tag=1)
     elif t.engine == "data_engine":
         src, dst = t.src[0], t.dst[0]
-        per_group = lambda name: hw.memory_instances(name) // hw.instances(hw.data_engine.level)  # noqa: E731
         unit = max(t.modes[mode].unit_lw, (t.modes[mode].chunk_lw or 1) * max(src_share, dst_share))
         cap = min(lw_cap[src] * src_share, lw_cap[dst] * dst_share, 1 << 20)
         n = _largest(unit, cap)
         if src == "DRAM" or dst == "DRAM":
             m.grow("DRAM", n * 2 * hw.long_word_bytes // hw.word_bytes)
-        assert per_group(src) and per_group(dst)
         b.mv(mode, src, 0, dst, 0, n, tag=1, red=red)
     else:
         mems = [x for x in (*t.src, *t.dst) if x in hw.memories]
@@ -115,4 +113,3 @@ def test_vector_ops_reach_their_vector_peak(chip, op, dtype):
     elements = n * hw.instances("PE") * hw.clock_hz / stats.total_cycles
     lanes = unit.vector[dtype].lanes_per_cycle * hw.instances(unit.level) * hw.clock_hz / cost.issues
     assert elements == pytest.approx(lanes, rel=WITHIN)
-    assert np.isfinite(elements)
