@@ -1,7 +1,7 @@
 """Compile time and compile memory of programs compiled through `mlsdk.Context.compile`.
 
 Programs: the seed's producer (x * 2 on 32x64), the model suite's pre-LN transformer block
-(2x16x64, causal; tests/compiler/models.py), ResNet-50 conv2_x's 3x3 layer (64 channels, 56x56)
+(2x16x64, causal; mlsdk/sweep/suite.py), ResNet-50 conv2_x's 3x3 layer (64 channels, 56x56)
 at batch 16, and a 16M-element add. The baseline, in the same process, is torch tracing the same
 function to ATen (`make_fx`), which any compiler of torch functions does first: the ratio is what
 planning and emission add on top. Each figure also goes to `benchmark.extra_info` in seconds.
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from mlsdk import Context, MNDevice
-from tests.compiler.models import transformer_block
+from mlsdk.sweep.suite import transformer_block
 
 from .conftest import baseline_seconds, record_ratio
 

@@ -20,8 +20,8 @@ class ReadOnlyError(MnsimError, TypeError):
     """A loaded hardware description was written to; it is immutable (edit the YAML instead)."""
 
 
-class HwDescError(MnsimError, ValueError):
-    """A hardware description could not be read or is not a valid chip.
+class LocatedError(MnsimError, ValueError):
+    """A YAML input that could not be read or is not valid, located for the person editing it.
 
     The message always says where (file:line), which key (a dotted key path) and what was
     expected, so that a user editing a YAML file can go straight to the line.
@@ -39,3 +39,7 @@ class HwDescError(MnsimError, ValueError):
         if len(self.problems) > 1:
             text += "\n" + "\n".join(f"  also: {p}" for p in self.problems[1:])
         super().__init__(text)
+
+
+class HwDescError(LocatedError):
+    """A hardware description could not be read or is not a valid chip (file:line, key path)."""

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from .checks import check
-from .errors import HwDescError
+from .errors import HwDescError, LocatedError
 from .model import HwDesc
 from .source import Document, KeyPath, builtin_names, key_path_text, read_document, resolve_name
 
@@ -35,11 +35,11 @@ def from_document(doc: Document) -> HwDesc:
     try:
         hw = HwDesc.model_validate(doc.data)
     except ValidationError as e:
-        _raise([_describe(err) for err in e.errors(include_url=False)], doc)
+        raise_problems(validation_problems(e, HwDesc), doc)
     hw.attach_document(doc)
     problems = check(hw)
     if problems:
-        _raise(problems, doc)
+        raise_problems(problems, doc)
     return hw
 
 
@@ -53,33 +53,42 @@ def _chain_mtimes(path: Path) -> tuple[int, ...]:
     return tuple(p.stat().st_mtime_ns for p in sorted(path.parent.glob("*.yaml")))
 
 
-def _raise(problems: list[tuple[KeyPath, str]], doc: Document) -> typing.NoReturn:
+def raise_problems(problems: list[tuple[KeyPath, str]], doc: Document,
+                   error: type[LocatedError] = HwDescError) -> typing.NoReturn:
+    """Raise `error` for the first problem at its file:line, listing all of them."""
     texts = []
     for path, message in problems:
         loc = doc.location_of(path)
         texts.append(f"{loc}: {key_path_text(path)}: {message}" if loc else f"{key_path_text(path)}: {message}")
     path, message = problems[0]
     loc = doc.location_of(path)
-    raise HwDescError(message, file=loc.file if loc else None, line=loc.line if loc else None,
-                      key_path=key_path_text(path), problems=texts)
+    raise error(message, file=loc.file if loc else None, line=loc.line if loc else None,
+                key_path=key_path_text(path), problems=texts)
 
 
-def _describe(err: Any) -> tuple[KeyPath, str]:
+def validation_problems(e: ValidationError, root: type[BaseModel]) -> list[tuple[KeyPath, str]]:
+    """pydantic's errors against schema `root` as (key path, message a YAML author reads)."""
+    return [_describe(err, root) for err in e.errors(include_url=False)]
+
+
+def _describe(err: Any, root: type[BaseModel]) -> tuple[KeyPath, str]:
     loc = tuple(part for part in err["loc"] if not (isinstance(part, str) and "[" in part))
     kind = err["type"]
     if kind == "missing":
-        expected = _field_doc(loc)
+        expected = _field_doc(loc, root)
         return loc, f"missing key {loc[-1]!r}" + (f" ({expected})" if expected else "")
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1])
+        allowed = _allowed_keys(loc[:-1], root)
         return loc, f"unknown key {loc[-1]!r}; expected one of: {', '.join(allowed)}"
+    if kind == "value_error":  # a validator's own sentence
+        return loc, err["msg"].removeprefix("Value error, ")
     got = err.get("input")
     return loc, f"{err['msg'].replace('Input should be', 'expected')}, got {got!r}"
 
 
-def _model_at(loc: KeyPath) -> Any:
-    """The schema type found by following a key path from `HwDesc`."""
-    current: Any = HwDesc
+def _model_at(loc: KeyPath, root: type[BaseModel]) -> Any:
+    """The schema type found by following a key path from `root`."""
+    current: Any = root
     for part in loc:
         current = _unwrap(current)
         if isinstance(current, type) and issubclass(current, BaseModel):
@@ -108,15 +117,15 @@ def _unwrap(t: Any) -> Any:
             return t
 
 
-def _allowed_keys(loc: KeyPath) -> list[str]:
-    model = _model_at(loc)
+def _allowed_keys(loc: KeyPath, root: type[BaseModel]) -> list[str]:
+    model = _model_at(loc, root)
     if isinstance(model, type) and issubclass(model, BaseModel):
         return list(model.model_fields)
     return []
 
 
-def _field_doc(loc: KeyPath) -> str:
-    parent = _model_at(loc[:-1])
+def _field_doc(loc: KeyPath, root: type[BaseModel]) -> str:
+    parent = _model_at(loc[:-1], root)
     if isinstance(parent, type) and issubclass(parent, BaseModel):
         field = parent.model_fields.get(str(loc[-1]))
         if field is not None and field.description:

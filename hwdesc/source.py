@@ -67,6 +67,7 @@ class _Node:
     value: Any
     location: Location
     provenance: Provenance | None = None
+    items: list["_Node"] = field(default_factory=list)  # a sequence's items, for their locations
 
 
 @dataclass
@@ -135,6 +136,20 @@ def read_document(name_or_path: str | Path) -> Document:
     files = tuple(sorted({loc.file for loc in locations.values()}))
     data.pop("extends", None)
     return Document(data=data, locations=locations, provenance=provenance, files=files)
+
+
+def read_plain(path: str | Path) -> Document:
+    """Any YAML mapping read with the location of every key (no `extends`): for the other files
+    that name hardware keys, such as sweep specs, so that their errors name file:line too."""
+    path = Path(path)
+    if not path.is_file():
+        raise HwDescError(f"no file {str(path)!r}")
+    root = _parse_file(path)
+    if not _is_mapping(root):
+        raise HwDescError("expected a mapping of keys to values", file=str(path), line=root.location.line)
+    locations: dict[KeyPath, Location] = {}
+    _collect(root, (), locations, {})
+    return Document(data=_plain(root), locations=locations, provenance={}, files=(str(path),))
 
 
 def _read_chain(path: Path, chain: tuple[Path, ...]) -> _Node:
@@ -209,7 +224,9 @@ def _build(node: yaml.Node, loader: yaml.SafeLoader, file: str, path: KeyPath, l
         return _Node(children, location)
     value = loader.construct_object(node, deep=True)
     structural = bool(path) and path[-1] in STRUCTURAL_KEYS
-    return _Node(value, location, None if structural else Provenance(UNSOURCED, "", location))
+    items = ([_build(item, loader, file, (*path, i), Location(file, item.start_mark.line + 1))
+              for i, item in enumerate(node.value)] if isinstance(node, yaml.SequenceNode) else [])
+    return _Node(value, location, None if structural else Provenance(UNSOURCED, "", location), items)
 
 
 def _sourced(children: dict[str, _Node], file: str, path: KeyPath, location: Location) -> _Node:
@@ -251,3 +268,5 @@ def _collect(node: _Node, path: KeyPath, locations: dict[KeyPath, Location],
             _collect(child, (*path, key), locations, provenance)
     elif node.provenance is not None:
         provenance[path] = node.provenance
+    for i, item in enumerate(node.items):  # where each item is, not a value of its own to source
+        _collect(item, (*path, i), locations, {})

@@ -11,6 +11,7 @@ from hwdesc import MnsimError
 from compiler.layout import cli as layout_cli
 from hwdesc import cli as hw_cli
 from mlsdk import commands
+from mlsdk.sweep import cli as sweep_cli
 
 
 def make_console() -> Console:
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     hw_cli.register(sub)
     layout_cli.register(sub)
     commands.register(sub)
+    sweep_cli.register(sub)
     return parser
 
 

@@ -31,7 +31,7 @@ from compiler.errors import ArtifactError, CompileError
 from compiler.frontend import trace as trace_graph
 from compiler.iospec import IOSpec
 from runtime import Executable, Run, Runtime, Session, host_spec
-from runtime.session import CALL, BINDING
+from runtime.session import CALL, BINDING, io_layouts
 
 from . import options as options_mod
 from . import trace
@@ -222,6 +222,7 @@ class Context:
                 executable = self.runtime.add(Executable(name, compiled, options=opts, constraints=constraints,
                                                          mode=mode))
                 fn = CompiledFunction(self.runtime, executable.name, executable)
+                self.session.layouts.update(io_layouts(executable.name, compiled.inputs, compiled.outputs))
             self._functions.append(fn)
             self.session.compiles.append((name, time.perf_counter() - t0))
         trace.record_host(f"compile {name}", t0, "compile")
@@ -320,6 +321,7 @@ class Context:
         self._adopt_resident(compiled)
         executable = self.runtime.add(Executable(name, compiled, constraints=compiled.constraints))
         fn = CompiledFunction(self.runtime, executable.name, executable)
+        self.session.layouts.update(io_layouts(executable.name, compiled.inputs, compiled.outputs))
         self._functions.append(fn)
         return fn
 

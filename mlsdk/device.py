@@ -22,18 +22,20 @@ from .errors import ArgumentError, DeviceNameError
 BOARDS = 8  # mncore2:0 .. mncore2:7, as gpfn3-smi lists them on an 8-board server
 
 
-_override: list[str] = []  # set by `mnsim run --device` (innermost last)
+_override: list[str | HwDesc] = []  # set by `mnsim run --device` and sweeps (innermost last)
 
 
 @contextlib.contextmanager
-def override(name: str | None) -> Iterator[None]:
-    """Inside, every MNDevice a script creates (except the pfvm:cpu reference) is `name`: how
-    `mnsim run --device` runs an unmodified script on another chip."""
-    if name is None:
+def override(chip: str | HwDesc | None) -> Iterator[None]:
+    """Inside, every MNDevice a script creates (except the pfvm:cpu reference) is `chip`, a
+    device name or a description held in memory: how `mnsim run --device` runs an unmodified
+    script on another chip, and how a sweep runs it on each variant it derives."""
+    if chip is None:
         yield
         return
-    _parse(name)  # a bad name fails here, before the script runs
-    _override.append(name)
+    if not isinstance(chip, HwDesc):
+        _parse(chip)  # a bad name fails here, before the script runs
+    _override.append(chip)
     try:
         yield
     finally:
@@ -45,10 +47,12 @@ class MNDevice:
         if not isinstance(device_name, str):
             raise ArgumentError(f"MNDevice takes a device name string, got {type(device_name).__name__}")
         self.requested = device_name
-        if _override and device_name != "pfvm:cpu":
-            device_name = _override[-1]
-        self.name = device_name
-        self.reference, self.hw, self.index = _parse(device_name)
+        chip = _override[-1] if _override and device_name != "pfvm:cpu" else device_name
+        if isinstance(chip, HwDesc):
+            self.name, self.reference, self.hw, self.index = chip.name, False, chip, None
+        else:
+            self.name = chip
+            self.reference, self.hw, self.index = _parse(chip)
         self._board: Device | None = None
         self._lock = threading.Lock()
 
@@ -65,6 +69,12 @@ class MNDevice:
     @property
     def chip(self) -> str:
         return "pfvm" if self.reference else self.hw.name
+
+    @classmethod
+    def of(cls, hw: HwDesc) -> "MNDevice":
+        """A device on a description held in memory (a what-if variant that has no YAML file)."""
+        with override(hw):
+            return cls(hw.name)
 
     def __repr__(self) -> str:
         return f"MNDevice({self.name!r})"

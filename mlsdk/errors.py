@@ -2,7 +2,9 @@
 fits, e.g. ValueError). A failed call leaves the Context usable.
 
     MLSDKError
-      HwDescError           a hardware description (file:line, key path)          ValueError
+      LocatedError          a YAML input that is not valid (file:line, key path)   ValueError
+        HwDescError         a hardware description                                 ValueError
+        SweepSpecError      a sweep SPEC                                           ValueError
       ReadOnlyError         a write into a loaded hardware description             TypeError
       LayoutError           a layout string or a layout that does not fit a chip   ValueError
       CompileError          a function that cannot be compiled (op, source line)   ValueError
@@ -20,12 +22,14 @@ fits, e.g. ValueError). A failed call leaves the Context usable.
       ArgumentError         an argument of the wrong type                          TypeError
       ReportError           a report that cannot be built or read                  ValueError
       ScriptError           `mnsim run` cannot start a script                      OSError
+      SweepError            `mnsim sweep` options or engine that do not go together ValueError
+      WorkloadError         a sweep workload that did not run on a point           RuntimeError
 """
 
 from __future__ import annotations
 
 from compiler.errors import ArtifactError, CompileError, LayoutError, SpecMismatchError, UnsupportedOpError
-from hwdesc.errors import HwDescError, ReadOnlyError
+from hwdesc.errors import HwDescError, LocatedError, ReadOnlyError
 from hwdesc.errors import MnsimError as MLSDKError
 from runtime.errors import DeviceError, InputError, InvalidatedError, RegistrationError
 from sim.errors import DeviceMemoryError, SimError
@@ -51,8 +55,20 @@ class ScriptError(MLSDKError, OSError):
     """`mnsim run` / `compare` cannot start the script (no such file)."""
 
 
+class SweepSpecError(LocatedError):
+    """A sweep SPEC that cannot be read or does not describe a sweep (file:line, key path)."""
+
+
+class SweepError(MLSDKError, ValueError):
+    """`mnsim sweep` options, or an engine, that do not go together."""
+
+
+class WorkloadError(MLSDKError, RuntimeError):
+    """A sweep workload that did not run on a point (the message says why); the sweep goes on."""
+
+
 __all__ = [
     "ArgumentError", "ArtifactError", "CompileError", "DeviceError", "DeviceMemoryError", "DeviceNameError", "HwDescError",
     "InputError", "InvalidatedError", "LayoutError", "MLSDKError", "OptionError", "ReadOnlyError", "RegistrationError", "ReportError", "ScriptError",
-    "SimError", "SpecMismatchError", "UnsupportedOpError",
+    "SimError", "SpecMismatchError", "UnsupportedOpError", "LocatedError", "SweepError", "SweepSpecError", "WorkloadError",
 ]

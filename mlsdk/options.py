@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from typing import Iterator
 
 from .errors import OptionError
 
@@ -42,9 +44,28 @@ def check(options: dict | None) -> dict:
     return {"float_dtype": dtype}
 
 
+_forced: list[str] = []  # set by sweeps around the scripts they run (innermost last)
+
+
+@contextlib.contextmanager
+def forced_simulation_mode(mode: str | None) -> Iterator[None]:
+    """Inside, every function compiled is simulated in `mode`, whatever its options say: how a
+    sweep runs an unmodified script in timing mode."""
+    if mode is None:
+        yield
+        return
+    if mode not in SIMULATION_MODES:
+        raise OptionError(f"simulation mode {mode!r}; expected one of {', '.join(SIMULATION_MODES)}")
+    _forced.append(mode)
+    try:
+        yield
+    finally:
+        _forced.pop()
+
+
 def simulation_mode(options: dict | None) -> str:
     """How calls of the function are simulated: 'both' or 'timing' (see USED)."""
-    mode = (options or {}).get("simulation_mode", "both")
+    mode = _forced[-1] if _forced else (options or {}).get("simulation_mode", "both")
     if mode not in SIMULATION_MODES:
         raise OptionError(f"options['simulation_mode'] is {mode!r}; expected one of {', '.join(SIMULATION_MODES)}")
     if mode == "functional":

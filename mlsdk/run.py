@@ -8,10 +8,12 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 
+from hwdesc import HwDesc
 from runtime.session import Session, collecting
 
 from .context import Context
 from .device import MNDevice, override
+from .options import forced_simulation_mode
 from .errors import ScriptError
 from .report import Report, build
 from .trace import Recorder, recording
@@ -20,7 +22,7 @@ from .trace import Recorder, recording
 @dataclass
 class ScriptRun:
     script: str
-    device: str | None
+    device: str | HwDesc | None
     exit_code: int
     sessions: list[Session] = field(default_factory=list)
 
@@ -34,14 +36,16 @@ class ScriptRun:
         return [build(group, source=name) for group in by_chip.values()]
 
 
-def run_script(script: str, args: list[str], device: str | None = None, trace_path: str | None = None) -> ScriptRun:
+def run_script(script: str, args: list[str], device: str | HwDesc | None = None, trace_path: str | None = None,
+               simulation_mode: str | None = None) -> ScriptRun:
     """Run `script` as `python script args...` would, in this process, with every MNDevice it
-    creates redirected to `device` (if given). An exception in the script is printed and gives
+    creates redirected to `device` (a name or a description in memory, if given) and every
+    function it compiles simulated in `simulation_mode` (if given, whatever its options say). An exception in the script is printed and gives
     exit code 1; what ran before it is still collected. The interpreter is left as it was:
     argv, sys.path, modules the script imported, the current Context."""
     if not os.path.isfile(script):
         raise ScriptError(f"no script {script!r}")
-    if device is not None:
+    if isinstance(device, str):
         try:
             MNDevice(device)
         except ValueError as e:
@@ -55,7 +59,7 @@ def run_script(script: str, args: list[str], device: str | None = None, trace_pa
     recorder = Recorder() if trace_path else None
     with collecting() as sessions:
         try:
-            with override(device), recording(recorder):
+            with override(device), forced_simulation_mode(simulation_mode), recording(recorder):
                 runpy.run_path(script, run_name="__main__")
         except SystemExit as e:
             if isinstance(e.code, int) or e.code is None:

@@ -130,6 +130,12 @@ class ChainSummary:
         return None if self.unconstrained is None else self.unconstrained - self.as_run
 
 
+def io_layouts(function: str, inputs: dict, outputs: dict) -> dict[str, str]:
+    """The DRAM layout of each input and output spec of a function, keyed as Session.layouts."""
+    return {f"{function}.{side}.{name}": str(spec.layout)
+            for side, specs in (("in", inputs), ("out", outputs)) for name, spec in specs.items()}
+
+
 @dataclass
 class Session:
     chip: str
@@ -140,6 +146,7 @@ class Session:
     calls: list[Call] = field(default_factory=list)
     resident_bytes: int = 0  # device memory of the Context's registered tensors, after the last call
     label: str = ""  # the Context's, e.g. "Context #2 on mncore2:auto"
+    layouts: dict[str, str] = field(default_factory=dict)  # "function.in.x" / "function.out.y" -> DRAM layout
 
     @property
     def bindings(self) -> list[Binding]:

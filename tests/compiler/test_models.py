@@ -16,7 +16,7 @@ import hwdesc
 from compiler.compile import compile_function
 from runtime import Device
 
-from .models import MODELS
+from mlsdk.sweep.suite import MODELS
 
 FLOAT_TOLERANCE = 1e-5
 MIXED_TOLERANCE = 4e-3

@@ -140,7 +140,7 @@ def test_kernel_estimates_stay_within_the_pruning_slack(chip, case, monkeypatch)
                                        "runs join across rows), so pruning may skip a faster tiling there")
 def test_small_mixed_precision_conv_estimates_stay_within_the_slack(mncore2, monkeypatch):
     from compiler.planner import search
-    from .models import cnn
+    from mlsdk.sweep.suite import cnn
     fn, inputs = cnn()  # its second conv reads the max-pool's output
     seen = estimates_against_timing(fn, inputs, mncore2, monkeypatch, {"float_dtype": "mixed"})
     assert all(estimate <= search.ESTIMATE_SLACK * cycles for _, estimate, cycles in seen)

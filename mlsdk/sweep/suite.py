@@ -1,7 +1,9 @@
-"""Small models of the kinds people run through MLSDK, built here with random weights.
+"""The model suite: small models of the kinds people run through MLSDK, with random weights.
 
-Each builder returns (function, inputs): the function takes and returns dicts of tensors, as
-`Context.compile` wants, and captures its module's parameters (constants of the program).
+Sweeps name them as workloads (`program: transformer`), the tests compile every one against
+torch, and the benchmarks time them. Each builder returns (function, inputs): the function takes
+and returns dicts of tensors, as `Context.compile` wants, and captures its module's parameters
+(constants of the program). Builders seed torch, so every process builds the same weights.
 """
 
 from __future__ import annotations
