@@ -49,10 +49,12 @@ class MNDevice:
         self.requested = device_name
         chip = _override[-1] if _override and device_name != "pfvm:cpu" else device_name
         if isinstance(chip, HwDesc):
-            self.name, self.reference, self.hw, self.index = chip.name, False, chip, None
+            self._attach(chip.name, False, chip, None)
         else:
-            self.name = chip
-            self.reference, self.hw, self.index = _parse(chip)
+            self._attach(chip, *_parse(chip))
+
+    def _attach(self, name: str, reference: bool, hw: HwDesc | None, index: int | None) -> None:
+        self.name, self.reference, self.hw, self.index = name, reference, hw, index
         self._board: Device | None = None
         self._lock = threading.Lock()
 
@@ -73,8 +75,10 @@ class MNDevice:
     @classmethod
     def of(cls, hw: HwDesc) -> "MNDevice":
         """A device on a description held in memory (a what-if variant that has no YAML file)."""
-        with override(hw):
-            return cls(hw.name)
+        device = cls.__new__(cls)
+        device.requested = hw.name
+        device._attach(hw.name, False, hw, None)
+        return device
 
     def __repr__(self) -> str:
         return f"MNDevice({self.name!r})"

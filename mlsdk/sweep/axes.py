@@ -11,6 +11,7 @@ Paths are resolved against the base once, when the sweep starts: a typo is the S
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +40,8 @@ class Axis:
     keys: tuple[KeyPath, ...]  # resolved against the base: every key exists there
     values: tuple[Value | Factor, ...]
 
-    def column(self, value: Value | Factor) -> Value:
+    @staticmethod
+    def column(value: Value | Factor) -> Value:
         """What the results table shows for a value: the number written, the factor for factors."""
         return value.times if isinstance(value, Factor) else value
 
@@ -91,6 +93,11 @@ def resolve_axes(loaded: LoadedSpec, base: dict[str, Any]) -> list[Axis]:
             if any(isinstance(v, Factor) for v in parsed) and not is_number(current):
                 loaded.fail(where, f"{key_path_text(key)} is {current!r} in the base chip; a factor (x...) "
                                    "multiplies a number")
+        shown = [Axis.column(v) for v in parsed]  # x2 and 2 would be one column value
+        for i, v in enumerate(shown):
+            if v in shown[:i]:
+                loaded.fail(where, f"the value {values[i]!r} is given twice (as {values[shown.index(v)]!r}); "
+                                   "each value of an axis names one point")
         axes.append(Axis(name, tuple(dict.fromkeys(keys)), parsed))
     taken: dict[KeyPath, str] = {}
     for axis in axes:
@@ -146,8 +153,8 @@ def scaled(current: Any, value: Value | Factor) -> Any:
     if not isinstance(value, Factor):
         return value
     product = current * value.times
-    if isinstance(current, int) and not isinstance(current, bool) and float(product).is_integer():
-        return int(product)
+    if isinstance(current, int) and not isinstance(current, bool) and math.isclose(product, round(product)):
+        return int(round(product))  # 100 x1.1 is 110, not 110.00000000000001
     return product
 
 

@@ -39,10 +39,10 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     loaded = load_spec(args.spec)
     work = plan(loaded)
     out = Path(args.out) if args.out else Path(f"{loaded.path.stem}-sweep")
-    store = RowStore(out, fresh=args.fresh)
-    if args.dry_run:
-        console.print(table.summary(work, table.rows(work, store)))
+    if args.dry_run:  # what would run: the store is read, never changed
+        console.print(table.summary(work, table.rows(work, RowStore(out))))
         return 0
+    store = RowStore(out, fresh=args.fresh)
     pending = sum(t.key not in store for t in work.tasks)
     engine = "serial" if args.serial else ("dask" if args.scheduler else "local")
     console.print(f"{len(work.points)} points ({len(work.invalid)} invalid) x {len(work.workloads)} workloads: "
@@ -59,6 +59,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
             progress.update(bar, advance=1, description=f"sweep ({failed} failed)" if failed else "sweep")
         run(work, store, engine=engine, workers=args.workers, scheduler=args.scheduler, on_row=finished)
     rows = table.rows(work, store)
+    out.mkdir(parents=True, exist_ok=True)
     csv_path, parquet_path = table.write(table.to_arrow(work, rows), out)
     console.print(table.summary(work, rows))
     written = [csv_path, parquet_path]

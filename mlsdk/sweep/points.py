@@ -9,6 +9,8 @@ and the reason, as `hw validate` would say it, but with no file), not the sweep.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,5 +83,15 @@ def derive(base: HwDesc, base_data: dict[str, Any], axes: list[Axis], index: int
 
 
 def base_data(base: HwDesc) -> dict[str, Any]:
-    """The base chip as the plain data a variant is derived from (every field written out)."""
-    return base.model_dump(mode="python")
+    """The base chip as the plain data a variant is derived from (every field written out, lists
+    as lists, so that axes can name their items)."""
+    return base.model_dump(mode="json")
+
+
+def content_fingerprint(hw: HwDesc) -> str:
+    """A digest of what the chip is, without its name and summary: a point keeps its rows when
+    axes are renamed or reordered, or a value is written another way (x2 or 2)."""
+    data = hw.model_dump(mode="json")
+    data.pop("name")
+    data.pop("summary")
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

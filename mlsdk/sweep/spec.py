@@ -103,18 +103,6 @@ class SweepSpec(_Strict):
     sample: Literal["grid"] | RandomSample = "grid"
     cost: str | None = Field(None, description="an axis or YAML path: the x of the Pareto plot")
 
-    @model_validator(mode="after")
-    def _distinct_names(self) -> "SweepSpec":
-        labels = [w.label for w in self.workloads]
-        twice = sorted({x for x in labels if labels.count(x) > 1})
-        if twice:
-            raise _invalid(f"two workloads are named {', '.join(twice)}; give them distinct names (name: ...)")
-        for axis, values in self.axes.items():
-            values = values.values if isinstance(values, LinkedAxis) else values
-            if not values:
-                raise _invalid(f"axis {axis!r} has no values")
-        return self
-
 
 class LoadedSpec:
     """A SPEC with where it was read from: relative paths resolve against its folder, and
@@ -147,4 +135,12 @@ def load_spec(path: str | Path) -> LoadedSpec:
         spec = SweepSpec.model_validate(document.data)
     except ValidationError as e:
         raise_problems(validation_problems(e, SweepSpec), document, SweepSpecError)
-    return LoadedSpec(spec, document, path.resolve())
+    loaded = LoadedSpec(spec, document, path.resolve())
+    labels = [w.label for w in spec.workloads]
+    for i, label in enumerate(labels):
+        if label in labels[:i]:
+            loaded.fail(("workloads", i), f"a second workload named {label!r}; give them distinct names (name: ...)")
+    for axis, given in spec.axes.items():
+        if not (given.values if isinstance(given, LinkedAxis) else given):
+            loaded.fail(("axes", axis), "an axis without values")
+    return loaded

@@ -25,7 +25,6 @@ def row_key(fingerprint: str, workload_hash: str) -> str:
 class RowStore:
     def __init__(self, folder: str | os.PathLike, *, fresh: bool = False) -> None:
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
         self.path = self.folder / ROWS
         if fresh:
             self.path.unlink(missing_ok=True)
@@ -56,6 +55,7 @@ class RowStore:
         """Keep `row` and append it to the file at once (flushed and synced: a kill loses nothing
         that was reported finished)."""
         self.rows[row["key"]] = row
+        self.folder.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
             f.flush()

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from rich.console import Group
 from rich.table import Table
 
-from .axes import lookup, parse_path
+from .axes import lookup
 from .engine import Plan
 from .store import RowStore
 
@@ -35,11 +35,10 @@ def rows(work: Plan, store: RowStore) -> list[dict[str, Any]]:
     """Every (point, workload) of the plan, measured or not, in grid then workload order."""
     out = []
     tasks = {(t.point, t.workload): t for t in work.tasks}
-    cost_path = work.cost if work.cost and work.cost not in {a.name for a in work.axes} else None
     for p in work.points:
         cost = {}
-        if cost_path is not None:
-            cost[cost_path] = lookup(p.hw.model_dump(mode="python"), parse_path(cost_path)) if p.hw else None
+        if work.cost_key is not None:
+            cost[work.cost] = lookup(p.hw.model_dump(mode="json"), work.cost_key) if p.hw else None
         for w, workload in enumerate(work.workloads):
             row: dict[str, Any] = {"point": p.index, "workload": workload.label, **p.values, **cost}
             if p.hw is None:
@@ -49,7 +48,8 @@ def rows(work: Plan, store: RowStore) -> list[dict[str, Any]]:
                 if found is None:
                     row.update(status="pending", chip=p.hw.name, fingerprint=p.hw.fingerprint)
                 else:
-                    row.update({k: v for k, v in found.items() if k not in ("key", "workload")})
+                    row.update({k: v for k, v in found.items() if k not in ("key", "workload")},
+                               chip=p.hw.name, fingerprint=p.hw.fingerprint)
             out.append(row)
     return out
 

@@ -36,7 +36,7 @@ def workload_hash(workload: Workload, folder: Path) -> str:
     """What a workload's results depend on besides the chip: what it runs, its arguments and
     mode, and mnsim's version. A resumed sweep recomputes a point when any of them changed."""
     h = hashlib.sha256(json.dumps([workload.kind, workload.target, workload.args, workload.mode,
-                                   metadata.version("mnsim")]).encode())
+                                   _version()]).encode())
     if workload.kind == "program":
         h.update(Path(__file__).with_name("suite.py").read_bytes())
     elif workload.kind == "script":
@@ -111,6 +111,13 @@ def _codegen_dir(path: Path, hw: HwDesc) -> tuple[Report, dict[str, str]]:
     stats = Machine(hw).time(compiled.program.code)
     layouts = io_layouts(path.name, compiled.inputs, compiled.outputs)
     return for_program(path.name, stats, compiled.program.labels, hw.name, source=str(path)), layouts
+
+
+def _version() -> str:
+    try:
+        return metadata.version("mnsim")
+    except metadata.PackageNotFoundError:  # run from a source tree that was not installed
+        return "source"
 
 
 def _read(path: Path, what: str) -> bytes:

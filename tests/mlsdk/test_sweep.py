@@ -7,7 +7,9 @@ serial run is the reference every engine and every resumed run must reproduce ex
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +26,7 @@ from mlsdk import Context, MNDevice
 from mlsdk.cli import main
 from mlsdk.sweep import SweepSpecError, load_spec, plan, run
 from mlsdk.sweep import table
+from mlsdk.sweep.engine import evaluate
 from mlsdk.sweep.plots import pareto_front
 from mlsdk.sweep.store import RowStore
 from mlsdk.sweep.suite import MODELS
@@ -35,7 +38,7 @@ axes:
   levels.Group.count: [1, 2, 3]
   dram_rate:
     paths: [memories.DRAM.lw_per_cycle, "transfers.dram_to_l2bm.modes.*.src_lw_per_cycle"]
-    values: [x0.5, x2]
+    values: [x0.5, x1, x2, x4]
 workloads:
   - program: two_matmuls
 cost: levels.Group.count
@@ -61,7 +64,7 @@ def reference(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sweep")
     spec = write_spec(folder)
     result, computed = sweep_table(spec, folder / "serial", engine="serial")
-    assert computed == 4  # 6 points, the 2 with 3 Groups invalid
+    assert computed == 8  # 12 points, the 4 with 3 Groups invalid
     return result, spec
 
 
@@ -87,9 +90,22 @@ def reference(tmp_path_factory):
      "no hardware description named 'nosuchchip'"),
     ("base: mini\naxes: {levels.Group.count: [1]}\nworkloads:\n  - {script: missing.py}\n", 4,
      "cannot read the script"),
+    ("base: mini\naxes: {levels.Group.count: [1]}\nworkloads:\n  - {program: mlp}\n  - {program: mlp}\n", 5,
+     "a second workload named 'mlp'"),
+    ("base: mini\naxes:\n  levels.Group.count: [2, x2]\nworkloads: [{program: mlp}]\n", 3,
+     "the value 'x2' is given twice (as 2)"),
+    ("base: mini\naxes: {levels.Group.count: [1]}\nworkloads: [{program: mlp}]\n"
+     "cost: transfers.host_to_pdm.modes.*.src_lw_per_cycle\n", 4, None),
+    ("base: mini\naxes: {levels.Group.count: [1]}\nworkloads: [{program: mlp}]\ncost: host_link.kind\n", 4,
+     "host_link.kind: is 'PCIe Gen5 x16', not a number"),
 ])
 def test_spec_errors_name_the_spec_line(tmp_path, text, line, message):
     spec = write_spec(tmp_path, text)
+    if message is None:  # a valid SPEC among the invalid ones: a wildcard cost that names one key
+        work = plan(load_spec(spec))
+        assert work.cost_key == ("transfers", "host_to_pdm", "modes", "individual", "src_lw_per_cycle")
+        assert table.rows(work, RowStore(tmp_path / "none"))[0][work.cost] == 8.0
+        return
     with pytest.raises(SweepSpecError) as e:
         plan(load_spec(spec))
     assert f"{spec}:{line}:" in str(e.value) and message in str(e.value)
@@ -110,8 +126,8 @@ def test_a_huge_grid_is_refused_before_anything_runs(tmp_path):
 def test_points_write_their_values_into_the_chip(tmp_path):
     work = plan(load_spec(write_spec(tmp_path)))
     mini = hwdesc.load("mini")
-    assert [p.index for p in work.points] == list(range(6))
-    p = work.points[3]  # grid order, the last axis fastest: Groups 2, DRAM x2
+    assert [p.index for p in work.points] == list(range(12))
+    p = work.points[6]  # grid order, the last axis fastest: Groups 2, DRAM x2
     assert p.values == {"levels.Group.count": 2, "dram_rate": 2.0}
     assert p.hw.levels["Group"].count == 2 and isinstance(p.hw.levels["Group"].count, int)
     assert p.hw.memories["DRAM"].lw_per_cycle == pytest.approx(2 * mini.memories["DRAM"].lw_per_cycle)
@@ -124,10 +140,10 @@ def test_points_write_their_values_into_the_chip(tmp_path):
 def test_an_invalid_point_is_reported_with_its_yaml_path_and_skipped(tmp_path):
     work = plan(load_spec(write_spec(tmp_path)))
     bad = work.invalid
-    assert [p.index for p in bad] == [4, 5]
+    assert [p.index for p in bad] == [8, 9, 10, 11]
     assert bad[0].error.startswith("levels.Group.count: 3 is not a power of two")
     assert ".yaml" not in bad[0].error  # the chip was derived in memory: no file to name
-    assert {t.point for t in work.tasks} == {0, 1, 2, 3}
+    assert {t.point for t in work.tasks} == set(range(8))
 
 
 def test_random_samples_are_seeded_subsets_that_keep_grid_numbers(tmp_path):
@@ -135,8 +151,16 @@ def test_random_samples_are_seeded_subsets_that_keep_grid_numbers(tmp_path):
         spec = SPEC.replace("cost: levels.Group.count", sample)
         return [p.index for p in plan(load_spec(write_spec(tmp_path, spec))).points]
     a, b = drawn("sample: {random: 3, seed: 7}"), drawn("sample: {random: 3, seed: 7}")
-    assert a == b and len(set(a)) == 3 and set(a) <= set(range(6))
-    assert drawn("sample: {random: 100}") == list(range(6))  # more than the grid: the grid
+    assert a == b and len(set(a)) == 3 and set(a) <= set(range(12))
+    assert drawn("sample: {random: 100}") == list(range(12))  # more than the grid: the grid
+
+
+def test_axes_reach_list_items_and_factors_round_to_integers(tmp_path):
+    spec = "base: mncore2\naxes:\n  clock_hz: [x1.1]\nworkloads: [{program: mlp}]\n"
+    point = plan(load_spec(write_spec(tmp_path, spec))).points[0]  # 750 MHz x 1.1 is 825000000.0000001
+    assert point.error is None and point.hw.clock_hz == 825_000_000
+    spec = "base: mncore2\naxes:\n  host_link.groups[0]: [1]\nworkloads: [{program: mlp}]\n"
+    assert plan(load_spec(write_spec(tmp_path, spec))).points[0].hw.host_link.groups == (1,)
 
 
 def test_factors_keep_integers_integers(tmp_path):
@@ -153,7 +177,7 @@ def test_factors_keep_integers_integers(tmp_path):
 def test_rows_are_the_cycles_of_the_same_chip_run_directly(reference, tmp_path):
     result, _ = reference
     rows = result.to_pylist()
-    # point 1: Groups 1, DRAM x2 -- the same chip written as a YAML file and run through mlsdk
+    # point 2: Groups 1, DRAM x2 -- the same chip written as a YAML file and run through mlsdk
     mini = hwdesc.load("mini")
     rates = {m: r.src_lw_per_cycle * 2 for m, r in mini.transfers["dram_to_l2bm"].modes.items()}
     variant = tmp_path / "fast.yaml"
@@ -165,23 +189,25 @@ def test_rows_are_the_cycles_of_the_same_chip_run_directly(reference, tmp_path):
     ctx = Context(MNDevice(str(variant)))
     ctx.compile(fn, inputs, None, options={"simulation_mode": "timing"})(inputs)
     direct = ctx.report()
-    row = rows[1]
-    assert (row["point"], row["status"]) == (1, "ok")
+    row = rows[2]
+    assert (row["point"], row["status"]) == (2, "ok")
     assert row["cycles"] == direct.total_cycles
     assert row["bytes.dram_to_l2bm"] == direct.paths["dram_to_l2bm"]
     assert row["busy.PE stream"] == next(u.busy_cycles for u in direct.units if u.unit == "PE stream")
     layouts = json.loads(row["layouts"])
     assert any(k.endswith(".out.y") for k in layouts) and all("/" in v for v in layouts.values())
     # more DRAM bandwidth never costs cycles; two Groups add their Data Engines' columns
-    assert rows[0]["cycles"] >= rows[1]["cycles"]
-    assert rows[0]["busy.Data Engine 1"] is None and rows[2]["busy.Data Engine 1"] is not None
-    assert [r["status"] for r in rows[4:]] == ["invalid", "invalid"]
+    for groups in (0, 4):
+        cycles = [r["cycles"] for r in rows[groups:groups + 4]]
+        assert cycles == sorted(cycles, reverse=True)
+    assert rows[0]["busy.Data Engine 1"] is None and rows[4]["busy.Data Engine 1"] is not None
+    assert [r["status"] for r in rows[8:]] == ["invalid"] * 4
 
 
 def test_two_local_dask_workers_give_the_serial_table(reference):
     result, spec = reference
     dasked, computed = sweep_table(spec, spec.parent / "dask", engine="local", workers=2)
-    assert computed == 4
+    assert computed == 8
     assert dasked.equals(result)
 
 
@@ -190,8 +216,9 @@ def test_resuming_after_a_kill_computes_only_the_missing_points(reference):
     out = spec.parent / "killed"
     rows_file = out / "rows.jsonl"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    log = spec.parent / "killed.log"
     proc = subprocess.Popen([sys.executable, "-m", "mlsdk.cli", "sweep", str(spec), "--serial", "--out", str(out),
-                             "--no-plots"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--no-plots"], env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
@@ -202,12 +229,12 @@ def test_resuming_after_a_kill_computes_only_the_missing_points(reference):
     finally:
         proc.wait()
     done = rows_file.read_text().count("\n")
-    assert 1 <= done < 4, f"the sweep was not killed midway ({done} rows)"
+    assert 1 <= done < 8, f"the sweep was not killed midway ({done} rows): {log.read_text()[-2000:]}"
     with open(rows_file, "a") as f:
         f.write('{"key": "torn')  # a kill in the middle of a write
     resumed, computed = sweep_table(spec, out, engine="serial")
-    assert computed == 4 - done
-    assert rows_file.read_text().count("\n") == 4  # the torn line dropped, nothing computed twice
+    assert computed == 8 - done
+    assert rows_file.read_text().count("\n") == 8  # the torn line dropped, nothing computed twice
     assert resumed.equals(result)
     assert sweep_table(spec, out, engine="serial")[1] == 0  # all done: nothing to compute
 
@@ -215,8 +242,10 @@ def test_resuming_after_a_kill_computes_only_the_missing_points(reference):
 def test_a_changed_chip_or_workload_is_recomputed(reference, tmp_path):
     _, spec = reference
     out = spec.parent / "serial"  # the reference's own rows
-    grown = write_spec(tmp_path, SPEC.replace("values: [x0.5, x2]", "values: [x0.5, x1, x2]"))
-    assert sweep_table(grown, out, engine="serial")[1] == 2  # only the new x1 points (Groups 1 and 2)
+    grown = write_spec(tmp_path, SPEC.replace("values: [x0.5, x1, x2, x4]", "values: [x4, x2, x1, x0.5, x8]")
+                       .replace("dram_rate", "dram"))
+    assert sweep_table(grown, out, engine="serial")[1] == 2  # only the new x8 points (Groups 1 and 2): the
+    # others kept their rows through the axis' new name and order
     other = write_spec(tmp_path, SPEC.replace("two_matmuls", "two_matmuls\n    name: again\n    mode: both"),
                        "other.yaml")
     work = plan(load_spec(other))
@@ -283,14 +312,18 @@ def test_the_command_writes_csv_parquet_and_plots(reference, capsys):
     out = spec.parent / "serial"  # resumes the reference: nothing to compute
     assert main(["sweep", str(spec), "--serial", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "0 to compute, 4 already in" in text and "3 is not a power of two" in text
+    assert "0 to compute, 8 already in" in text and "3 is not a power of two" in text
     assert pq.read_table(out / "sweep.parquet").equals(result)
     csv = pa_csv.read_csv(out / "sweep.csv")
     assert csv.column("cycles").to_pylist() == result.column("cycles").to_pylist()
     assert (out / "cycles.png").stat().st_size > 10_000 and (out / "pareto.png").stat().st_size > 10_000
     assert main(["sweep", str(spec), "--dry-run", "--out", str(spec.parent / "dry")]) == 0
-    dry = capsys.readouterr().out
-    assert "pending" in dry and not (spec.parent / "dry" / "sweep.csv").exists()
+    counts = r"two_matmuls\s*│\s*{}\s*│\s*0\s*│\s*4\s*│\s*{}\s*│"  # ok, failed, invalid, pending
+    assert re.search(counts.format(0, 8), capsys.readouterr().out) and not (spec.parent / "dry").exists()
+    kept = (out / "rows.jsonl").read_text()
+    assert main(["sweep", str(spec), "--dry-run", "--fresh", "--out", str(out)]) == 0  # reads, never deletes
+    assert re.search(counts.format(8, 0), capsys.readouterr().out)
+    assert (out / "rows.jsonl").read_text() == kept
 
 
 def test_bad_options_and_specs_are_errors_of_the_command(tmp_path, capsys):
@@ -302,3 +335,14 @@ def test_bad_options_and_specs_are_errors_of_the_command(tmp_path, capsys):
 
 def test_pareto_front():
     assert pareto_front([(1, 50), (2, 40), (2, 45), (4, 40), (4, 10), (8, 20)]) == [(1, 50), (2, 40), (4, 10)]
+
+
+def test_tasks_evaluated_from_several_threads_give_their_own_rows(reference):
+    """A Dask worker may run tasks in several threads: each still gets its own chip's cycles."""
+    result, spec = reference
+    tasks = plan(load_spec(spec)).tasks[:4]
+    with ThreadPoolExecutor(4) as pool:
+        rows = list(pool.map(evaluate, tasks))
+    expected = {r["point"]: r["cycles"] for r in result.to_pylist()}
+    assert [r["cycles"] for r in rows] == [expected[t.point] for t in tasks]
+    assert len(set(expected[t.point] for t in tasks)) > 1  # the points differ, so a mix-up would show
