@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from mlsdk.sweep import RowStore, load_spec, plan, run
+from mlsdk.sweep.axes import Factor
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sweep_transformer.yaml"
 ROOT = EXAMPLE.parents[1]
@@ -80,7 +81,7 @@ def test_sweep_against_one_process_per_point(benchmark, spec):
             data = copy.deepcopy(base)
             for axis, value in point.settings:
                 given = data["axes"][axis.name]
-                one = [value if not hasattr(value, "times") else str(value)]
+                one = [str(value) if isinstance(value, Factor) else value]  # as the SPEC writes it
                 if isinstance(given, dict):
                     given["values"] = one
                 else:

@@ -259,10 +259,15 @@ class HwDesc(_Frozen):
     @cached_property
     def fingerprint(self) -> str:
         """A stable digest of the chip's content, for cache keys and artifacts."""
-        import hashlib
-        import json
-        text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return _digest(self.model_dump(mode="json"))
+
+    @cached_property
+    def content_fingerprint(self) -> str:
+        """The digest of what the chip is, without its name and summary: two descriptions of the
+        same hardware under other names share it (a sweep keeps a point's rows by it)."""
+        data = self.model_dump(mode="json")
+        del data["name"], data["summary"]
+        return _digest(data)
 
     # ---- topology -----------------------------------------------------------------------------
 
@@ -335,3 +340,9 @@ class HwDesc(_Frozen):
     @property
     def leaf_level(self) -> str:
         return self.level_names[-1]
+
+
+def _digest(data: dict) -> str:
+    import hashlib
+    import json
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

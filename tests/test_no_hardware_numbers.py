@@ -76,7 +76,6 @@ ALLOWED = {
     ("mlsdk/device.py", 8): "MLSDK's device-name grammar: mncore2:0 .. mncore2:7",
     ("mlsdk/sweep/points.py", 1_000_000): "largest grid a sweep runs whole (host policy)",
     ("mlsdk/sweep/store.py", 24): "hex digits of a row key",
-    ("mlsdk/sweep/points.py", 16): "hex digits of a chip content fingerprint",
     ("mlsdk/sweep/table.py", 30): "rows of the summary's point table",
     ("mlsdk/sweep/table.py", 10): "failed points listed with their reason",
     ("mlsdk/sweep/workloads.py", 20): "hex digits of a workload hash",

@@ -21,11 +21,11 @@ import torch
 
 import hwdesc
 from hwdesc import MnsimError
-from hwdesc.source import Document, KeyPath
+from hwdesc.source import Document, KeyPath, resolve_name
 
 from ..errors import SweepError, SweepSpecError, WorkloadError
 from .axes import Axis, expand, is_number, lookup, parse_path, resolve_axes
-from .points import Point, base_data, chosen, content_fingerprint, derive
+from .points import Point, base_data, chosen, derive
 from .spec import LoadedSpec, Workload
 from .store import RowStore, row_key
 from .workloads import measure, workload_hash
@@ -69,7 +69,7 @@ def plan(loaded: LoadedSpec) -> Plan:
     list the (point, workload) tasks; SweepSpecError for problems of the SPEC itself."""
     spec = loaded.spec
     try:
-        base = hwdesc.load(loaded.resolve(spec.base) if spec.base.endswith((".yaml", ".yml")) else spec.base)
+        base = hwdesc.load(resolve_name(spec.base, relative_to=loaded.folder))
     except hwdesc.HwDescError as e:
         loaded.fail(("base",), str(e))
     data = base_data(base)
@@ -81,15 +81,15 @@ def plan(loaded: LoadedSpec) -> Plan:
             hashes.append(workload_hash(w, loaded.folder))
         except MnsimError as e:
             loaded.fail(("workloads", i), str(e))
-    points = [derive(base, data, axes, index) for index in chosen(axes, spec.sample)]
+    points = [derive(base, data, axes, index) for index in chosen(axes, spec.sample, loaded.fail)]
     tasks = []
     for p in points:
         if p.hw is None:
             continue
         chip = p.hw.model_dump(mode="json")
-        content = content_fingerprint(p.hw)
         for w, (workload, h) in enumerate(zip(spec.workloads, hashes)):
-            tasks.append(Task(row_key(content, h), p.index, w, chip, p.hw.fingerprint, workload, str(loaded.folder)))
+            tasks.append(Task(row_key(p.hw.content_fingerprint, h), p.index, w, chip, p.hw.fingerprint, workload,
+                              str(loaded.folder)))
     return Plan(loaded, axes, points, tasks, spec.cost, cost_key)
 
 

@@ -9,20 +9,17 @@ and the reason, as `hw validate` would say it, but with no file), not the sweep.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 
 import hwdesc
 from hwdesc import HwDesc, HwDescError
-from hwdesc.source import Document
+from hwdesc.source import Document, KeyPath
 
 from .axes import Axis, Factor, apply
-from ..errors import SweepSpecError
 from .spec import RandomSample, Value
 
 MAX_GRID = 1_000_000  # past this, a grid is refused: draw a random sample of it instead
@@ -49,15 +46,16 @@ def grid_size(axes: list[Axis]) -> int:
     return math.prod(len(a.values) for a in axes)
 
 
-def chosen(axes: list[Axis], sample: str | RandomSample) -> list[int]:
-    """The grid indices that run: all of them, or a seeded sample without repeats."""
+def chosen(axes: list[Axis], sample: str | RandomSample, fail: Callable[[KeyPath, str], NoReturn]) -> list[int]:
+    """The grid indices that run: all of them, or a seeded sample without repeats; `fail`
+    reports a grid too large to run whole."""
     size = grid_size(axes)
     if isinstance(sample, RandomSample):
         n = min(sample.random, size)
         return sorted(int(i) for i in np.random.default_rng(sample.seed).choice(size, n, replace=False))
     if size > MAX_GRID:
-        raise SweepSpecError(f"the grid has {size:,} points (more than {MAX_GRID:,}); draw a sample of it: "
-                             "sample: {random: N, seed: 0}", key_path="sample")
+        fail(("axes",), f"the grid has {size:,} points (more than {MAX_GRID:,}); draw a sample of it: "
+                        "sample: {random: N, seed: 0}")
     return list(range(size))
 
 
@@ -87,11 +85,3 @@ def base_data(base: HwDesc) -> dict[str, Any]:
     as lists, so that axes can name their items)."""
     return base.model_dump(mode="json")
 
-
-def content_fingerprint(hw: HwDesc) -> str:
-    """A digest of what the chip is, without its name and summary: a point keeps its rows when
-    axes are renamed or reordered, or a value is written another way (x2 or 2)."""
-    data = hw.model_dump(mode="json")
-    data.pop("name")
-    data.pop("summary")
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

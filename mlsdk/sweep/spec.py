@@ -115,10 +115,6 @@ class LoadedSpec:
     def folder(self) -> Path:
         return self.path.parent
 
-    def resolve(self, relative: str) -> Path:
-        p = Path(relative)
-        return p if p.is_absolute() else self.folder / p
-
     def fail(self, key_path: tuple, message: str) -> NoReturn:
         """Raise SweepSpecError at the SPEC line of `key_path`."""
         raise_problems([(key_path, message)], self.document, SweepSpecError)

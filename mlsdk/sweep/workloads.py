@@ -59,9 +59,8 @@ def measure(workload: Workload, folder: Path, hw: HwDesc) -> dict[str, Any]:
 
 def row_fields(report: Report, layouts: dict[str, str]) -> dict[str, Any]:
     fields: dict[str, Any] = {"cycles": report.total_cycles, "time_us": report.time_us}
-    for unit in report.units:
+    for unit in report.units:  # the table orders the columns
         fields[f"busy.{unit.unit}"] = unit.busy_cycles
-    for unit in report.units:
         fields[f"util.{unit.unit}"] = unit.utilisation
     for path, n in sorted(report.paths.items()):
         fields[f"bytes.{path}"] = n
@@ -100,15 +99,16 @@ def _script(workload: Workload, path: Path, hw: HwDesc) -> tuple[Report, dict[st
 
 def _codegen_dir(path: Path, hw: HwDesc) -> tuple[Report, dict[str, str]]:
     from compiler import artifact
-    from sim import Machine, MachineParams, SimError, validate
+    from sim import MachineParams, SimError, time_code, validate
     compiled = artifact.load(path)
+    params = MachineParams.from_hw(hw)
     try:
-        validate(MachineParams.from_hw(hw), compiled.program.code)
+        validate(params, compiled.program.code)
     except SimError as e:
         raise WorkloadError(f"the program in {path.name} (compiled for {compiled.hw.name}) cannot run on this "
                             f"point: {e}. A codegen_dir is a fixed program; name a program or a script to "
                             "compile for every point") from None
-    stats = Machine(hw).time(compiled.program.code)
+    stats = time_code(params, compiled.program.code)  # no machine state: timing needs none
     layouts = io_layouts(path.name, compiled.inputs, compiled.outputs)
     return for_program(path.name, stats, compiled.program.labels, hw.name, source=str(path)), layouts
 
