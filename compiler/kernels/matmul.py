@@ -314,14 +314,18 @@ def _cost(cg: EmitContext, t: Tiling, work: Work) -> float:
 
 
 def pareto(items: list, vector) -> list:
-    """The items whose vectors no other item's is at most in every component (and below in one)."""
-    vectors = [vector(x) for x in items]
-    keep = []
-    for i, v in enumerate(vectors):
-        dominated = any(all(a <= b for a, b in zip(w, v)) and w != v for j, w in enumerate(vectors) if j != i)
-        if not dominated and v not in [vectors[k] for k in keep]:
-            keep.append(i)
-    return [items[i] for i in keep]
+    """The items whose vectors no other item's is at most in every component (and below in one),
+    the first of equal vectors only, in their order. Pairwise in numpy: a product has thousands
+    of feasible tilings."""
+    if not items:
+        return []
+    v = np.array([vector(x) for x in items], dtype=np.float64)
+    no_more = (v[None, :, :] <= v[:, None, :]).all(2)  # [i, j]: j is at most i everywhere
+    differs = (v[None, :, :] != v[:, None, :]).any(2)
+    dominated = (no_more & differs).any(1)
+    first = np.zeros(len(items), dtype=bool)
+    first[np.unique(v, axis=0, return_index=True)[1]] = True  # the first of each distinct vector
+    return [x for x, keep in zip(items, ~dominated & first) if keep]
 
 
 def _l2_per_group_used(t: Tiling, chain: Chain) -> int:
@@ -374,6 +378,14 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
     col_unit = pes * max(epl_in, cg.hw.elements_per_lw("float32"))
     feasible: list[Tiling] = []
     roles = ROLES if batched else ROLES[1:]
+    fit_cache: dict[tuple[int, int, int], bool] = {}
+
+    def fitted(t: Tiling) -> bool:
+        """`_fits`, which depends on the tile's sizes alone (many assignments share them)."""
+        key = (t.mt, t.kp, t.nt)
+        if key not in fit_cache:
+            fit_cache[key] = _fits(cg, t, staged_in_float32 and half, out_half)
+        return fit_cache[key]
     for assignment in product(*(_axis_options(a, sizes[a], roles, chain) for a in axes)):
         remaining = {"batch": p.batch if batched else 1, "m": p.m, "n": ceil(p.n / col_unit), "k": ceil(p.k / (pes * epl_in))}
         takes = []
@@ -396,7 +408,7 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
             # a smaller tile never needs more memory): bisect on the rounds
             tiling = lambda rounds: Tiling(tuple(takes), bl, rounds, ceil(m_tile / rounds), chunks, kp, nt,  # noqa
                                            trans_b, half)
-            fits = lambda rounds: _fits(cg, tiling(rounds), staged_in_float32 and half, out_half)  # noqa: E731
+            fits = lambda rounds: fitted(tiling(rounds))  # noqa: E731
             if m_tile == 0 or not fits(m_tile):
                 continue
             low, high = 1, m_tile

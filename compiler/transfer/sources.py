@@ -141,7 +141,7 @@ class LwSources:
     def busy(self, group: int, first: int, last: int) -> bool:
         return len(self.of_group(group, first, last)[0]) > 0
 
-    @property
+    @cached_property
     def has_zeros(self) -> bool:
         return bool((self.src_group == ZERO).any())
 
@@ -157,7 +157,7 @@ class LwSources:
         fetches it in slices issues at least this many."""
         return len(self._joined[1])
 
-    @property
+    @cached_property
     def longest_zero_run(self) -> int:
         """The longest run of zeros the MVs will read (runs joined across holes): how large a
         zero buffer the gather needs."""
