@@ -338,17 +338,34 @@ class Planner:
     def meet_cycles(self, kernel: Kernel, refs: dict[Value, Ref]) -> int:
         """What a candidate leaves to do for a constrained graph output it writes: the relayout into
         the constraint's layout (0 when it writes that layout). So a constrained producer costs at
-        most its unconstrained best plus the conversion the constraint avoids."""
+        most its unconstrained best plus the conversion the constraint avoids. A value that feeds a
+        resident tensor's update element-wise (a weight's gradient, into its optimizer step) is
+        priced the same way against that tensor's layout: the update runs where the tensor is, so
+        it reads the value relaid into that layout."""
         total = 0
         for v in kernel.outputs():
             wanted = getattr(self, "output_constraints", {}).get(v)
-            state = self.updated_state.get(v)  # a resident tensor's new value goes where the old one is
-            if wanted is None and state is not None and state in self.refs:
+            state = self.updated_state[v] if v in self.updated_state else self.state_fed(v)  # a resident
+            if wanted is None and state in self.refs:  # tensor's new value goes where the old one is
                 wanted = self.refs[state].placement
             if wanted is not None and v in refs and not refs[v].placement.same_placement(wanted):
                 copy = RelayoutKernel.copy(v, refs[v], wanted)
                 total += self.time(copy, {v: refs[v], copy.out: Ref("output", wanted)})
         return total
+
+    def state_fed(self, v: Value) -> Value | None:
+        """A placed resident tensor whose new value `v` flows into through element-wise ops of its
+        shape (an optimizer's arithmetic on a gradient), if any: where that update will run."""
+        seen, frontier = {v}, [v]
+        while frontier:
+            x = frontier.pop(0)
+            if x is not v and self.updated_state.get(x) in self.refs:
+                return self.updated_state[x]
+            for user in self.users.get(x, []):
+                if user.kind == "ew" and user.out.shape == v.shape and user.out not in seen:
+                    seen.add(user.out)
+                    frontier.append(user.out)
+        return None
 
     def host_cycles(self, kernel: Kernel, refs: dict[Value, Ref], placed: list[tuple[Value, Ref]]) -> int:
         """What the layouts a candidate gives graph inputs and outputs cost to upload and download
