@@ -38,17 +38,21 @@ def record(benchmark, what: str, cycles: int, compile_s: float, compute: float, 
           f"{bound / cycles:.2f} of the roofline; compile {compile_s:.1f} s")
 
 
-@pytest.mark.parametrize("case", ["float", "mixed", "half"])
+MAU_FORMAT = {"float": "float32", "pfloat32": "pfloat32", "mixed": "float16", "half": "float16"}
+
+
+@pytest.mark.parametrize("case", ["float", "pfloat32", "mixed", "half"])
 def test_matmul_1024_roofline(benchmark, case):
-    """float: float32 throughout; mixed: float32 operands multiplied in half (converted in LM),
-    so DRAM traffic is float32; half: float16 operands and result."""
+    """float: float32 throughout; pfloat32: float32 operands multiplied as pseudo-single; mixed:
+    float32 operands multiplied in half (converted in LM), so DRAM traffic is float32; half:
+    float16 operands and result."""
     n = 1024
     dtype = torch.float16 if case == "half" else torch.float32
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    options = {"float_dtype": "mixed" if case == "mixed" else "float"}
+    options = {"float_dtype": "float" if case == "half" else case}
     cycles, compile_s = benchmark.pedantic(simulate, args=(lambda d: {"c": d["a"] @ d["b"]}, {"a": a, "b": b},
                                                             options), rounds=1, iterations=1)
-    compute = matrix_cycles(HW, n ** 3, "float32" if case == "float" else "float16")
+    compute = matrix_cycles(HW, n ** 3, MAU_FORMAT[case])
     size = HW.element_bytes("float16" if case == "half" else "float32")
     record(benchmark, f"1024^3 {case}", cycles, compile_s, compute, dram_traffic_cycles(HW, 2 * n * n * size, n * n * size))
 

@@ -10,7 +10,9 @@ from .errors import OptionError
 
 # option -> what mnsim does with it
 USED = {
-    "float_dtype": "float keeps float32; mixed runs matrix products in half (1-6-9) with float32 accumulation",
+    "float_dtype": "float keeps float32; mixed runs matrix products in half (1-6-9) with float32 accumulation; "
+                   "pfloat32 (mnsim's name) runs them in pseudo-single: float32 operands whose low mantissa bits "
+                   "the MAU ignores, at the YAML's pfloat32 matrix rate (twice float32's on MN-Core 2)",
     "simulation_mode": "both (default) moves data and times it; timing only times the run (outputs hold no "
                        "values; reports work); functional is run as both for now (values and cycles)",
 }
@@ -27,7 +29,7 @@ IGNORED = {
     "out_onnx": "dump of the exported ONNX",
     "num_threads": "compiler threads",
 }
-FLOAT_DTYPES = ("float", "mixed")
+FLOAT_DTYPES = ("float", "mixed", "pfloat32")
 SIMULATION_MODES = ("both", "timing", "functional")
 
 

@@ -80,6 +80,7 @@ class DType(IntEnum):
     float32 = 0
     float16 = 1  # MN-Core half, 1-6-9
     int32 = 2
+    pfloat32 = 3  # pseudo-single: float32 words whose low mantissa bits the MAU ignores; MATMUL operands only
 
 
 class Scope(IntEnum):

@@ -21,10 +21,11 @@ from .numerics import HalfCodec
 
 HOST = -2  # memory id of the host end of the host link
 WORD_BITS = 8 * WORD_BYTES  # the element of mnsim's memory arrays (hwdesc.bounds refuses another word size)
+WORD_MASK = (1 << WORD_BITS) - 1
 # `fmt`, passed to the kernels, holds the numbers from the YAML that data patterns depend on.
 FMT_WPL, FMT_HALF_E, FMT_HALF_M = 0, 1, 2  # words per long word, half exponent and mantissa bits
 ENGINES = ("data_engine", "pe_stream", "host_link")
-DTYPE_FORMAT = {DType.float32: "float32", DType.float16: "float16", DType.int32: "int32"}
+DTYPE_FORMAT = {DType.float32: "float32", DType.float16: "float16", DType.int32: "int32", DType.pfloat32: "pfloat32"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,6 +76,7 @@ class MachineParams:
     lw_bytes: int
     half: HalfCodec  # the chip's half format (1-6-9 on MN-Core 2)
     fmt: np.ndarray  # [words per LW, half exponent bits, half mantissa bits] for the kernels
+    pseudo_mask: int = WORD_MASK  # the float32 bits a pseudo-single MATMUL operand keeps (formats.pfloat32)
     hazards: dict[str, int] = field(default_factory=dict)
     # the issue model: the VLIW group (slot) each PE-stream instruction issues in, -1 = none
     slot_names: tuple[str, ...] = ()
@@ -182,7 +184,17 @@ def _from_hw(hw: HwDesc) -> MachineParams:
         lw_bytes=hw.long_word_bytes, half=HalfCodec.of(hw),
         fmt=np.array([hw.long_word_bytes // hw.word_bytes, hw.formats["float16"].exponent_bits,
                       hw.formats["float16"].mantissa_bits], dtype=np.int64),
-        hazards=dict(hw.hazards), **_slots(hw, path_names))
+        hazards=dict(hw.hazards), pseudo_mask=_pseudo_mask(hw), **_slots(hw, path_names))
+
+
+def _pseudo_mask(hw: HwDesc) -> int:
+    """Pseudo-single is stored as single; the MAU ignores the low mantissa bits that
+    formats.pfloat32 lacks against formats.float32 (5 on MN-Core 2: 18 of 23 kept)."""
+    pseudo = hw.formats.get("pfloat32")
+    if pseudo is None:
+        return WORD_MASK
+    ignored = hw.formats["float32"].mantissa_bits - pseudo.mantissa_bits
+    return WORD_MASK & ~((1 << ignored) - 1)
 
 
 def _slots(hw: HwDesc, path_names: tuple[str, ...]) -> dict:

@@ -70,6 +70,13 @@ class _Checker:
             raise self.fail(i, f"path {self.p.path_names[p]} does not offer mode {mode.name}; it offers {', '.join(offered)}")
         return p
 
+    def storage_dtype(self, i: int, value: int) -> DType:
+        """The dtype of a transfer (what a reducing one adds): one that memories hold."""
+        dtype = self.enum(i, DType, value, "dtype")
+        if dtype == DType.pfloat32:
+            raise self.fail(i, "pfloat32 (pseudo-single) exists only as MATMUL operands; memories hold float32")
+        return dtype
+
     def tag(self, i: int, tag: int) -> None:
         if not 1 <= tag <= self.p.tags:
             raise self.fail(i, f"tag {tag} is outside 1..{self.p.tags}")
@@ -100,7 +107,7 @@ class _Checker:
             raise self.fail(i, f"path {self.p.path_names[p]} is not driven by the Data Engine; use XFER or HOST_DMA")
         scope = self.enum(i, Scope, row[isa.MV_SCOPE], "scope")
         self.enum(i, Red, row[isa.MV_RED], "reduction")
-        self.enum(i, DType, row[isa.MV_DTYPE], "dtype")
+        self.storage_dtype(i, row[isa.MV_DTYPE])
         si, di = int(row[isa.MV_SRC_INST]), int(row[isa.MV_DST_INST])
         self.instance(i, sm, si, int(row[isa.MV_SRC_LOCAL]), "source")
         self.instance(i, dm, di, int(row[isa.MV_DST_LOCAL]), "destination")
@@ -159,7 +166,7 @@ class _Checker:
         if self.p.path_engine[p] != 1:
             raise self.fail(i, f"path {self.p.path_names[p]} is not driven by the PE stream; use MV")
         self.enum(i, Red, row[isa.X_RED], "reduction")
-        self.enum(i, DType, row[isa.X_DTYPE], "dtype")
+        self.storage_dtype(i, row[isa.X_DTYPE])
         if mode == Mode.reduce and row[isa.X_RED] == Red.none:
             raise self.fail(i, "a reduce XFER needs a reduction op (add, max, min)")
         n = int(row[isa.X_N])
@@ -331,7 +338,8 @@ def _plain_mvs_ok(p: MachineParams, code: np.ndarray) -> np.ndarray:
     """Rows that are individual, group-scoped, non-reducing MVs on a Data Engine path whose every
     field is in range (what `_Checker._mv` accepts for such a row)."""
     ok = (code[:, 0] == Op.MV) & (code[:, isa.MV_MODE] == Mode.individual) & (code[:, isa.MV_SCOPE] == Scope.group)
-    ok &= (code[:, isa.MV_RED] == Red.none) & np.isin(code[:, isa.MV_DTYPE], [d.value for d in DType])
+    ok &= (code[:, isa.MV_RED] == Red.none) & np.isin(code[:, isa.MV_DTYPE], [d.value for d in DType
+                                                                               if d != DType.pfloat32])
     n_mem = len(p.memory_names)
     sm, dm = code[:, isa.MV_SRC_MEM], code[:, isa.MV_DST_MEM]
     ok &= (sm >= 0) & (sm < n_mem) & (dm >= 0) & (dm < n_mem)

@@ -65,7 +65,13 @@ class Tiling:
     nt: int  # columns per MAB (a multiple of PEs x lanes)
     trans_b: bool
     half: bool  # the MAU multiplies in half (float16 operands, float32 accumulation)
+    pseudo: bool = False  # float32 operands multiplied as pseudo-single (options float_dtype "pfloat32")
     cost: float = 0.0
+
+    @property
+    def mau_dtype(self) -> str:
+        """The MATMUL's format (units.MAU.matrix.<format>): its rate and its operand precision."""
+        return "float16" if self.half else "pfloat32" if self.pseudo else "float32"
 
     def tiles(self, role: str, axes: tuple[str, ...] | None = None) -> int:
         return prod(k.n for k in self.takes if k.role == role and (axes is None or k.axis in axes))
@@ -264,7 +270,7 @@ def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_
         per_mode = chain.pes_per_l1 if pe_mode == "distribute" else chain.pes_per_unit  # PEs with their own data
         modes[chain.l1_to_pe, pe_mode][0] += pe * per_mode
         modes[chain.l1_to_pe, pe_mode][1] += pe
-    mode = hw.units[chain.matrix_unit].matrix["float16" if t.half else "float32"]
+    mode = hw.units[chain.matrix_unit].matrix[t.mau_dtype]
     mm = ceil(t.mt / mode.rows) * ceil(t.kp * params.pes_per_mab / mode.cols) * max(t.nt, ceil(mode.rows / mode.load_rows_per_cycle))
     if staged_in_float32 and t.half:  # float32 staged, converted to half in LM: VOP work on the MAU
         lanes = min(params.vop_lanes[VOp.cvt, DType.float32], params.vop_lanes[VOp.cvt, DType.float16])
@@ -358,17 +364,23 @@ def _axis_options(axis: str, size: int, roles: tuple[str, ...], chain: Chain) ->
 
 
 def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool,
-            in_bytes: int, out_half: bool = False, a_runs: float | None = None, limit: int = CANDIDATES) -> list[Tiling]:
+            in_bytes: int, out_half: bool = False, a_runs: float | None = None, limit: int = CANDIDATES,
+            pseudo: bool = False) -> list[Tiling]:
     """The tilings that fit the PE memories and whose product has a storable image, the most
     promising first (by the work each step does, see `_cost`); the planner times the first few.
     The same product is asked for often (candidates, consumers' wishes): the answer is cached."""
+    pseudo = pseudo and not half
+    modes = cg.hw.units[cg.chain.matrix_unit].matrix
+    if pseudo and "pfloat32" not in modes:
+        raise CompileError(f"float_dtype 'pfloat32' multiplies in pseudo-single, but {cg.hw.name} has no "
+                           f"units.{cg.chain.matrix_unit}.matrix.pfloat32 (its matrix formats: {', '.join(modes)})")
     return list(_tilings(cg.hw, p, batched, trans_b, half, staged_in_float32, in_bytes, out_half,
-                         None if a_runs is None else float(np.float32(a_runs)), limit))
+                         None if a_runs is None else float(np.float32(a_runs)), limit, pseudo))
 
 
 @lru_cache(maxsize=256)
 def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool, in_bytes: int,
-             out_half: bool, a_runs: float | None, limit: int) -> tuple[Tiling, ...]:
+             out_half: bool, a_runs: float | None, limit: int, pseudo: bool) -> tuple[Tiling, ...]:
     cg = EmitContext(hw)
     chain = Chain.of(cg.hw)
     axes = [a for a in cg.hw.axes if a != chain.pe_axis]
@@ -394,7 +406,7 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
                 n = _take(remaining[role], size, exact=role == "batch")
                 remaining[role] = ceil(remaining[role] / n)
                 takes.append(Take(axis, role, n, stride))
-        t0 = Tiling(tuple(takes), 1, 1, 1, 1, 1, 1, trans_b, half)
+        t0 = Tiling(tuple(takes), 1, 1, 1, 1, 1, 1, trans_b, half, pseudo)
         if t0.tiles("k") > 1 and not t0.places("c", chain.l2_axis):
             continue  # partial sums are added by an MV reduce into C's image, which must place L2B
         nb, nm, nn = t0.tiles("batch"), t0.tiles("m"), t0.tiles("n")
@@ -407,7 +419,7 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
             # the fewest rounds whose row tile fits (fewer rounds are always at least as good;
             # a smaller tile never needs more memory): bisect on the rounds
             tiling = lambda rounds: Tiling(tuple(takes), bl, rounds, ceil(m_tile / rounds), chunks, kp, nt,  # noqa
-                                           trans_b, half)
+                                           trans_b, half, pseudo)
             fits = lambda rounds: fitted(tiling(rounds))  # noqa: E731
             if m_tile == 0 or not fits(m_tile):
                 continue
@@ -493,7 +505,7 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
     """C = A @ B for a tiling, into `out_ref` (the image of C's LM layout)."""
     pes = cg.params.pes_per_mab
     half_in = a.ref.placement.dtype == "float16" and b.ref.placement.dtype == "float16"
-    mm_dtype = "float16" if t.half else "float32"
+    mm_dtype = t.mau_dtype
     la, lb, lc = layouts_for(cg, t, p, batched, half_in)
     lc_out = lc if out_dtype == "float32" else layouts_for(cg, t, p, batched, half_in, out_dtype)[2]
     per_word = 2 if t.half else 1
@@ -671,10 +683,12 @@ def _tilings_for(node: Node, planner, trans_b: bool) -> list[Tiling]:
     a, b = node.args
     p, batched = problem_of(node)
     half_in = device_dtype(a) == "float16" and device_dtype(b) == "float16"
-    half = half_in or (planner.options.get("float_dtype") == "mixed" and not node.attrs.get("exact"))
+    inexact = not node.attrs.get("exact")
+    half = half_in or (planner.options.get("float_dtype") == "mixed" and inexact)
     return tilings(planner.ctx, p, batched=batched, trans_b=trans_b, half=half, staged_in_float32=half and not half_in,
                    out_half=device_dtype(node.out) == "float16",
-                   in_bytes=planner.hw.element_bytes("float16" if half_in else "float32"))
+                   in_bytes=planner.hw.element_bytes("float16" if half_in else "float32"),
+                   pseudo=planner.options.get("float_dtype") == "pfloat32" and inexact)
 
 
 def plan(node: Node, planner) -> list[Kernel]:

@@ -78,7 +78,7 @@ def test_each_path_reaches_its_hw_show_figure(chip, transfer, mode):
 
 
 @pytest.mark.parametrize("chip", CHIPS)
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "pfloat32", "float16"])
 def test_the_mau_reaches_its_matrix_peak(chip, dtype):
     """A MATMUL of many row tiles on every MAB at once: FLOP/s against `hw show`'s peak."""
     hw = hwdesc.load(chip)
