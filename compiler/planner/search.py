@@ -322,7 +322,10 @@ class Planner:
                     continue
                 alone = self.time(kernel, refs)
                 fastest = alone if fastest is None else min(fastest, alone)
-                cycles = sum(s.cycles for s in pre) + alone + self.meet_cycles(kernel, refs)
+                cycles = sum(s.cycles for s in pre) + alone
+                if best is not None and cycles > best[0][0]:
+                    continue  # slower before its relayouts are priced (they only add): cannot win
+                cycles += self.meet_cycles(kernel, refs)
             except NeedsRelay:
                 continue
             except UnsupportedOpError:

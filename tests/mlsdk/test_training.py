@@ -535,3 +535,35 @@ def test_training_artifact_reloads_in_a_fresh_context(tmp_path):
     fresh = Context(MNDevice("mini:auto"))
     loaded = fresh.load_codegen_dir(tmp_path / "train")
     assert [loaded(inp)["loss"].item() for inp in data] == pytest.approx(losses, rel=RTOL)
+
+
+def test_a_gradient_is_computed_for_the_layout_its_update_runs_in(monkeypatch):
+    """A weight's update runs in the weight's layout, so the planner prices the product that makes
+    its gradient with the relayout the update would need. Without that pricing (the planner
+    blind to where the gradient goes) the same step takes more cycles on mncore2, in its optimizer."""
+    import compiler.planner.search as search
+    from mlsdk.report import for_call
+
+    class Wide(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hidden, self.out = nn.Linear(128, 64), nn.Linear(64, 10)
+
+        def forward(self, x, t):
+            return F.cross_entropy(self.out(torch.relu(self.hidden(x))), t)
+
+    def step_cycles() -> tuple[int, int]:
+        torch.manual_seed(0)
+        model = Wide()
+        ctx = Context(MNDevice("mncore2:auto"))
+        optimizer = MNCoreSGD(model.parameters(), 0.1, 0.9, 0.0)
+        registered(ctx, model, optimizer)
+        inp = batches((16, 128), 1)[0]
+        ctx.compile(training_step(model, optimizer), inp, None)(inp)["loss"].item()
+        phases = {p.phase: p.cycles for p in for_call(ctx.session).phases}
+        return ctx.session.calls[-1].stats.total_cycles, phases["optimizer"]
+
+    priced, priced_update = step_cycles()
+    monkeypatch.setattr(search.Planner, "state_fed", lambda self, v: None)
+    blind, blind_update = step_cycles()
+    assert priced < blind and priced_update < blind_update
