@@ -24,9 +24,9 @@ RTOL = 1e-4
 
 
 class MLP(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, features: int = 16, hidden: int = 32) -> None:
         super().__init__()
-        self.hidden, self.out = nn.Linear(16, 32), nn.Linear(32, 10)
+        self.hidden, self.out = nn.Linear(features, hidden), nn.Linear(hidden, 10)
 
     def forward(self, x, t):
         return F.cross_entropy(self.out(torch.relu(self.hidden(x))), t)
@@ -544,17 +544,9 @@ def test_a_gradient_is_computed_for_the_layout_its_update_runs_in(monkeypatch):
     import compiler.planner.search as search
     from mlsdk.report import for_call
 
-    class Wide(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.hidden, self.out = nn.Linear(128, 64), nn.Linear(64, 10)
-
-        def forward(self, x, t):
-            return F.cross_entropy(self.out(torch.relu(self.hidden(x))), t)
-
     def step_cycles() -> tuple[int, int]:
         torch.manual_seed(0)
-        model = Wide()
+        model = MLP(128, 64)
         ctx = Context(MNDevice("mncore2:auto"))
         optimizer = MNCoreSGD(model.parameters(), 0.1, 0.9, 0.0)
         registered(ctx, model, optimizer)
