@@ -85,6 +85,13 @@ def _check_formats(hw: HwDesc) -> list[Problem]:
                              f"{fmt.mantissa_bits} mantissa bits"))
         if lw_bits % fmt.bits:
             problems.append((("formats", name, "bits"), f"a {lw_bits}-bit long word does not hold a whole number of {fmt.bits}-bit elements"))
+    pseudo, single = hw.formats.get("pfloat32"), hw.formats.get("float32")
+    if pseudo is not None and single is not None:  # single with mantissa bits ignored (fewer: the check above)
+        for key, got, want in (("bits", pseudo.bits, single.bits), ("exponent_bits", pseudo.exponent_bits,
+                                                                    single.exponent_bits)):
+            if got != want:
+                problems.append((("formats", "pfloat32", key), f"pseudo-single is stored as float32 with low "
+                                 f"mantissa bits ignored: {key} must be float32's {want}, not {got}"))
     return problems
 
 

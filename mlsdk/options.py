@@ -12,7 +12,7 @@ from .errors import OptionError
 USED = {
     "float_dtype": "float keeps float32; mixed runs matrix products in half (1-6-9) with float32 accumulation; "
                    "pfloat32 (mnsim's name) runs them in pseudo-single: float32 operands whose low mantissa bits "
-                   "the MAU ignores, at the YAML's pfloat32 matrix rate (twice float32's on MN-Core 2)",
+                   "the MAU ignores (formats.pfloat32), at the YAML's units.MAU.matrix.pfloat32 rate",
     "simulation_mode": "both (default) moves data and times it; timing only times the run (outputs hold no "
                        "values; reports work); functional is run as both for now (values and cycles)",
 }

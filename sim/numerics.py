@@ -31,10 +31,10 @@ How mnsim deviates from the hardware, exactly:
   undefined (INT32_MIN on x86). cvt from int32 rounds to nearest even, once (to half directly,
   not through float32, which would round twice).
 * Matrix products in half use each element's own exponent; the hardware's block-float operands
-  share one exponent per block of 16, which loses low bits of small elements in a block. The
-  same holds for float32 (blocks of 4) and pseudo-single (blocks of 8). A pseudo-single
-  (`pfloat32`) operand is the float32 word with the low mantissa bits `formats.pfloat32` lacks
-  cleared (truncation, 18 of 23 bits on MN-Core 2); its products accumulate in float32.
+  share one exponent per block, which loses low bits of small elements in a block. The same
+  holds for float32 and pseudo-single operands. A pseudo-single (`pfloat32`) operand is the
+  float32 word with the low mantissa bits that `formats.pfloat32` lacks against
+  `formats.float32` cleared (truncation); its products accumulate in float32.
 """
 
 from __future__ import annotations

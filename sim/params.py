@@ -188,8 +188,8 @@ def _from_hw(hw: HwDesc) -> MachineParams:
 
 
 def _pseudo_mask(hw: HwDesc) -> int:
-    """Pseudo-single is stored as single; the MAU ignores the low mantissa bits that
-    formats.pfloat32 lacks against formats.float32 (5 on MN-Core 2: 18 of 23 kept)."""
+    """Pseudo-single is stored as single (hwdesc.checks holds the YAML to that); the MAU ignores
+    the low mantissa bits that formats.pfloat32 lacks against formats.float32."""
     pseudo = hw.formats.get("pfloat32")
     if pseudo is None:
         return WORD_MASK

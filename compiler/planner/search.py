@@ -348,24 +348,42 @@ class Planner:
         total = 0
         for v in kernel.outputs():
             wanted = getattr(self, "output_constraints", {}).get(v)
-            state = self.updated_state[v] if v in self.updated_state else self.state_fed(v)  # a resident
-            if wanted is None and state in self.refs:  # tensor's new value goes where the old one is
+            state = self.updated_state.get(v)  # a resident tensor's new value goes where the old one is
+            if wanted is None and state in self.refs:
                 wanted = self.refs[state].placement
             if wanted is not None and v in refs and not refs[v].placement.same_placement(wanted):
                 copy = RelayoutKernel.copy(v, refs[v], wanted)
                 total += self.time(copy, {v: refs[v], copy.out: Ref("output", wanted)})
+            elif wanted is None and state is None and v in refs:
+                total += self.feed_cycles(v, refs[v])
         return total
+
+    def feed_cycles(self, v: Value, ref: Ref) -> int:
+        """The relayout of `v` into the layout of the resident tensor whose update it feeds (0 when
+        it feeds none, or is there already). Only an estimate of what the update will read: a
+        relayout the copy kernel cannot make is priced 0, never a reason to drop the candidate."""
+        state = self.state_fed(v)
+        if state is None or ref.placement.same_placement(self.refs[state].placement):
+            return 0
+        wanted = self.refs[state].placement
+        copy = RelayoutKernel.copy(v, ref, wanted)
+        try:
+            return self.time(copy, {v: ref, copy.out: Ref("output", wanted)})
+        except (CompileError, LayoutError):
+            return 0
 
     def state_fed(self, v: Value) -> Value | None:
         """A placed resident tensor whose new value `v` flows into through element-wise ops of its
-        shape (an optimizer's arithmetic on a gradient), if any: where that update will run."""
+        shape and dtype (an optimizer's arithmetic on a gradient; a cast ends the path, since a
+        tensor of another dtype has other layouts), if any: where that update will run."""
         seen, frontier = {v}, [v]
         while frontier:
             x = frontier.pop(0)
             if x is not v and self.updated_state.get(x) in self.refs:
                 return self.updated_state[x]
             for user in self.users.get(x, []):
-                if user.kind == "ew" and user.out.shape == v.shape and user.out not in seen:
+                same = user.out.shape == v.shape and device_dtype(user.out) == device_dtype(v)
+                if user.kind == "ew" and same and user.out not in seen:
                     seen.add(user.out)
                     frontier.append(user.out)
         return None

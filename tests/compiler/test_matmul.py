@@ -204,3 +204,24 @@ def test_an_empty_batch_is_refused_with_a_compile_error(mini):
     conv = torch.nn.Conv2d(8, 16, 3, padding=1, bias=False)
     with pytest.raises(CompileError, match="no tiling of a 1x0x72x16 product"):
         compile_function(lambda d: {"y": conv(d["x"])}, {"x": torch.randn(0, 8, 4, 4)}, mini)
+
+
+def test_the_pareto_front_keeps_exactly_the_undominated_tilings():
+    """`pareto` (numpy, pairwise) against its definition written out: an item is kept when no
+    other item's vector is at most its own everywhere and differs, and only the first of equal
+    vectors is kept, in the items' order."""
+    rng = np.random.default_rng(0)
+
+    def by_definition(vectors):
+        keep = []
+        for i, v in enumerate(vectors):
+            dominated = any(all(a <= b for a, b in zip(w, v)) and w != v for j, w in enumerate(vectors) if j != i)
+            if not dominated and v not in [vectors[k] for k in keep]:
+                keep.append(i)
+        return keep
+
+    for trial in range(200):
+        n, d = int(rng.integers(0, 30)), int(rng.integers(1, 5))
+        vectors = [tuple(rng.choice([0, 1, 2, 2.5, 3], size=d).tolist()) for _ in range(n)]
+        items = list(range(n))
+        assert matmul.pareto(items, lambda i: vectors[i]) == by_definition(vectors)

@@ -49,6 +49,12 @@ from tests.hwdesc.test_errors import load_error, write
         hazards:
           lm_write_to_read: 100  # <-
         """, "hazards.lm_write_to_read", "100 steps is above the bound 16"),
+    ("pseudo_bits", """
+        formats:
+          pfloat32:
+            bits: 64  # <-
+        """, "formats.pfloat32.bits", "pseudo-single is stored as float32 with low mantissa bits ignored: bits "
+                                      "must be float32's 32, not 64"),
     ("unknown_hazard", """
         hazards:
           lm_write_to_raed: 2  # <-

@@ -17,7 +17,7 @@ from compiler.errors import CompileError
 from compiler.layout import W_AXIS
 from mlsdk.render import csv_text
 from mlsdk import (Context, MNCoreAdam, MNCoreAdamW, MNCoreLRScheduler, MNCoreSGD, MNDevice,
-                   set_buffer_name_in_optimizer, set_tensor_name_in_module, storage)
+                   set_buffer_name_in_optimizer, set_tensor_name, set_tensor_name_in_module, storage)
 
 STEPS = 5
 RTOL = 1e-4
@@ -559,3 +559,26 @@ def test_a_gradient_is_computed_for_the_layout_its_update_runs_in(monkeypatch):
     monkeypatch.setattr(search.Planner, "state_fed", lambda self, v: None)
     blind, blind_update = step_cycles()
     assert priced < blind and priced_update < blind_update
+
+
+@pytest.mark.parametrize("state_dtype, operand_dtype", [(torch.float16, torch.float32), (torch.float32, torch.float16)])
+def test_an_update_through_a_cast_compiles_and_matches_torch(state_dtype, operand_dtype):
+    """The gradient's pricing follows element-wise ops of the gradient's own dtype only: a state
+    of another dtype (a cast on the way) has other layouts, and pricing a relayout into one of
+    them must not cost the product its candidates."""
+    torch.manual_seed(0)
+    w = torch.randn(32, 48).to(state_dtype)
+    set_tensor_name(w, "w")
+    ctx = Context(MNDevice("mini:auto"))
+    ctx.register_buffer(w)
+
+    def step(d):
+        s = (d["c"] @ w.float()).sum()  # w is placed by this read first
+        w.sub_((d["a"] @ d["b"]) * 0.1)
+        return {"s": s}
+    inp = {"a": torch.randn(32, 64).to(operand_dtype), "b": torch.randn(64, 48).to(operand_dtype),
+           "c": torch.randn(8, 32)}
+    want = (w.float() - (inp["a"].float() @ inp["b"].float()) * 0.1).to(state_dtype)
+    ctx.compile(step, inp, None)(inp)
+    got = ctx.get_registered_value_proxy(w).cpu()
+    torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=8e-3 * want.float().abs().max().item())

@@ -160,3 +160,21 @@ def test_bulk_checked_mvs_report_the_first_bad_instruction(mini):
     b = builder(m)
     build(b, -1)
     assert m.run(b.build()).instructions["MV"] == 100
+
+
+def test_repeated_rows_are_checked_once_yet_report_where_they_first_fail(mini):
+    """The validator checks each distinct row once (a compiled program repeats its rounds); a bad
+    row repeated is reported at its first occurrence, and a WAIT is checked where it stands."""
+    m = sim.Machine(mini)
+
+    def rounds(b, bad: bool, wait_tag: int = 1):
+        for k in range(6):
+            b.xfer("distribute", "down", "L1BM", 0, "LM0", 3 if bad and k >= 2 else 0, 8)
+            b.mv("individual", "DRAM", 0, "L2BM", 0, 64, tag=1)
+            b.wait(wait_tag if k == 4 else 1)
+
+    fails(m, lambda b: rounds(b, True), "word address 3 of LM0 is not long-word aligned", 6)
+    fails(m, lambda b: rounds(b, False, wait_tag=2), "WAIT on tag 2, which no earlier MV or HOST_DMA carries", 14)
+    b = builder(m)
+    rounds(b, False)
+    assert m.run(b.build(), mode="timing").instructions["XFER"] == 6
