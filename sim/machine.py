@@ -176,8 +176,10 @@ class Machine:
         half = dtype == DType.float16
         a = operand(isa.MM_A_MEM, m, kp, half)
         b = operand(isa.MM_B_MEM, n, kp, half).swapaxes(-1, -2) if trans else operand(isa.MM_B_MEM, kp, n, half)
-        if dtype == DType.pfloat32:  # float32 words, their low mantissa bits ignored (truncated)
-            a, b = ((x.view(np.uint32) & np.uint32(p.pseudo_mask)).view(np.float32) for x in (a, b))
+        if dtype == DType.pfloat32:  # float32 words, their low mantissa bits ignored (truncated); a
+            # NaN stays NaN (clearing its payload could make it an infinity), as special values follow torch
+            a, b = (np.where(np.isnan(x), x, (x.view(np.uint32) & np.uint32(p.pseudo_mask)).view(np.float32))
+                    for x in (a, b))
         c = operand(isa.MM_C_MEM, m, np_, False)
         accumulate = bool(row[isa.MM_FLAGS] & isa.MM_ACCUMULATE)
 

@@ -34,7 +34,7 @@ How mnsim deviates from the hardware, exactly:
   share one exponent per block, which loses low bits of small elements in a block. The same
   holds for float32 and pseudo-single operands. A pseudo-single (`pfloat32`) operand is the
   float32 word with the low mantissa bits that `formats.pfloat32` lacks against
-  `formats.float32` cleared (truncation); its products accumulate in float32.
+  `formats.float32` cleared (truncation; a NaN stays NaN); its products accumulate in float32.
 """
 
 from __future__ import annotations

@@ -47,6 +47,17 @@ def test_a_product_multiplies_truncated_operands(device, mini):
     assert (got - plain).abs().max().item() > 10 * (got - exact).abs().max().item()  # not a float32 product
 
 
+def test_a_nan_whose_payload_is_ignored_stays_nan(device, mini):
+    """Clearing the low mantissa bits of a NaN whose payload lies only there would leave an
+    infinity; special values follow torch, so the product is NaN."""
+    nan = torch.tensor([0x7F800001], dtype=torch.int32).view(torch.float32)
+    a = torch.ones(8, 16)
+    a[3, 5] = nan[0]
+    inputs = {"a": a, "b": torch.ones(16, 8)}
+    got = device.execute(compile_function(product, inputs, mini, options={"float_dtype": "pfloat32"}), inputs)["c"]
+    assert torch.isnan(got[3]).all() and not torch.isnan(got[:3]).any() and not torch.isinf(got).any()
+
+
 def test_pseudo_single_products_take_fewer_cycles_than_float32(mini):
     inputs = {"a": torch.randn(256, 512), "b": torch.randn(512, 384)}
     machine = Machine(mini)
