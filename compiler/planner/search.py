@@ -352,11 +352,15 @@ class Planner:
             if wanted is None and state in self.refs:
                 wanted = self.refs[state].placement
             if wanted is not None and v in refs and not refs[v].placement.same_placement(wanted):
-                copy = RelayoutKernel.copy(v, refs[v], wanted)
-                total += self.time(copy, {v: refs[v], copy.out: Ref("output", wanted)})
+                total += self.relayout_cycles(v, refs[v], wanted)
             elif wanted is None and state is None and v in refs:
                 total += self.feed_cycles(v, refs[v])
         return total
+
+    def relayout_cycles(self, v: Value, ref: Ref, wanted: Placement) -> int:
+        """The timed copy of `v`, stored as `ref`, into `wanted`."""
+        copy = RelayoutKernel.copy(v, ref, wanted)
+        return self.time(copy, {v: ref, copy.out: Ref("output", wanted)})
 
     def feed_cycles(self, v: Value, ref: Ref) -> int:
         """The relayout of `v` into the layout of the resident tensor whose update it feeds (0 when
@@ -365,10 +369,8 @@ class Planner:
         state = self.state_fed(v)
         if state is None or ref.placement.same_placement(self.refs[state].placement):
             return 0
-        wanted = self.refs[state].placement
-        copy = RelayoutKernel.copy(v, ref, wanted)
         try:
-            return self.time(copy, {v: ref, copy.out: Ref("output", wanted)})
+            return self.relayout_cycles(v, ref, self.refs[state].placement)
         except (CompileError, LayoutError):
             return 0
 
