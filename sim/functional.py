@@ -3,7 +3,7 @@
 A program is cut into runs: consecutive data movements (NOP, WAIT, the copying MV and XFER
 modes) run in one numba call (`moves.execute_moves`); every other instruction is dispatched from
 here one at a time to the kernel of its kind: `vector.run_vop`, `reduce.mv_reduce` /
-`reduce.xfer_reduce`, `moves.mab_broadcast`, or a caller's handler (the machine runs MATMUL and HOST_DMA with numpy).
+`reduce.xfer_reduce`, `moves.mab_broadcast`, `moves.transpose`, or a caller's handler (the machine runs MATMUL and HOST_DMA with numpy).
 
 Why not one numba loop over everything: numba compiles a function together with everything it
 may call, so a single executor compiled every kernel (about 40 s in a fresh checkout) before the
@@ -18,8 +18,8 @@ from typing import Callable
 import numpy as np
 
 from . import isa
-from .isa import Dir, Mode, Op
-from .moves import execute_moves, is_move, mab_broadcast
+from .isa import Dir, DType, Mode, Op
+from .moves import execute_moves, is_move, mab_broadcast, transpose
 from .params import FMT_WPL, MachineParams
 from .reduce import mv_reduce, xfer_reduce
 from .vector import run_vop
@@ -63,6 +63,9 @@ def execute(p: MachineParams, memories: list[np.ndarray], code: np.ndarray, hand
                 path = p.path_of[lower, upper] if row[isa.X_DIR] == Dir.up else p.path_of[upper, lower]
                 if row[isa.X_MODE] == Mode.mab_broadcast:
                     mab_broadcast(row, memories, p.mem_instances, p.mem_lw_addressed, int(p.path_group[path]), wpl)
+                elif row[isa.X_MODE] == Mode.transpose:
+                    transpose(row, memories, p.mem_instances, p.mem_lw_addressed, int(p.path_group[path]), wpl,
+                              p.elements_per_word(DType(int(row[isa.X_DTYPE]))))
                 else:
                     xfer_reduce(row, memories, p.mem_instances, p.mem_lw_addressed, int(p.path_group[path]), p.fmt)
             else:

@@ -24,6 +24,18 @@ validator (sim.issue) accepts a bundle when its members use distinct slots, none
 what another writes, each memory is read by at most one member and written by at most one, and a
 memory with a single read/write port (1RW) is not read by one member and written by another.
 Hazards (sim.hazards) count a bundle as one issue: its members start at its first step.
+
+The matrix registers. The MAU's two faces (the YAML memory at the MAU's level, MREG) are reached
+by two PE-stream XFERs: `mwrite` (path pe_to_mreg, mode individual, up: register row r is long
+word r of each of a MAB's PEs, PE p's at position p of the row) and `mread` (path mreg_to_pe,
+mode transpose, down). A transposed read takes blocks of `side` rows, side = PEs per MAB x
+elements per long word of the XFER's dtype (8 float32, 16 half: the register's logical square),
+and gives PE p, at lower long word b*side + j, the elements of rows p*epl .. p*epl + epl - 1 of
+column j of block b: a MAB transposes side x side tiles whose columns lie across its PEs, the
+move between PEs that the SDM's `mread` makes. A MATMUL takes the MAU's mau-calc and mau-mwrite
+groups (its slot, `mau`), so the validator never bundles it with an XFER on a matrix-register
+path (the SDM allows 2 of the 3 MAU groups in one step); mwrite shares the slot `mau` with the
+MAU's VOPs, which is stricter than the SDM (fvadd and mwrite are separate groups there).
 """
 
 from __future__ import annotations
@@ -62,6 +74,7 @@ class Mode(IntEnum):
     distribute = 3
     collect = 4
     reduce = 5
+    transpose = 6  # the matrix registers' transposed read (mread): blocks of rows come out as columns
 
 
 class Dir(IntEnum):
@@ -203,7 +216,7 @@ TABLE: tuple[InstrDoc, ...] = (
              "data for ceil(n_lw / rate) cycles of host_to_pdm or pdm_to_host, latency_cycles after issue at the "
              "earliest; FIFO on the one link"),
     InstrDoc(Op.XFER, "mode, dir, up_mem, up_addr, lo_mem, lo_addr, n_lw (upper side), red, dtype, index",
-             "PE stream (l2bm or l1bm slot)",
+             "PE stream (the path's slot: l2bm, l1bm; mau for mwrite, mread for the matrix registers' read)",
              "ceil(ceil(max(LW on the src side / src rate, LW per dst instance / dst rate)) / step_cycles) steps"),
     InstrDoc(Op.VOP, "op, dtype, n_outer, n_inner, dst(mem, addr, so, si), a(...), b(...), c(...), src_dtype",
              "PE stream (ALU or MAU per pe_ops.<op>.unit, or pe_ops.<op>.dtypes.<dtype>.unit)",

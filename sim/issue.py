@@ -8,6 +8,8 @@ constraints on one VLIW word, as they apply to whole macro-instructions:
   member has one (a unit or path without a `slot` issues alone);
 * no two writers to one operand, and multiple readers of one memory use one address pattern: here
   each memory is read by at most one member and written by at most one;
+* at most 2 of the MAU's three groups (calc, mwrite, mread): a MATMUL holds calc and mwrite, so
+  no XFER to or from the matrix registers (the memory at the MAU's level) issues with it;
 * a memory with one read/write port (`ports: 1RW`, the LMs) is not read by one member while
   another writes it; with separate ports (1R1W) it may be, at ranges that do not meet, since the
   members must not depend on each other (their order inside the bundle is not defined).
@@ -81,6 +83,7 @@ def check(p: MachineParams, code: np.ndarray) -> None:
                 raise fail(i, f"it issues with instruction #{slots[slot]} in the same VLIW slot "
                               f"{p.slot_names[slot]}; a slot holds one instruction per step")
             slots[slot] = i
+        _check_mau_groups(p, code, rows.tolist(), fail)
         readers: dict[int, tuple[int, int, int]] = {}
         writers: dict[int, tuple[int, int, int]] = {}
         for k, i in enumerate(rows.tolist()):
@@ -106,3 +109,15 @@ def check(p: MachineParams, code: np.ndarray) -> None:
             if wlo <= rhi and rlo <= whi:
                 raise fail(max(ri, wi), f"instruction #{ri} reads {name} {rlo}..{rhi}, which instruction #{wi} of "
                                         f"its bundle writes: members must not depend on each other")
+
+
+def _check_mau_groups(p: MachineParams, code: np.ndarray, rows: list[int], fail) -> None:
+    """A MATMUL (mau-calc and mau-mwrite) leaves no third MAU group for a matrix-register XFER."""
+    matmul = next((i for i in rows if code[i, 0] == Op.MATMUL), None)
+    if matmul is None:
+        return
+    for i in rows:
+        if code[i, 0] == Op.XFER and p.mem_level[int(code[i, isa.X_UP_MEM])] == p.mab_level:
+            raise fail(max(i, matmul), f"instruction #{i} moves the matrix registers "
+                                       f"({p.memory_names[int(code[i, isa.X_UP_MEM])]}) while MATMUL #{matmul} holds "
+                                       f"the MAU's calc and mwrite groups; one step issues at most 2 of its 3 groups")

@@ -9,11 +9,13 @@ layout_notation.md section 7.2, with fan-outs and chunk sizes from the hardware 
   (l2bmd: chunk 8 over 8 L1Bs; l1bmd: chunk 1 over the 64 PEs of an L1B); collect is its inverse;
 * mab_broadcast: upper LW q goes to member q mod G at q div G of every group of G children
   (l1bmm: the 4 PEs of every MAB); individual (upward) reads a group the same way;
-* broadcast: every child gets the same n long words.
+* broadcast: every child gets the same n long words;
+* transpose (mread, the matrix registers to the PEs): blocks of side x side elements, their rows
+  across a group's members, come out as columns (sim.isa, "the matrix registers").
 
 Reductions (MV and XFER mode reduce) compute, so they live in `sim.reduce`; `execute_moves` runs
 a block of NOP, WAIT and the copying MV/XFER modes in one call, except mab_broadcast, which
-`mab_broadcast` replicates with numpy.
+`mab_broadcast` replicates with numpy, and transpose, which `transpose` reshapes with numpy.
 """
 
 from __future__ import annotations
@@ -182,10 +184,25 @@ def _member_runs(upper, group, wpl, out):
                 out[u, m, at + w] = upper[u, wpl * q + w]
 
 
+def transpose(row: np.ndarray, mems: list[np.ndarray], mem_instances: np.ndarray, lw_addressed: np.ndarray,
+              group: int, wpl: int, elements_per_word: int) -> None:
+    """XFER transpose: the upper long words are blocks of `side` rows of `group` long words
+    (side = group x elements per long word); PE m of every group gets, at long word b*side + j,
+    its elements of column j of block b. The same for every group of children (one on a MAB)."""
+    upper, children, rounds = member_groups(row, mems, mem_instances, lw_addressed, group, wpl)
+    item = np.uint32 if elements_per_word == 1 else np.uint16
+    epl = wpl * elements_per_word
+    side = group * epl
+    n_up = upper.shape[0]
+    blocks = upper.view(item).reshape(n_up, -1, side, side)  # [upper, block, row, column]
+    columns = blocks.swapaxes(-1, -2).reshape(n_up, -1, side, group, epl)  # [upper, block, j, member, lane]
+    children.view(item)[...] = np.moveaxis(columns, -2, 1).reshape(n_up, 1, group, -1)  # [upper, member, ...]
+
+
 def is_move(code: np.ndarray) -> np.ndarray:
     """Rows `execute_moves` runs: NOP, WAIT, and MV/XFER in every mode but reduce (and
-    mab_broadcast, which `mab_broadcast` runs)."""
+    mab_broadcast and transpose, which `mab_broadcast` and `transpose` run)."""
     ops = code[:, 0]
     mv_red = (ops == Op.MV) & (code[:, isa.MV_MODE] == Mode.reduce)
-    x_own = (ops == Op.XFER) & np.isin(code[:, isa.X_MODE], (Mode.reduce, Mode.mab_broadcast))
+    x_own = (ops == Op.XFER) & np.isin(code[:, isa.X_MODE], (Mode.reduce, Mode.mab_broadcast, Mode.transpose))
     return np.isin(ops, (Op.NOP, Op.WAIT, Op.MV, Op.XFER)) & ~mv_red & ~x_own

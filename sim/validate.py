@@ -166,7 +166,7 @@ class _Checker:
         if self.p.path_engine[p] != 1:
             raise self.fail(i, f"path {self.p.path_names[p]} is not driven by the PE stream; use MV")
         self.enum(i, Red, row[isa.X_RED], "reduction")
-        self.storage_dtype(i, row[isa.X_DTYPE])
+        dtype = self.storage_dtype(i, row[isa.X_DTYPE])
         if mode == Mode.reduce and row[isa.X_RED] == Red.none:
             raise self.fail(i, "a reduce XFER needs a reduction op (add, max, min)")
         n = int(row[isa.X_N])
@@ -185,6 +185,10 @@ class _Checker:
             if n % group:
                 raise self.fail(i, f"n={n} must be a multiple of the {group} members of a group for {mode.name}")
             lower_n = n // group
+            block = group * group * self.p.words_per_lw * self.p.elements_per_word(dtype)
+            if mode == Mode.transpose and n % block:
+                raise self.fail(i, f"n={n} must be a multiple of {block} long words for transpose: whole blocks of "
+                                   f"{block // group} rows of {group} long words ({dtype.name})")
             if mode == Mode.individual and not 0 <= row[isa.X_INDEX] < fan // group:
                 raise self.fail(i, f"index {row[isa.X_INDEX]} names no group; there are {fan // group}")
         self.in_range(i, um, int(row[isa.X_UP_ADDR]), n, "upper long words")
