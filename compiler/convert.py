@@ -46,9 +46,9 @@ def build_conversion(src: IOSpec, dst: IOSpec, hw: HwDesc) -> Conversion:
     source, target = src.placement(hw, dtype), dst.placement(hw, dtype)
     ctx = EmitContext(hw)
     value = Value(src.name, tuple(src.shape), "bool" if src.dtype == "bool" else dtype, "input")
-    kernel = RelayoutKernel.copy(value, Ref("src", source), target)
-    with ctx.label(f"convert {src.name} -> {dst.name}"):
-        kernel.emit(ctx, {value: Ref("src", source), kernel.out: Ref("dst", target)})
+    kernel = RelayoutKernel.copy(value, Ref("src", source, src.lm_layout), target)
+    with ctx.label(f"convert {src.name} -> {dst.name}"):  # the LM layouts, where known, guide a transpose
+        kernel.emit(ctx, {value: Ref("src", source, src.lm_layout), kernel.out: Ref("dst", target, dst.lm_layout)})
     program = ctx.b.build()
     extents = symbol_extents(ctx.params, program.code, program.relocs, program.symbols)
     for symbol, (_, reach) in extents.items():

@@ -30,6 +30,7 @@ from .context import Arena, EmitContext, Ref
 from .loops import Operand as LoopOperand
 from .loops import emit_vops, nest
 from .operands import per_pe, slice_count
+from .transposer import emit_through_registers
 
 
 def unpacked(layout: Layout) -> Layout:
@@ -138,8 +139,9 @@ class RelayoutKernel(Kernel):
     def key(self, refs: dict[Value, Ref]) -> tuple | None:
         if self.index is not None:
             return None  # a movement node's map: not worth hashing
-        return ("relayout", str(refs[self.source].placement.layout), str(refs[self.out].placement.layout),
-                refs[self.source].placement.dtype, str(self.layout), self.zero_pad)
+        src, out = refs[self.source], refs[self.out]  # the LM layouts guide a transpose (kernels.transposer)
+        return ("relayout", str(src.placement.layout), str(out.placement.layout), src.placement.dtype,
+                str(self.layout), self.zero_pad, str(src.lm), str(out.lm))
 
     def sources(self) -> list[Value]:
         return [self.source]
@@ -163,6 +165,10 @@ class RelayoutKernel(Kernel):
                 return
         except LaneMismatch:
             pass
+        order = self._order()
+        if order is not None and not self.zero_pad and \
+                emit_through_registers(ctx, src, out, dtype, order, self.out.name):
+            return
         budget = _pass_budget(ctx, ctx.hw.elements_per_lw(dtype))
         spread_ref = self._unpack(ctx, src, dtype, budget)
         packed = self.layout if self.layout is not None and _uploadable(ctx, self.layout, dtype) else \
@@ -173,6 +179,15 @@ class RelayoutKernel(Kernel):
         self._pack(ctx, spread_ref, packed, image_ref, dtype)
         if image_ref is not out:
             ctx.gather(lw_sources(target, image), out, [image_ref])
+
+    def _order(self) -> tuple[int, ...] | None:
+        """How the output's dimensions take the source's (out dim i is source dim order[i]), for a
+        copy or a permute; None for other movement (slices, windows, gathers)."""
+        if self.node is None:
+            return tuple(range(len(self.source.shape)))
+        if self.node.kind == "permute":
+            return tuple(self.node.attrs["order"])
+        return None
 
     def _pad(self) -> float | int:
         return self.node.attrs.get("value", self.node.attrs.get("fill", 0)) if self.node is not None else 0

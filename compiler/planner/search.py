@@ -586,6 +586,8 @@ class Planner:
             else:
                 self.output_constraints = getattr(self, "output_constraints", {})
                 self.output_constraints[value] = placement
+                self.output_lm = getattr(self, "output_lm", {})
+                self.output_lm[value] = spec.lm_layout
                 if spec.lm_layout is not None:
                     self.output_wishes[value] = spec.lm_layout
 
@@ -602,7 +604,8 @@ class Planner:
             buffer = self.buffers[ref.symbol]
             shared = ref.symbol in taken or buffer.role in ("input", "const") or self.owner.get(ref.symbol) is not v
             if wanted is not None and not ref.placement.same_placement(wanted):
-                ref = self.copy_to(v, ref, wanted, name)
+                lm = getattr(self, "output_lm", {}).get(v) if v in constraints and name not in update_names else None
+                ref = self.copy_to(v, ref, wanted, name, lm)
             elif shared:
                 ref = self.copy_to(v, ref, None, name)
             else:
@@ -612,11 +615,12 @@ class Planner:
             taken.add(ref.symbol)
         return out_symbols
 
-    def copy_to(self, v: Value, ref: Ref, placement: Placement | None, name: str) -> Ref:
-        """A copy of `v` into a buffer of its own (in `placement`, or as it is)."""
+    def copy_to(self, v: Value, ref: Ref, placement: Placement | None, name: str, lm: Layout | None = None) -> Ref:
+        """A copy of `v` into a buffer of its own (in `placement`, whose LM layout `lm` is, when
+        known: a transpose uses it, or as it is)."""
         target = placement or ref.placement
         symbol = f"output:{name}"
-        copy = Ref(symbol, target, ref.lm if placement is None else None)
+        copy = Ref(symbol, target, ref.lm if placement is None else lm)
         kernel = RelayoutKernel.copy(v, ref, target)
         refs = {v: ref, kernel.out: copy}
         self.steps.append(Step(kernel, refs, self.time(kernel, refs), (v,), (kernel.out,)))

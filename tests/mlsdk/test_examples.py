@@ -71,8 +71,8 @@ def test_chain_advice_followed_saves_what_it_said(capsys, tmp_path, monkeypatch)
     import re
     import tempfile
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    plain = run_example("chain_conversion.py", "mini:auto", capsys)
-    followed = run_example("chain_conversion.py", "mini:auto", capsys, "--follow-advice")
+    plain = run_example("chain_conversion.py", "mncore2:auto", capsys)
+    followed = run_example("chain_conversion.py", "mncore2:auto", capsys, "--follow-advice")
     assert plain.splitlines()[0] == followed.splitlines()[0] == "producer -> consumer chain succeeded"
     assert "consumer.scores from producer.scores: conversion" in plain
     assert "consumer.scores from producer.scores: relocation (0 cycles)" in followed

@@ -1,0 +1,75 @@
+"""Relayouts that move lanes go through the MAU's matrix registers (compiler.kernels.transposer):
+values against torch, the registers' transfers in the program, and fewer cycles than the
+element-by-element route the compiler takes on a chip without them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import compiler.kernels.transposer as transposer
+import sim.isa as isa
+from mlsdk import Context, MNDevice
+
+CASES = {
+    # (a @ b)^T feeds a product: the transpose moves the packed dimension of a computed value
+    "transposed product": (lambda d: {"y": (d["a"] @ d["b"]).t() @ d["c"]},
+                           {"a": (24, 16), "b": (16, 40), "c": (24, 8)}),
+    # a 3-d permute whose packed dimension moves, with padding (40 = 5 x 8)
+    "permute": (lambda d: {"y": (d["a"] + 1).permute(2, 0, 1) @ d["c"]}, {"a": (8, 24, 40), "c": (24, 16)}),
+}
+
+
+def _run(chip: str, case: str):
+    fn, shapes = CASES[case]
+    torch.manual_seed(0)
+    inputs = {k: torch.randn(*s) for k, s in shapes.items()}
+    compiled = Context(MNDevice(chip)).compile(fn, inputs, None)
+    out = compiled(inputs)["y"].cpu()
+    code = compiled.compiled.program.code
+    mreads = int(((code[:, 0] == isa.Op.XFER) & (code[:, isa.X_MODE] == isa.Mode.transpose)).sum())
+    return out, fn(inputs)["y"], compiled.last_cycles, mreads
+
+
+@pytest.mark.parametrize("chip", ["mini", "mncore2"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_lane_moving_relayout_transposes_in_the_registers(chip, case, monkeypatch):
+    out, expected, cycles, mreads = _run(chip, case)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    assert mreads > 0
+    monkeypatch.setattr(transposer, "registers", lambda ctx: None)  # as on a chip without them
+    out_without, _, cycles_without, mreads_without = _run(chip, case)
+    torch.testing.assert_close(out_without, expected, rtol=1e-4, atol=1e-4)
+    assert mreads_without == 0
+    assert cycles < cycles_without
+
+
+def test_a_conversion_between_functions_transposes_in_the_registers(monkeypatch):
+    """The runtime's DRAM-to-DRAM conversion (examples/chain_conversion.py's pair on mini: the
+    producer packs the score matrix's columns, the consumer its rows) uses the registers too."""
+    q, k = torch.randn(64, 32), torch.randn(128, 32)
+
+    def chain() -> tuple[torch.Tensor, int]:
+        ctx = Context(MNDevice("mini"))
+        consumer = ctx.compile(lambda d: {"p": torch.softmax(d["s"], dim=-1)}, {"s": q @ k.T}, None)
+        producer = ctx.compile(lambda d: {"s": d["q"] @ d["k"].T}, {"q": q, "k": k}, None)
+        probs = consumer(producer({"q": q, "k": k}))["p"].cpu()
+        (binding,) = [b for b in ctx.report().bindings if b.producer]
+        assert binding.path == "conversion"
+        return probs, binding.cycles
+    probs, cycles = chain()
+    torch.testing.assert_close(probs, torch.softmax(q @ k.T, dim=-1), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(transposer, "registers", lambda ctx: None)
+    probs_without, cycles_without = chain()
+    torch.testing.assert_close(probs_without, probs, rtol=0, atol=0)
+    assert cycles < cycles_without / 2
+
+
+@pytest.mark.parametrize("shape", [(6, 40), (40, 6), (9, 17), (33, 8)])
+def test_padded_and_short_dimensions_transpose_exactly(shape):
+    """A register block is PEs x lanes (8 float32) on a side: dimensions that do not fill whole
+    blocks are padded or take the element route; either way the values are torch's."""
+    torch.manual_seed(1)
+    a, c = torch.randn(*shape), torch.randn(shape[0], 8)
+    compiled = Context(MNDevice("mini")).compile(lambda d: {"y": (d["a"] * 3).t() @ d["c"]}, {"a": a, "c": c}, None)
+    torch.testing.assert_close(compiled({"a": a, "c": c})["y"].cpu(), (a * 3).t() @ c, rtol=1e-4, atol=1e-4)
