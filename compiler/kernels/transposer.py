@@ -262,7 +262,7 @@ def _emit(ctx: EmitContext, src: Ref, dst: Ref, lm_in: Placement, lm_out: Placem
         ctx.b.xfer("transpose", "down", memory, (k % DOUBLE_BUFFERED) * per_chunk * pes, b[0], b[1] + c * wpl,
                    n * pes, dtype=dtype)
     for t in range(slice_count(lm_in.layout)):
-        ctx.download(src, lm_in, memory=a[0], word=a[1], slice_index=t)
+        ctx.download(src, lm_in, memory=a[0], word=a[1], slice_index=t, pad=0)  # padding stays padding: zeros
         write(0)
         for k in range(1, len(chunks)):
             with ctx.b.together():
