@@ -226,11 +226,12 @@ def _candidates(ctx: EmitContext, src: Ref, out: Ref, order: tuple[int, ...], w:
     def sliced(layout: Layout | None, w_: int, a_: int) -> Layout | None:
         layout = time_sliced(layout, budget, epl) if layout is not None else None
         return layout if layout is not None and _blocks(layout, w_, a_, pes, epl, side, pe_axis) else None
-    if out.lm is not None:
+    known = lambda ref: ref.lm is not None and ref.lm.shape == ref.shape  # noqa: E731  (a view's may be its base's)
+    if known(out):
         produced = sliced(_restrided(out.lm, a, side), w, a)
         if produced is not None:
             pairs.append((produced, _exchange(produced, w, a, pes, epl, pe_axis)))
-    if src.lm is not None:
+    if known(src):
         consumed = sliced(_restrided(src.lm.permute(order), w, side), a, w)
         if consumed is not None:
             pairs.append((_exchange(consumed, a, w, pes, epl, pe_axis), consumed))
