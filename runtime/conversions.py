@@ -25,8 +25,11 @@ def layout_key(spec: IOSpec) -> str:
     return json.dumps(d, sort_keys=True)
 
 
-def pair_key(src: IOSpec, dst: IOSpec) -> tuple[str, str]:
-    return layout_key(src), layout_key(dst)
+def pair_key(src: IOSpec, dst: IOSpec) -> tuple[str, str, str, str]:
+    """What a conversion program depends on: both layouts, and the LM layouts a transpose through
+    the matrix registers takes as hints (compiler.kernels.transposer), so equal pairs with other
+    hints get their own program."""
+    return layout_key(src), layout_key(dst), str(src.lm_layout), str(dst.lm_layout)
 
 
 class Conversions:

@@ -186,9 +186,10 @@ class _Checker:
                 raise self.fail(i, f"n={n} must be a multiple of the {group} members of a group for {mode.name}")
             lower_n = n // group
             block = group * group * self.p.words_per_lw * self.p.elements_per_word(dtype)
-            if mode == Mode.transpose and n % block:
-                raise self.fail(i, f"n={n} must be a multiple of {block} long words for transpose: whole blocks of "
-                                   f"{block // group} rows of {group} long words ({dtype.name})")
+            if mode == Mode.transpose and (n % block or row[isa.X_UP_ADDR] % block):
+                raise self.fail(i, f"n={n} at {self.p.memory_names[um]} {row[isa.X_UP_ADDR]}: a transpose reads whole "
+                                   f"blocks of {block // group} rows of {group} long words ({dtype.name}), each "
+                                   f"starting at a multiple of {block} (inside one register face)")
             if mode == Mode.individual and not 0 <= row[isa.X_INDEX] < fan // group:
                 raise self.fail(i, f"index {row[isa.X_INDEX]} names no group; there are {fan // group}")
         self.in_range(i, um, int(row[isa.X_UP_ADDR]), n, "upper long words")

@@ -191,7 +191,7 @@ def emit_through_registers(ctx: EmitContext, src: Ref, out: Ref, dtype: str, ord
     capacities = sorted((ctx.hw.memory_lw(m), m) for m in ctx.chain.scratch)
     if len(capacities) < DOUBLE_BUFFERED:
         return False
-    budget = capacities[-DOUBLE_BUFFERED][0] - 1  # two regions, in two memories (one reads while one writes)
+    budget = capacities[-DOUBLE_BUFFERED][0]  # two regions, in two memories (one reads while one writes)
     inverse = tuple(order.index(d) for d in range(len(order)))
     best = None
     for produced, consumed in _candidates(ctx, src, out, order, w, a, epl, budget):

@@ -348,19 +348,21 @@ class Planner:
         total = 0
         for v in kernel.outputs():
             wanted = getattr(self, "output_constraints", {}).get(v)
+            lm = getattr(self, "output_lm", {}).get(v)
             state = self.updated_state.get(v)  # a resident tensor's new value goes where the old one is
             if wanted is None and state in self.refs:
-                wanted = self.refs[state].placement
+                wanted, lm = self.refs[state].placement, self.refs[state].lm
             if wanted is not None and v in refs and not refs[v].placement.same_placement(wanted):
-                total += self.relayout_cycles(v, refs[v], wanted)
+                total += self.relayout_cycles(v, refs[v], wanted, lm)
             elif wanted is None and state is None and v in refs:
                 total += self.feed_cycles(v, refs[v])
         return total
 
-    def relayout_cycles(self, v: Value, ref: Ref, wanted: Placement) -> int:
-        """The timed copy of `v`, stored as `ref`, into `wanted`."""
+    def relayout_cycles(self, v: Value, ref: Ref, wanted: Placement, lm: Layout | None = None) -> int:
+        """The timed copy of `v`, stored as `ref`, into `wanted` (the image of LM layout `lm`, when
+        known): the copy `copy_to` emits, so both share one timing."""
         copy = RelayoutKernel.copy(v, ref, wanted)
-        return self.time(copy, {v: ref, copy.out: Ref("output", wanted)})
+        return self.time(copy, {v: ref, copy.out: Ref("output", wanted, lm)})
 
     def feed_cycles(self, v: Value, ref: Ref) -> int:
         """The relayout of `v` into the layout of the resident tensor whose update it feeds (0 when
@@ -370,7 +372,7 @@ class Planner:
         if state is None or ref.placement.same_placement(self.refs[state].placement):
             return 0
         try:
-            return self.relayout_cycles(v, ref, self.refs[state].placement)
+            return self.relayout_cycles(v, ref, self.refs[state].placement, self.refs[state].lm)
         except (CompileError, LayoutError):
             return 0
 
@@ -598,13 +600,12 @@ class Planner:
         update_names = set(self.graph.update_outputs().values())
         for name, v in self.graph.outputs.items():
             ref = self.place_default(v)
-            wanted = constraints.get(v)
-            if name in update_names:
-                wanted = self.refs[self.updated_state[v]].placement  # a resident tensor's new value: where it is read
+            wanted, lm = constraints.get(v), getattr(self, "output_lm", {}).get(v)
+            if name in update_names:  # a resident tensor's new value: where it is read
+                wanted, lm = self.refs[self.updated_state[v]].placement, self.refs[self.updated_state[v]].lm
             buffer = self.buffers[ref.symbol]
             shared = ref.symbol in taken or buffer.role in ("input", "const") or self.owner.get(ref.symbol) is not v
             if wanted is not None and not ref.placement.same_placement(wanted):
-                lm = getattr(self, "output_lm", {}).get(v) if v in constraints and name not in update_names else None
                 ref = self.copy_to(v, ref, wanted, name, lm)
             elif shared:
                 ref = self.copy_to(v, ref, None, name)

@@ -73,3 +73,19 @@ def test_padded_and_short_dimensions_transpose_exactly(shape):
     a, c = torch.randn(*shape), torch.randn(shape[0], 8)
     compiled = Context(MNDevice("mini")).compile(lambda d: {"y": (d["a"] * 3).t() @ d["c"]}, {"a": a, "c": c}, None)
     torch.testing.assert_close(compiled({"a": a, "c": c})["y"].cpu(), (a * 3).t() @ c, rtol=1e-4, atol=1e-4)
+
+
+def test_a_conversion_program_is_kept_per_pair_of_hints():
+    """A conversion depends on the LM layouts the IOSpecs carry (they guide the transpose), so the
+    runtime's program cache tells apart pairs that differ only in them."""
+    from dataclasses import replace
+
+    from runtime.conversions import pair_key
+    q, k = torch.randn(64, 32), torch.randn(128, 32)
+    ctx = Context(MNDevice("mini"))
+    consumer = ctx.compile(lambda d: {"p": torch.softmax(d["s"], dim=-1)}, {"s": q @ k.T}, None)
+    producer = ctx.compile(lambda d: {"s": d["q"] @ d["k"].T}, {"q": q, "k": k}, None)
+    src, dst = producer.output_specs["s"], consumer.input_specs["s"]
+    assert src.lm_layout is not None and dst.lm_layout is not None
+    bare = replace(src, lm_layout=None)
+    assert bare.is_memcopyable_to(src) and pair_key(bare, dst) != pair_key(src, dst)

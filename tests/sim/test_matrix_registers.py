@@ -112,14 +112,16 @@ def test_a_matmul_leaves_no_mau_group_for_a_register_transfer(mini):
         m.run(b.build(), mode="timing")
 
 
-@pytest.mark.parametrize("mode, direction, n, message", [
-    ("transpose", "down", 16, r"n=16 must be a multiple of 32 long words for transpose"),
-    ("transpose", "up", 32, r"path pe_to_mreg does not offer mode transpose"),
-    ("broadcast", "down", 32, r"path mreg_to_pe does not offer mode broadcast"),
+@pytest.mark.parametrize("mode, direction, at, n, message", [
+    ("transpose", "down", 0, 16, r"n=16 at MREG 0: a transpose reads whole blocks of 8 rows of 4 long words "
+                                 r"\(float32\), each starting at a multiple of 32"),
+    ("transpose", "down", 8, 32, r"n=32 at MREG 8: a transpose reads whole blocks"),
+    ("transpose", "up", 0, 32, r"path pe_to_mreg does not offer mode transpose"),
+    ("broadcast", "down", 0, 32, r"path mreg_to_pe does not offer mode broadcast"),
 ])
-def test_bad_register_transfers_are_refused(mini, mode, direction, n, message):
+def test_bad_register_transfers_are_refused(mini, mode, direction, at, n, message):
     m = sim.Machine(mini)
     b = sim.ProgramBuilder(m.params)
-    b.xfer(mode, direction, "MREG", 0, "LM0", 0, n)
+    b.xfer(mode, direction, "MREG", at, "LM0", 0, n)
     with pytest.raises(SimError, match=message):
         m.run(b.build())
