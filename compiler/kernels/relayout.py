@@ -55,8 +55,8 @@ def lane_matched(p: Placement, budget_lw: int) -> Layout:
     if not w:
         return spread(shape, epl, p.hw.axes, Spread(None, False), budget_lw)
     (d, k, f), = w
-    if f.size == epl and lanes_innermost(layout):
-        return spread(shape, epl, p.hw.axes, Spread(d, False), budget_lw)
+    if epl % f.size == 0 and lanes_innermost(layout):  # fewer lanes than fit (a half cast from float32's
+        return spread(shape, f.size, p.hw.axes, Spread(d, False), budget_lw)  # layout): the same few
     raise CompileError(f"cannot relay a tensor stored as {layout} on the device: its lanes are not the innermost "
                        f"digit of one dimension")
 

@@ -89,3 +89,18 @@ def test_a_conversion_program_is_kept_per_pair_of_hints():
     assert src.lm_layout is not None and dst.lm_layout is not None
     bare = replace(src, lm_layout=None)
     assert bare.is_memcopyable_to(src) and pair_key(bare, dst) != pair_key(src, dst)
+
+
+@pytest.mark.parametrize("chip", ["mini", "mncore2"])
+@pytest.mark.parametrize("case", ["broadcast operand", "transposed operand"])
+def test_a_half_cast_from_a_float32_layout_relays(chip, case):
+    """`x.half()` keeps the float32 input's layout: two of a long word's four half lanes. Such a
+    tensor relays (expanded for a batched product, or transposed) instead of being refused."""
+    fn = {"broadcast operand": lambda d: {"y": ((d["a"].half() * 2).permute(2, 0, 1) @ d["c"].half()).float()},
+          "transposed operand": lambda d: {"y": (d["a"].half().transpose(1, 2) @ d["c"].half()).float()}}[case]
+    torch.manual_seed(0)
+    inputs = {"a": torch.randn(4, 32, 16), "c": torch.randn(32, 16)}
+    out = Context(MNDevice(chip)).compile(fn, inputs, None)(inputs)["y"].cpu()
+    expected = fn(inputs)["y"]
+    # MN-Core's half has 9 mantissa bits: each operand within 2^-9, accumulated in float32
+    torch.testing.assert_close(out, expected, rtol=0, atol=float(2 ** -8 * expected.abs().max()))
