@@ -72,6 +72,9 @@ def _check_memories(hw: HwDesc) -> list[Problem]:
         if int(mem.capacity_bytes) % unit:
             problems.append((("memories", name, "capacity_bytes"),
                              f"{int(mem.capacity_bytes)} bytes is not a whole number of {unit}-byte address units"))
+        elif int(mem.capacity_bytes) // unit % mem.faces:
+            problems.append((("memories", name, "faces"), f"{mem.faces} faces do not split {int(mem.capacity_bytes) // unit} "
+                                                          f"address units evenly"))
     return problems
 
 

@@ -84,6 +84,9 @@ class Memory(_Frozen):
     """Long words per cycle per port."""
     location: bool
     """Whether the compiler may keep a tensor here (MLSDK's Location: DRAM, LM0, LM1)."""
+    faces: Count = 1
+    """Equal parts of one instance (the matrix registers' two faces, $lx and $ly) that the
+    instructions of one step use one each: a bundle's members touch distinct faces."""
     doc: str = ""
 
     @property

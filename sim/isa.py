@@ -32,10 +32,13 @@ mode transpose, down). A transposed read takes blocks of `side` rows, side = PEs
 elements per long word of the XFER's dtype (8 float32, 16 half: the register's logical square),
 and gives PE p, at lower long word b*side + j, the elements of rows p*epl .. p*epl + epl - 1 of
 column j of block b: a MAB transposes side x side tiles whose columns lie across its PEs, the
-move between PEs that the SDM's `mread` makes. A MATMUL takes the MAU's mau-calc and mau-mwrite
-groups (its slot, `mau`), so the validator never bundles it with an XFER on a matrix-register
-path (the SDM allows 2 of the 3 MAU groups in one step); mwrite shares the slot `mau` with the
-MAU's VOPs, which is stricter than the SDM (fvadd and mwrite are separate groups there).
+move between PEs that the SDM's `mread` makes. The validator gives each register face
+(`memories.MREG.faces`) to one member of a bundle, and a transposed block starts at a multiple
+of its size, so it lies in one face; the compiler writes one face while it reads the other. A
+MATMUL takes the MAU's mau-calc and mau-mwrite groups (its slot, `mau`), so the validator never
+bundles it with an XFER on a matrix-register path (the SDM allows 2 of the 3 MAU groups in one
+step); mwrite shares the slot `mau` with the MAU's VOPs, which is stricter than the SDM (fvadd
+and mwrite are separate groups there).
 """
 
 from __future__ import annotations

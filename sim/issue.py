@@ -10,6 +10,8 @@ constraints on one VLIW word, as they apply to whole macro-instructions:
   each memory is read by at most one member and written by at most one;
 * at most 2 of the MAU's three groups (calc, mwrite, mread): a MATMUL holds calc and mwrite, so
   no XFER to or from the matrix registers (the memory at the MAU's level) issues with it;
+* a memory of several faces (`memories.<m>.faces`: the matrix registers' two) gives each face to
+  one member;
 * a memory with one read/write port (`ports: 1RW`, the LMs) is not read by one member while
   another writes it; with separate ports (1R1W) it may be, at ranges that do not meet, since the
   members must not depend on each other (their order inside the bundle is not defined).
@@ -84,6 +86,7 @@ def check(p: MachineParams, code: np.ndarray) -> None:
                               f"{p.slot_names[slot]}; a slot holds one instruction per step")
             slots[slot] = i
         _check_mau_groups(p, code, rows.tolist(), fail)
+        _check_faces(p, rows.tolist(), writes, reads, fail)
         readers: dict[int, tuple[int, int, int]] = {}
         writers: dict[int, tuple[int, int, int]] = {}
         for k, i in enumerate(rows.tolist()):
@@ -121,3 +124,24 @@ def _check_mau_groups(p: MachineParams, code: np.ndarray, rows: list[int], fail)
             raise fail(max(i, matmul), f"instruction #{i} moves the matrix registers "
                                        f"({p.memory_names[int(code[i, isa.X_UP_MEM])]}) while MATMUL #{matmul} holds "
                                        f"the MAU's calc and mwrite groups; one step issues at most 2 of its 3 groups")
+
+
+def _check_faces(p: MachineParams, rows: list[int], writes: np.ndarray, reads: np.ndarray, fail) -> None:
+    """Each face of a memory with several (the SDM: a given matrix-register face at most once per
+    step) is touched by one member of the bundle."""
+    owner: dict[tuple[int, int], int] = {}
+    for k, i in enumerate(rows):
+        for access in (writes[k], *reads[k]):
+            mem = int(access[MEM])
+            if mem < 0:
+                continue
+            faces = p.hw.memories[p.memory_names[mem]].faces
+            if faces == 1:
+                continue
+            per_face = int(p.mem_words[mem]) // (p.words_per_lw if p.mem_lw_addressed[mem] else 1) // faces
+            for face in range(int(access[FIRST]) // per_face, int(access[LAST]) // per_face + 1):
+                other = owner.setdefault((mem, face), i)
+                if other != i:
+                    raise fail(i, f"instructions #{other} and #{i} of one bundle use face {face} of "
+                                  f"{p.memory_names[mem]} (memories.{p.memory_names[mem]}.faces: {faces}); a face "
+                                  f"serves one instruction per step")

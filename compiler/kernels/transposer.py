@@ -19,6 +19,7 @@ long-word gathers.
 
 from __future__ import annotations
 
+import contextlib
 from math import ceil, prod
 
 from ..chain import Chain
@@ -30,7 +31,7 @@ from ..transfer.staging import stage
 from .context import Arena, EmitContext, Ref
 from .operands import slice_count
 
-DOUBLE_BUFFERED = 2  # the register memory is used in two halves: one is written while the other is read
+REGIONS = 2  # the input and the output, in two PE memories: mwrite reads one while mread writes the other
 
 
 def lane_dim(layout: Layout, epl: int) -> int | None:
@@ -184,14 +185,14 @@ def emit_through_registers(ctx: EmitContext, src: Ref, out: Ref, dtype: str, ord
         return False
     a = order.index(s)
     pes = ctx.chain.pes_per_unit
-    half_lw = ctx.hw.memory_lw(memory) // DOUBLE_BUFFERED
+    face_lw = ctx.hw.memory_lw(memory) // ctx.hw.memories[memory].faces
     side = pes * epl
-    if side * pes > half_lw:
+    if side * pes > face_lw:
         return False
     capacities = sorted((ctx.hw.memory_lw(m), m) for m in ctx.chain.scratch)
-    if len(capacities) < DOUBLE_BUFFERED:
+    if len(capacities) < REGIONS:
         return False
-    budget = capacities[-DOUBLE_BUFFERED][0]  # two regions, in two memories (one reads while one writes)
+    budget = capacities[-REGIONS][0]
     inverse = tuple(order.index(d) for d in range(len(order)))
     best = None
     for produced, consumed in _candidates(ctx, src, out, order, w, a, epl, budget):
@@ -242,12 +243,15 @@ def _candidates(ctx: EmitContext, src: Ref, out: Ref, order: tuple[int, ...], w:
 
 def _emit(ctx: EmitContext, src: Ref, dst: Ref, lm_in: Placement, lm_out: Placement,
           found: tuple[str, str, str], dtype: str, side: int) -> None:
-    """Per time slice: stage the input, transpose its blocks a register half at a time (the next
-    half written while the last is read), upload the output's image."""
+    """Per time slice: stage the input, transpose its blocks a register face at a time (the next
+    face written while the last is read, `memories.<registers>.faces` permitting), upload the
+    output's image."""
     memory, _, _ = found
     pes, wpl = ctx.chain.pes_per_unit, ctx.params.words_per_lw
+    faces = ctx.hw.memories[memory].faces
     span = lm_in.slice_span
-    per_chunk = (ctx.hw.memory_lw(memory) // DOUBLE_BUFFERED // pes) // side * side  # LW per PE per half
+    face_lw = ctx.hw.memory_lw(memory) // faces
+    per_chunk = face_lw // pes // side * side  # LW per PE per face
     arena = Arena(ctx.hw)
     a = arena.alloc(span * wpl)
     b = arena.alloc(span * wpl, avoid={a[0]}, strict=True)
@@ -255,18 +259,18 @@ def _emit(ctx: EmitContext, src: Ref, dst: Ref, lm_in: Placement, lm_out: Placem
 
     def write(k: int) -> None:
         c, n = chunks[k]
-        ctx.b.xfer("individual", "up", memory, (k % DOUBLE_BUFFERED) * per_chunk * pes, a[0], a[1] + c * wpl,
+        ctx.b.xfer("individual", "up", memory, (k % faces) * face_lw, a[0], a[1] + c * wpl,
                    n * pes, dtype=dtype)
 
     def read(k: int) -> None:
         c, n = chunks[k]
-        ctx.b.xfer("transpose", "down", memory, (k % DOUBLE_BUFFERED) * per_chunk * pes, b[0], b[1] + c * wpl,
+        ctx.b.xfer("transpose", "down", memory, (k % faces) * face_lw, b[0], b[1] + c * wpl,
                    n * pes, dtype=dtype)
     for t in range(slice_count(lm_in.layout)):
         ctx.download(src, lm_in, memory=a[0], word=a[1], slice_index=t, pad=0)  # padding stays padding: zeros
         write(0)
         for k in range(1, len(chunks)):
-            with ctx.b.together():
+            with ctx.b.together() if faces > 1 else contextlib.nullcontext():  # one face: one after another
                 read(k - 1)
                 write(k)
         read(len(chunks) - 1)

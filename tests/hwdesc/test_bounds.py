@@ -55,6 +55,11 @@ from tests.hwdesc.test_errors import load_error, write
             bits: 64  # <-
         """, "formats.pfloat32.bits", "pseudo-single is stored as float32 with low mantissa bits ignored: bits "
                                       "must be float32's 32, not 64"),
+    ("faces", """
+        memories:
+          MREG:
+            faces: 3  # <-
+        """, "memories.MREG.faces", "3 faces do not split 128 address units evenly"),
     ("unknown_hazard", """
         hazards:
           lm_write_to_raed: 2  # <-

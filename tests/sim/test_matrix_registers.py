@@ -72,12 +72,14 @@ def test_cycles_follow_the_yaml_rates(mini):
     assert m.run(b.build(), mode="timing").total_cycles == expect == 64
 
 
-def test_a_write_and_a_read_of_other_rows_issue_together(mini):
-    """Double buffering: the next block's mwrite issues with this block's mread (slots mau and
-    mread), so a pipeline of blocks takes one block's time per block, and the values still match."""
+def test_a_write_and_a_read_of_other_faces_issue_together(mini):
+    """Double buffering: the next block's mwrite (into the other face) issues with this block's
+    mread (slots mau and mread), so a pipeline of blocks takes one block's time per block, and
+    the values still match."""
     m = sim.Machine(mini)
     pes, wpl = mini.fanout("MAB", "PE"), 2
     side, n = 8, 32  # float32 blocks: 8 rows of 4 LW
+    face = mini.memory_lw("MREG") // mini.memories["MREG"].faces
     lm0 = m.memory("LM0")
     lm0[:, : 2 * side * wpl] = np.arange(lm0.shape[0] * 2 * side * wpl, dtype=np.uint32).reshape(lm0.shape[0], -1)
 
@@ -87,11 +89,11 @@ def test_a_write_and_a_read_of_other_rows_issue_together(mini):
         if bundled:
             with b.together():
                 b.xfer("transpose", "down", "MREG", 0, "LM1", 0, n)
-                b.xfer("individual", "up", "MREG", n, "LM0", side * wpl, n)
+                b.xfer("individual", "up", "MREG", face, "LM0", side * wpl, n)
         else:
             b.xfer("transpose", "down", "MREG", 0, "LM1", 0, n)
-            b.xfer("individual", "up", "MREG", n, "LM0", side * wpl, n)
-        b.xfer("transpose", "down", "MREG", n, "LM1", side * wpl, n)
+            b.xfer("individual", "up", "MREG", face, "LM0", side * wpl, n)
+        b.xfer("transpose", "down", "MREG", face, "LM1", side * wpl, n)
         return b.build()
     alone, together = (m.run(program(x), mode="timing").total_cycles for x in (False, True))
     assert (alone, together) == (32, 24)
@@ -124,4 +126,18 @@ def test_bad_register_transfers_are_refused(mini, mode, direction, at, n, messag
     b = sim.ProgramBuilder(m.params)
     b.xfer(mode, direction, "MREG", at, "LM0", 0, n)
     with pytest.raises(SimError, match=message):
+        m.run(b.build())
+
+
+def test_a_face_serves_one_instruction_per_step(mini):
+    """memories.MREG.faces: a write and a read of one face in one bundle are refused even when
+    their rows do not meet (a float32 block is half a face)."""
+    m = sim.Machine(mini)
+    b = sim.ProgramBuilder(m.params)
+    b.xfer("individual", "up", "MREG", 0, "LM0", 0, 32)
+    with b.together():
+        b.xfer("transpose", "down", "MREG", 0, "LM1", 0, 32)
+        b.xfer("individual", "up", "MREG", 32, "LM0", 16, 32)
+    with pytest.raises(SimError, match=r"instructions #1 and #2 of one bundle use face 0 of MREG "
+                                       r"\(memories.MREG.faces: 2\); a face serves one instruction per step"):
         m.run(b.build())
