@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 from math import ceil, prod
 
-from ..chain import Chain
 from ..errors import CompileError, LayoutError
 from ..layout import TIME_AXIS, W_AXIS, Factor, Layout, Placement, lanes_innermost
 from ..layout.spread import Spread, spread, time_sliced
@@ -151,9 +150,9 @@ def _output_layout(shape: tuple[int, ...], w: int, a: int, epl: int, ctx: EmitCo
     return layout
 
 
-def registers(ctx: EmitContext) -> tuple[str, str, str] | None:
-    """(register memory, its write path, its read path) when the chip describes matrix registers
-    the PEs write (mode individual) and read transposed (mode transpose); else None."""
+def registers(ctx: EmitContext) -> str | None:
+    """The register memory, when the chip describes matrix registers the PEs write (a path in
+    mode individual) and read transposed (a path in mode transpose); else None."""
     hw, chain = ctx.hw, ctx.chain
     if chain.matrix_unit is None:
         return None
@@ -161,12 +160,12 @@ def registers(ctx: EmitContext) -> tuple[str, str, str] | None:
     for mem, spec in hw.memories.items():
         if spec.level != level:
             continue
-        write = next((n for n, t in hw.transfers.items() if t.dst == (mem,) and "individual" in t.modes
-                      and set(chain.scratch) <= set(t.src)), None)
-        read = next((n for n, t in hw.transfers.items() if t.src == (mem,) and "transpose" in t.modes
-                     and set(chain.scratch) <= set(t.dst)), None)
-        if write and read:
-            return mem, write, read
+        written = any(t.dst == (mem,) and "individual" in t.modes and set(chain.scratch) <= set(t.src)
+                      for t in hw.transfers.values())
+        read = any(t.src == (mem,) and "transpose" in t.modes and set(chain.scratch) <= set(t.dst)
+                   for t in hw.transfers.values())
+        if written and read:
+            return mem
     return None
 
 
@@ -174,11 +173,10 @@ def emit_through_registers(ctx: EmitContext, src: Ref, out: Ref, dtype: str, ord
                            name: str) -> bool:
     """Relay `src` (permuted by `order`: out dim i is source dim order[i]) into `out` through the
     matrix registers; False (nothing emitted) when the layouts or the chip do not allow it."""
-    found = registers(ctx)
+    memory = registers(ctx)
     epl = ctx.hw.elements_per_lw(dtype)
-    if found is None or epl < 2:
+    if memory is None or epl < 2:
         return False
-    memory, _, _ = found
     s = lane_dim(src.placement.layout, epl)
     w = lane_dim(out.placement.layout, epl)
     if s is None or w is None or order.index(s) == w:
@@ -210,7 +208,7 @@ def emit_through_registers(ctx: EmitContext, src: Ref, out: Ref, dtype: str, ord
         return False
     _, lm_in, lm_out, image, final = best
     image_ref = out if final is None else ctx.buffer("temp", image, f"{name}_transposed")
-    _emit(ctx, src, image_ref, lm_in, lm_out, found, dtype, side)
+    _emit(ctx, src, image_ref, lm_in, lm_out, memory, dtype, side)
     if final is not None:
         ctx.gather(final, out, [image_ref])
     return True
@@ -242,11 +240,10 @@ def _candidates(ctx: EmitContext, src: Ref, out: Ref, order: tuple[int, ...], w:
 
 
 def _emit(ctx: EmitContext, src: Ref, dst: Ref, lm_in: Placement, lm_out: Placement,
-          found: tuple[str, str, str], dtype: str, side: int) -> None:
+          memory: str, dtype: str, side: int) -> None:
     """Per time slice: stage the input, transpose its blocks a register face at a time (the next
     face written while the last is read, `memories.<registers>.faces` permitting), upload the
     output's image."""
-    memory, _, _ = found
     pes, wpl = ctx.chain.pes_per_unit, ctx.params.words_per_lw
     faces = ctx.hw.memories[memory].faces
     span = lm_in.slice_span
