@@ -49,11 +49,8 @@ def scope_range(mem_instances: np.ndarray, n_groups: int, mem: int, scope: int, 
     return group * per, per
 
 
-@njit(cache=True)
-def _deal(dst, first, dw, src, s, sw, n, chunk, count, wpl):
-    """Distribute: chunk q of `src` (long words q*chunk..) goes to child q mod count at chunk
-    round q div count. Child by child, so each child's row is written in one sweep (children
-    are whole memory rows apart: interleaving them thrashes the cache on aliasing addresses)."""
+@njit(cache=True, inline="always")
+def _deal_body(dst, first, dw, src, s, sw, n, chunk, count, wpl):
     for k in range(count):
         for r in range((n + chunk * count - 1) // (chunk * count)):
             q = chunk * (r * count + k)
@@ -62,15 +59,42 @@ def _deal(dst, first, dw, src, s, sw, n, chunk, count, wpl):
             copy_lw(dst, first + k, dw + wpl * chunk * r, src, s, sw + wpl * q, min(chunk, n - q), wpl)
 
 
-@njit(cache=True)
-def _undeal(dst, d, dw, src, first, sw, n, chunk, count, wpl):
-    """Collect, the inverse of `_deal`: child by child, each child's row read in one sweep."""
+@njit(cache=True, inline="always")
+def _undeal_body(dst, d, dw, src, first, sw, n, chunk, count, wpl):
     for k in range(count):
         for r in range((n + chunk * count - 1) // (chunk * count)):
             q = chunk * (r * count + k)
             if q >= n:
                 break
             copy_lw(dst, d, dw + wpl * q, src, first + k, sw + wpl * chunk * r, min(chunk, n - q), wpl)
+
+
+@njit(cache=True)
+def _deal(dst, first, dw, src, s, sw, n, chunk, count, wpl):
+    """Distribute: chunk q of `src` (long words q*chunk..) goes to child q mod count at chunk
+    round q div count. Child by child, so each child's row is written in one sweep (children
+    are whole memory rows apart: interleaving them thrashes the cache on aliasing addresses).
+
+    One long word per child (the PE level) with two words per long word gets a loop of its
+    own, compiled with those sizes known: 4-7x faster than the general loop, whose copies of
+    run-time length do not unroll (an MNIST training step spent 90 ms a step in PE transfers)."""
+    if chunk == 1 and wpl == 2:
+        _deal_body(dst, first, dw, src, s, sw, n, 1, count, 2)
+    elif chunk == 1:
+        _deal_body(dst, first, dw, src, s, sw, n, 1, count, wpl)
+    else:
+        _deal_body(dst, first, dw, src, s, sw, n, chunk, count, wpl)
+
+
+@njit(cache=True)
+def _undeal(dst, d, dw, src, first, sw, n, chunk, count, wpl):
+    """Collect, the inverse of `_deal` (with its loops): child by child, each child's row read in one sweep."""
+    if chunk == 1 and wpl == 2:
+        _undeal_body(dst, d, dw, src, first, sw, n, 1, count, 2)
+    elif chunk == 1:
+        _undeal_body(dst, d, dw, src, first, sw, n, 1, count, wpl)
+    else:
+        _undeal_body(dst, d, dw, src, first, sw, n, chunk, count, wpl)
 
 
 @njit(cache=True, inline="always")
@@ -117,10 +141,8 @@ def _xfer(row, up, lo, mem_instances, lw_addressed, group, chunk, wpl):
                 _deal(lo, base, lw, up, u, uw, n, chunk, fan, wpl)
         elif mode == Mode.collect:
             _undeal(up, u, uw, lo, base, lw, n, chunk, fan, wpl)
-        else:  # individual
-            g = row[isa.X_INDEX]
-            for q in range(n):
-                copy_lw(up, u, uw + wpl * q, lo, base + g * group + q % group, lw + wpl * (q // group), 1, wpl)
+        else:  # individual: group g's members read as a collect over them, one long word each in turn
+            _undeal(up, u, uw, lo, base + row[isa.X_INDEX] * group, lw, n, 1, group, wpl)
 
 
 @njit(cache=True)
