@@ -50,51 +50,47 @@ def scope_range(mem_instances: np.ndarray, n_groups: int, mem: int, scope: int, 
 
 
 @njit(cache=True, inline="always")
-def _deal_body(dst, first, dw, src, s, sw, n, chunk, count, wpl):
+def _rounds(collect, up, u, uw, lo, first, lw, n, chunk, count, wpl):
+    """Chunk q of the upper run (long words q*chunk..) and child q mod count at chunk round
+    q div count: copied down (distribute) or up (`collect`). Child by child, so each child's row
+    is swept once (children are whole memory rows apart: interleaving them thrashes the cache on
+    aliasing addresses)."""
     for k in range(count):
         for r in range((n + chunk * count - 1) // (chunk * count)):
             q = chunk * (r * count + k)
             if q >= n:
                 break
-            copy_lw(dst, first + k, dw + wpl * chunk * r, src, s, sw + wpl * q, min(chunk, n - q), wpl)
+            if collect:
+                copy_lw(up, u, uw + wpl * q, lo, first + k, lw + wpl * chunk * r, min(chunk, n - q), wpl)
+            else:
+                copy_lw(lo, first + k, lw + wpl * chunk * r, up, u, uw + wpl * q, min(chunk, n - q), wpl)
+
+
+@njit(cache=True)
+def _chunked(collect, up, u, uw, lo, first, lw, n, chunk, count, wpl):
+    """`_rounds`, with one long word per child (the PE level) and two words per long word in a
+    loop of its own, compiled with those sizes known: 4-7x faster than the general loop, whose
+    copies of run-time length do not unroll (an MNIST training step spent 90 ms a step in PE
+    transfers)."""
+    if chunk == 1 and wpl == 2:
+        _rounds(collect, up, u, uw, lo, first, lw, n, 1, count, 2)
+    elif chunk == 1:
+        _rounds(collect, up, u, uw, lo, first, lw, n, 1, count, wpl)
+    else:
+        _rounds(collect, up, u, uw, lo, first, lw, n, chunk, count, wpl)
 
 
 @njit(cache=True, inline="always")
-def _undeal_body(dst, d, dw, src, first, sw, n, chunk, count, wpl):
-    for k in range(count):
-        for r in range((n + chunk * count - 1) // (chunk * count)):
-            q = chunk * (r * count + k)
-            if q >= n:
-                break
-            copy_lw(dst, d, dw + wpl * q, src, first + k, sw + wpl * chunk * r, min(chunk, n - q), wpl)
-
-
-@njit(cache=True)
 def _deal(dst, first, dw, src, s, sw, n, chunk, count, wpl):
     """Distribute: chunk q of `src` (long words q*chunk..) goes to child q mod count at chunk
-    round q div count. Child by child, so each child's row is written in one sweep (children
-    are whole memory rows apart: interleaving them thrashes the cache on aliasing addresses).
-
-    One long word per child (the PE level) with two words per long word gets a loop of its
-    own, compiled with those sizes known: 4-7x faster than the general loop, whose copies of
-    run-time length do not unroll (an MNIST training step spent 90 ms a step in PE transfers)."""
-    if chunk == 1 and wpl == 2:
-        _deal_body(dst, first, dw, src, s, sw, n, 1, count, 2)
-    elif chunk == 1:
-        _deal_body(dst, first, dw, src, s, sw, n, 1, count, wpl)
-    else:
-        _deal_body(dst, first, dw, src, s, sw, n, chunk, count, wpl)
+    round q div count."""
+    _chunked(False, src, s, sw, dst, first, dw, n, chunk, count, wpl)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _undeal(dst, d, dw, src, first, sw, n, chunk, count, wpl):
-    """Collect, the inverse of `_deal` (with its loops): child by child, each child's row read in one sweep."""
-    if chunk == 1 and wpl == 2:
-        _undeal_body(dst, d, dw, src, first, sw, n, 1, count, 2)
-    elif chunk == 1:
-        _undeal_body(dst, d, dw, src, first, sw, n, 1, count, wpl)
-    else:
-        _undeal_body(dst, d, dw, src, first, sw, n, chunk, count, wpl)
+    """Collect, the inverse of `_deal`."""
+    _chunked(True, dst, d, dw, src, first, sw, n, chunk, count, wpl)
 
 
 @njit(cache=True, inline="always")
