@@ -33,6 +33,7 @@ from ..kernels.operands import restrict
 from ..kernels.relayout import RelayoutKernel, lane_matched
 from ..layout import Layout, Placement
 from ..layout.spread import lm_layouts
+from ..layout.unbroadcast import spread_over_units
 from ..transfer.host import host_transfer
 from ..transfer.staging import stage
 from .cost import cycles_of
@@ -429,7 +430,8 @@ class Planner:
 
     def group_layouts(self, group: Group) -> list[Layout]:
         """Candidate iteration layouts of a fused group: its operands' layouts (no staging work),
-        what its consumers want, then fresh ones."""
+        what its consumers want, then fresh ones; and, beside those, operands' MAB-broadcast
+        layouts spread over the MABs (`over_units`), which are never in place of another."""
         shape = group.shape or (1,)
         dtype = group.layout_dtype
         budget = self.budget(ElementwiseKernel.regions_of(group), ElementwiseKernel.read_together(group))
@@ -447,10 +449,12 @@ class Planner:
                 add(self.output_wishes[v])
             for wish in self.wishes(v):
                 add(wish)
+        spread_inputs = []  # operands' broadcast layouts spread over the MABs: timed beyond the budget below
         for v in group.inputs:
             ref = self.refs.get(v)
             if ref is not None and ref.lm is not None and v.shape == group.shape:
                 add(ref.lm)
+                spread_inputs.append(self.over_units(ref))
         for v in group.inputs:  # layouts that stage an operand where it is by long-word gathers (the
             ref = self.refs.get(v)  # state a training step updates: read and written back in place)
             if ref is not None and v.shape == group.shape:
@@ -462,8 +466,26 @@ class Planner:
             len(shape) - d <= v.rank and v.shape[v.rank - len(shape) + d] == shape[d] for v in group.inputs))
         for layout in lm_layouts(shape, dtype, self.hw, budget, common if len(common) < len(shape) else None):
             add(layout)
-        usable = [layout for layout in found if all(self._operand_stageable(layout, v) for v in group.inputs)]
-        return usable[:CANDIDATE_LAYOUTS]
+        kept = len(found)
+        for layout in spread_inputs:
+            add(layout)
+        usable = [layout for layout in found[:kept] if all(self._operand_stageable(layout, v) for v in group.inputs)]
+        spread = [layout for layout in found[kept:] if all(self._operand_stageable(layout, v) for v in group.inputs)]
+        return usable[:CANDIDATE_LAYOUTS] + spread
+
+    def over_units(self, ref: Ref) -> Layout | None:
+        """`ref`'s LM layout spread over the MABs when it is a MAB broadcast (a weight placed as a
+        product's B operand) and the spread layout stages from `ref` as it is: the same long words,
+        but each MAB computing its own part instead of a copy (layout.unbroadcast)."""
+        chain = self.ctx.chain
+        spread = spread_over_units(ref.lm, chain.pes_per_l1 // chain.pes_per_unit, chain.unit_axis)
+        if spread is None:
+            return None
+        try:
+            staged = stage(self.ctx.lm_placement(spread, ref.placement.dtype))
+        except (CompileError, LayoutError):
+            return None
+        return spread if staged.dram.same_placement(ref.placement) else None
 
     def _operand_stageable(self, layout: Layout, v: Value) -> bool:
         try:
