@@ -141,19 +141,13 @@ def runs(sources: LwSources, group: int, first: int, last: int) -> list[Run]:
     return [Run(int(d), int(g), int(s), int(n), int(b)) for d, g, s, n, b in zip(*run_arrays(sources, group, first, last))]
 
 
-def emit_runs(b: ProgramBuilder, sources: LwSources, *, dst_group: int, first: int, last: int,
-              src: Address | list[Address], zeros: Address | None, l2_instance: int, l2_addr: int, tag: int) -> int:
-    """MV the sources of destination long words [first, last) of one Group into an L2BM buffer
-    (destination long word first + k lands at l2_addr + k). `src` lists the source buffers of a
-    merged gather. Returns the MVs emitted."""
-    return emit_pieces(b, sources, [(dst_group, first, last, l2_instance)], src=src, zeros=zeros, l2_addr=l2_addr,
-                       tag=tag)
-
-
 def emit_pieces(b: ProgramBuilder, sources: LwSources, pieces: list[tuple[int, int, int, int]], *,
                 src: Address | list[Address], zeros: Address | None, l2_addr: int, tag: int) -> int:
-    """`emit_runs` for several (dst Group, first, last, L2BM instance) pieces, as one block of MVs
-    in the order given (a piece's runs in destination order)."""
+    """MV the sources of destination long words [first, last) of each (dst Group, first, last, L2BM
+    instance) piece into that L2BM (destination long word first + k lands at l2_addr + k), as
+    one block of MVs: each piece's runs in destination order, the Data Engines' MVs in turn
+    (`engines_in_turn`). `src` lists the source buffers of a merged gather. Returns the MVs
+    emitted."""
     srcs = src if isinstance(src, list) else [src]
     if not pieces:
         return 0
@@ -165,10 +159,26 @@ def emit_pieces(b: ProgramBuilder, sources: LwSources, pieces: list[tuple[int, i
     if zeros is None and zero.any():
         raise LayoutError("this gather needs zeros but no zero buffer was given")
     bases = srcs + ([zeros] if zeros is not None else [])
-    b.mv_block("individual", DRAM, bases, np.where(zero, 0, address), L2BM, l2_addr, dst - first[piece], n, tag=tag,
-               src_inst=np.where(zero, group_of[piece], group), dst_inst=l2_instance[piece],
-               src_which=np.where(zero, len(srcs), buffer))
+    order = engines_in_turn(l2_instance[piece] // b.params.instances_per_group(b.params.memory_id(L2BM)))
+    src_inst = np.where(zero, group_of[piece], group)
+    b.mv_block("individual", DRAM, bases, np.where(zero, 0, address)[order], L2BM, l2_addr,
+               (dst - first[piece])[order], n[order], tag=tag, src_inst=src_inst[order],
+               dst_inst=l2_instance[piece][order], src_which=np.where(zero, len(srcs), buffer)[order])
     return len(n)
+
+
+def engines_in_turn(engine: np.ndarray) -> np.ndarray:
+    """An order of MVs (engine[k]: the Group whose Data Engine runs MV k) that takes each engine's
+    MVs in their order, one engine after another in turn. MVs issue one after another, and a
+    full queue stalls the stream: in a block sorted by Group, Group 1's engine would idle until
+    Group 0's last MVs were queued. The MVs of a gather's block write distinct L2BM words, so
+    any order gives the same data."""
+    by_engine = np.argsort(engine, kind="stable")
+    sorted_engine = engine[by_engine]
+    starts = np.searchsorted(sorted_engine, sorted_engine, side="left")
+    rank = np.empty_like(engine)
+    rank[by_engine] = np.arange(len(engine)) - starts  # k's place among its engine's MVs
+    return np.lexsort((engine, rank))
 
 
 def emit_convert(b: ProgramBuilder, sources: LwSources, *, dst: Address, src: Address | list[Address],
@@ -185,9 +195,8 @@ def emit_convert(b: ProgramBuilder, sources: LwSources, *, dst: Address, src: Ad
     for first in range(0, sources.span, l2_room):
         last = min(sources.span, first + l2_room)
         busy = [g for g in range(sources.groups) if sources.busy(g, first, last)]
-        for g in busy:
-            emit_runs(b, sources, dst_group=g, first=first, last=last, src=src, zeros=zeros,
-                      l2_instance=g * l2_per_group, l2_addr=l2_addr, tag=fill)
+        emit_pieces(b, sources, [(g, first, last, g * l2_per_group) for g in busy], src=src, zeros=zeros,
+                    l2_addr=l2_addr, tag=fill)  # the Groups' runs in turn, so their engines work together
         if busy:
             b.wait(fill)
         for g in busy:
