@@ -49,6 +49,11 @@ def scope_range(mem_instances: np.ndarray, n_groups: int, mem: int, scope: int, 
     return group * per, per
 
 
+# Arguments of `_chunked` as run-time int64 values: literal True/False/1 at a call would each
+# compile a signature of their own (three compiles of the same loops in a fresh checkout).
+DOWN, UP, ONE_LW = np.int64(0), np.int64(1), np.int64(1)
+
+
 @njit(cache=True, inline="always")
 def _rounds(collect, up, u, uw, lo, first, lw, n, chunk, count, wpl):
     """Chunk q of the upper run (long words q*chunk..) and child q mod count at chunk round
@@ -74,8 +79,6 @@ def _chunked(collect, up, u, uw, lo, first, lw, n, chunk, count, wpl):
     transfers)."""
     if chunk == 1 and wpl == 2:
         _rounds(collect, up, u, uw, lo, first, lw, n, 1, count, 2)
-    elif chunk == 1:
-        _rounds(collect, up, u, uw, lo, first, lw, n, 1, count, wpl)
     else:
         _rounds(collect, up, u, uw, lo, first, lw, n, chunk, count, wpl)
 
@@ -84,13 +87,13 @@ def _chunked(collect, up, u, uw, lo, first, lw, n, chunk, count, wpl):
 def _deal(dst, first, dw, src, s, sw, n, chunk, count, wpl):
     """Distribute: chunk q of `src` (long words q*chunk..) goes to child q mod count at chunk
     round q div count."""
-    _chunked(False, src, s, sw, dst, first, dw, n, chunk, count, wpl)
+    _chunked(DOWN, src, s, sw, dst, first, dw, n, chunk, count, wpl)
 
 
 @njit(cache=True, inline="always")
 def _undeal(dst, d, dw, src, first, sw, n, chunk, count, wpl):
     """Collect, the inverse of `_deal`."""
-    _chunked(True, dst, d, dw, src, first, sw, n, chunk, count, wpl)
+    _chunked(UP, dst, d, dw, src, first, sw, n, chunk, count, wpl)
 
 
 @njit(cache=True, inline="always")
@@ -138,7 +141,7 @@ def _xfer(row, up, lo, mem_instances, lw_addressed, group, chunk, wpl):
         elif mode == Mode.collect:
             _undeal(up, u, uw, lo, base, lw, n, chunk, fan, wpl)
         else:  # individual: group g's members read as a collect over them, one long word each in turn
-            _undeal(up, u, uw, lo, base + row[isa.X_INDEX] * group, lw, n, 1, group, wpl)
+            _undeal(up, u, uw, lo, base + row[isa.X_INDEX] * group, lw, n, ONE_LW, group, wpl)
 
 
 @njit(cache=True)
