@@ -130,3 +130,37 @@ def test_run_length_of_a_placement_from_its_terms(mncore2, text, shape, run):
     from compiler.transfer.separable import DimTerms
     terms = DimTerms.of(Placement(parse(text), mncore2, "DRAM", "float32"))
     assert terms.run_lw() == run
+
+
+def test_a_gathers_mvs_keep_every_groups_data_engine_busy(mncore2, monkeypatch):
+    """A within-Group row permutation of a (512, 32) tensor: 128 runs of 16 long words per Group.
+    The MVs take the four engines in turn, so each engine's queue fills and drains as if it were
+    alone. From the YAML: every MV waits the read latency L after its issue and is charged a whole
+    unit (d = 64 LW / 16 LW per cycle = 4 cycles); a queue holds Q = 31 MVs, and the stream issues
+    the next MV once the oldest is done, so run j of a Group finishes at (j div Q + 1)(L + d) +
+    (j mod Q) d while Q d <= L + d. After the last run, one write-back per Group: its latency
+    plus 2,048 long words at 16 per cycle. In Group order (each Group's runs after the last's),
+    the stream stalled on Group 0's full queue while the others idled."""
+    import compiler.transfer.gather as gather_module
+    from compiler.chain import Chain
+
+    src = "(512,32)/((4_L2B:2, 128:16), (16:1, 2_W:1))"
+    dst = "(512,32)/((4_L2B:2, 64:16, 2:1024), (16:1, 2_W:1))"  # rows 2a + b at 16a + 1024b: runs of one row
+    x = np.random.default_rng(0).standard_normal((512, 32), dtype=np.float32)
+    y, stats = convert(mncore2, src, dst, x)
+    np.testing.assert_array_equal(y, x)
+    chain = Chain.of(mncore2)
+    down, up = mncore2.transfers[chain.dram_to_l2], mncore2.transfers[chain.l2_to_dram]
+    read, write = down.modes["individual"], up.modes["individual"]
+    latency, d = down.latency_cycles, -(-read.unit_lw // read.src_lw_per_cycle)
+    queue = mncore2.data_engine.queue_depth
+    runs, group_lw = 128, 2048
+    assert queue * d <= latency + d
+    last = runs - 1
+    fill = (last // queue + 1) * (latency + d) + (last % queue) * d
+    assert stats.instructions["MV"] == 4 * runs + 4
+    assert stats.total_cycles == fill + up.latency_cycles + group_lw / write.src_lw_per_cycle  # 1,310
+    monkeypatch.setattr(gather_module, "engines_in_turn", lambda engine: np.argsort(engine, kind="stable"))
+    y, group_order = convert(mncore2, src, dst, x)
+    np.testing.assert_array_equal(y, x)
+    assert group_order.total_cycles > 2 * stats.total_cycles  # 3,794
