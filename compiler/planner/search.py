@@ -469,9 +469,9 @@ class Planner:
         kept = len(found)
         for layout in spread_inputs:
             add(layout)
-        usable = [layout for layout in found[:kept] if all(self._operand_stageable(layout, v) for v in group.inputs)]
-        spread = [layout for layout in found[kept:] if all(self._operand_stageable(layout, v) for v in group.inputs)]
-        return usable[:CANDIDATE_LAYOUTS] + spread
+        usable = [all(self._operand_stageable(layout, v) for v in group.inputs) for layout in found]
+        return [x for x, ok in zip(found[:kept], usable) if ok][:CANDIDATE_LAYOUTS] + \
+            [x for x, ok in zip(found[kept:], usable[kept:]) if ok]
 
     def over_units(self, ref: Ref) -> Layout | None:
         """`ref`'s LM layout spread over the MABs when it is a MAB broadcast (a weight placed as a
