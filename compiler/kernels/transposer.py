@@ -123,8 +123,9 @@ def _output_layout(shape: tuple[int, ...], w: int, a: int, epl: int, ctx: EmitCo
     pes, side = chain.pes_per_unit, chain.pes_per_unit * epl
     if shape[w] < side or shape[a] < side:
         return None
-    base = spread(shape, epl, axes, Spread(w, recipe.cyclic, recipe.inner_first, (w,), False, recipe.root_first),
-                  None)
+    blocks = tuple(ceil(n / side) if d == a else n for d, n in enumerate(shape))  # a's rows come `side` to a
+    base = spread(blocks, epl, axes, Spread(w, recipe.cyclic, recipe.inner_first, (w,), False, recipe.root_first),
+                  None)  # block: the hardware axes share out blocks, not rows (or most of them would hold padding)
     placed = [[f for f in dim if f.axis not in (None, W_AXIS, TIME_AXIS)] for dim in base.dims]
     held = [prod(f.size for f in dim) * (epl if d == w else 1) for d, dim in enumerate(placed)]
     rows = [ceil(shape[d] / held[d]) for d in range(len(shape))]
