@@ -70,14 +70,16 @@ def to_bits(tensor: torch.Tensor, device_dtype: str, hw: HwDesc, name: str = "te
     return np.ascontiguousarray(t.to(torch.int32).numpy()).view(np.uint32)
 
 
-def from_bits(bits: np.ndarray, dtype: str, hw: HwDesc) -> torch.Tensor:
+def from_bits(bits: np.ndarray, dtype: str, hw: HwDesc, *, owned: bool = False) -> torch.Tensor:
+    """A host tensor of the logical `dtype` from raw bits; `owned` bits (an array nothing else
+    holds) become the tensor's storage instead of being copied."""
     if dtype == "float16":
         from sim.numerics import HalfCodec
         return torch.from_numpy(HalfCodec.of(hw).decode(bits)).to(torch.float16)
     if dtype in ("float32", "bool"):
-        t = torch.from_numpy(bits.view(np.float32).copy())
+        t = torch.from_numpy(bits.view(np.float32) if owned else bits.view(np.float32).copy())
         return t != 0 if dtype == "bool" else t
-    t = torch.from_numpy(bits.view(np.int32).copy())
+    t = torch.from_numpy(bits.view(np.int32) if owned else bits.view(np.int32).copy())
     return t.to(torch.int64) if dtype == "int64" else t
 
 
@@ -172,8 +174,8 @@ class Device:
         image = self.host_image(placement)
         program = self.transfer_program(placement, upload=False)
         stats = self.machine.run(program, host=[image], bases={"tensor": buf.address})
-        bits = gather(placement, image)
-        return from_bits(np.ascontiguousarray(bits), dtype, self.hw).reshape(shape), stats
+        bits = gather(placement, image)  # a new array, which the tensor may keep
+        return from_bits(np.ascontiguousarray(bits), dtype, self.hw, owned=True).reshape(shape), stats
 
     # ---- programs ---------------------------------------------------------------------------
 

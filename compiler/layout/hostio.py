@@ -22,6 +22,8 @@ from collections import OrderedDict
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from sim.strided import copy_view
+
 from ..errors import LayoutError
 from .placement import Placement
 
@@ -170,7 +172,8 @@ def scatter(p: Placement, values: np.ndarray, mem: np.ndarray, base_lw: int = 0)
     if view is not None:
         copies = (1,) * len(p.copy_dims)
         for at, part, shape in _blocks(p):
-            view[at] = _split(src[part], shape).reshape(*shape, *copies)
+            copy_view(rows.reshape(-1), view[at], src.reshape(-1), _split(src[part], shape).reshape(*shape, *copies),
+                      memory_is_dst=True)
         return
     element, offset = _offsets(p, rows, base_lw, first_copy_only=False)
     rows.reshape(-1)[offset] = src.reshape(-1)[element]
@@ -188,7 +191,7 @@ def gather(p: Placement, mem: np.ndarray, base_lw: int = 0, *, out_dtype: np.dty
         first_copy, every_copy = (0,) * len(p.copy_dims), (slice(None),) * len(p.copy_dims)
         for at, part, shape in _blocks(p):
             first = view[(*at, *first_copy)]
-            _split(out[part], shape)[...] = first
+            copy_view(out.reshape(-1), _split(out[part], shape), rows.reshape(-1), first, memory_is_dst=False)
             if check_replicas and p.copies > 1 and \
                     not (view[(*at, *every_copy)] == first[(Ellipsis, *([None] * len(p.copy_dims)))]).all():
                 raise LayoutError(f"the copies of the tensor in {p.memory} differ (layout {p.layout})")
