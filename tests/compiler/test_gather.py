@@ -53,6 +53,26 @@ def test_slice_and_zero_padding(mini):
     np.testing.assert_array_equal(y, np.concatenate([x[1:5], np.zeros((1, 8), np.float32)]))
 
 
+def test_an_element_map_gather_is_reused_only_for_the_same_map(mini, monkeypatch):
+    """Planning asks for one element-map gather many times: the second ask is a cache hit, while
+    a map that differs in one element is matched afresh and gives its own runs."""
+    import compiler.transfer.gather as gather_module
+    src = Placement(parse("(6,8)/((6:4), (4:1, 2_W:1))"), mini, "DRAM", "float32")
+    dst = Placement(parse("(5,8)/((5:4), (4:1, 2_W:1))"), mini, "DRAM", "float32")
+    matched = []
+    element_sources = gather_module._element_sources
+    monkeypatch.setattr(gather_module, "_element_sources", lambda *a: matched.append(1) or element_sources(*a))
+    index = np.full((5, 8), -1)
+    index[:4] = np.arange(8, 40).reshape(4, 8)
+    first = lw_sources(dst, src, index)
+    assert lw_sources(dst, src, index.copy()) is first and len(matched) == 1
+    other = index.copy()
+    other[0] = np.arange(0, 8)  # row 0 of the source instead of row 1
+    runs = lw_sources(dst, src, other)
+    assert len(matched) == 2
+    assert runs.src.tolist() != first.src.tolist()
+
+
 def test_replicated_destination(mncore2):
     x = np.random.default_rng(1).standard_normal((8, 16), dtype=np.float32)
     y, _ = convert(mncore2, "(8,16)/((4_L2B:2, 2:8), (8:1, 2_W:1))", "(8,16)/((8:8), (8:1, 2_W:1); B@[L2B])", x)
