@@ -183,13 +183,23 @@ class Machine:
         c = operand(isa.MM_C_MEM, m, np_, False)
         accumulate = bool(row[isa.MM_FLAGS] & isa.MM_ACCUMULATE)
 
+        # Two ways to one product, whichever moves fewer words: with the PEs' K-slices side by
+        # side (a copy of A and B, one product over the whole K per MAB), or one product per PE's
+        # K-slice read in place, summed (pes - 1 additions of an M x N tile). ResNet-50 conv2_x's
+        # M=28 K=576 N=8 gains 2.7x from the second, the 1024^3 product's M=16 K=16 N=128 the first.
+        in_place = (pes - 1) * m * n < a[0].size + b[0].size
+
         def mabs(first: int, last: int) -> None:
-            # the PEs' K-slices side by side: one product over the whole K per MAB, no per-PE partials
             count = last - first
-            a_k = a[first:last].transpose(0, 2, 1, 3).reshape(count, m, pes * kp)
-            b_k = b[first:last].reshape(count, pes * kp, n)
             with np.errstate(invalid="ignore", over="ignore"):  # padding holds whatever its memory held (as on
-                tile = np.matmul(a_k, b_k)  # the chip): inf x 0 there makes a NaN in padding only
+                # the chip): inf x 0 there makes a NaN in padding only
+                if in_place:
+                    tile = np.matmul(a[first:last, 0], b[first:last, 0])
+                    for q in range(1, pes):
+                        tile += np.matmul(a[first:last, q], b[first:last, q])
+                else:
+                    tile = np.matmul(a[first:last].transpose(0, 2, 1, 3).reshape(count, m, pes * kp),
+                                     b[first:last].reshape(count, pes * kp, n))
             result = tile.reshape(count, m, pes, np_).transpose(0, 2, 1, 3)
             if accumulate:
                 c[first:last] += result

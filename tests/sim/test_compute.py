@@ -155,11 +155,11 @@ def _place_matmul(m: sim.Machine, a: np.ndarray, b: np.ndarray, *, trans_b: bool
 
 @pytest.mark.parametrize("chip", ["mini", "mncore2"])
 @pytest.mark.parametrize("dtype, trans_b", [("float32", False), ("float32", True), ("float16", False)])
-def test_matmul_against_torch(chip, dtype, trans_b):
+@pytest.mark.parametrize("M, K, N", [(8, 16, 16), (8, 64, 8)])  # the PEs' K-slices gathered; read in place
+def test_matmul_against_torch(chip, dtype, trans_b, M, K, N):
     hw = hwdesc.load(chip)
     m = sim.Machine(hw)
     n_mab, pes = hw.instances("MAB"), m.params.pes_per_mab
-    M, K, N = 8, 16, 16
     rng = np.random.default_rng(6)
     a = rng.standard_normal((n_mab, M, K), dtype=np.float32)
     b = rng.standard_normal((n_mab, N, K) if trans_b else (n_mab, K, N), dtype=np.float32)
