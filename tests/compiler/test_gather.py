@@ -56,7 +56,10 @@ def test_slice_and_zero_padding(mini):
 def test_an_element_map_gather_is_reused_only_for_the_same_map(mini, monkeypatch):
     """Planning asks for one element-map gather many times: the second ask is a cache hit, while
     a map that differs in one element is matched afresh and gives its own runs."""
+    from collections import OrderedDict
+
     import compiler.transfer.gather as gather_module
+    monkeypatch.setattr(gather_module, "_CACHE", OrderedDict())  # whatever earlier tests matched
     src = Placement(parse("(6,8)/((6:4), (4:1, 2_W:1))"), mini, "DRAM", "float32")
     dst = Placement(parse("(5,8)/((5:4), (4:1, 2_W:1))"), mini, "DRAM", "float32")
     matched = []
