@@ -331,11 +331,10 @@ class Placement:
                 rest //= f.size
         return digits
 
-    def _outer(self, coef: np.ndarray) -> np.ndarray:
-        """sum_k coef[k] * digit_k over every element in row-major order, built as an outer sum of
-        one small vector per dimension (no per-element division)."""
-        total = np.zeros(1, dtype=np.int64)
-        k = 0
+    def _parts(self, coef: np.ndarray) -> list[np.ndarray]:
+        """Per dimension d, what each index value 0..shape[d]-1 adds to sum_k coef[k] * digit_k:
+        a linear quantity of an element is the sum of its dimensions' parts."""
+        parts, k = [], 0
         for d, size in enumerate(self.layout.shape):
             factors = self.layout.dims[d]
             rest = np.arange(size, dtype=np.int64)
@@ -345,7 +344,24 @@ class Placement:
                     part += coef[k + j] * (rest % factors[j].size)
                 rest //= factors[j].size
             k += len(factors)
+            parts.append(part)
+        return parts
+
+    def _outer(self, coef: np.ndarray) -> np.ndarray:
+        """sum_k coef[k] * digit_k over every element in row-major order, built as an outer sum of
+        one small vector per dimension (no per-element division)."""
+        total = np.zeros(1, dtype=np.int64)
+        for part in self._parts(coef):
             total = np.add.outer(total, part).ravel()
+        return total
+
+    def _gathered(self, coef: np.ndarray, multi: np.ndarray) -> np.ndarray:
+        """sum_k coef[k] * digit_k of the elements at indices `multi` ([rank, n]): a lookup per
+        dimension, where digits would cost a division per factor and element."""
+        total = np.zeros(multi.shape[1], dtype=np.int64)
+        for d, part in enumerate(self._parts(coef)):
+            if part.any():
+                total += part[multi[d]]
         return total
 
     def dim_terms(self, sizes: tuple[int, ...] | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -385,8 +401,7 @@ class Placement:
         else:
             elements = np.asarray(elements, dtype=np.int64).ravel()
             multi = np.array(np.unravel_index(elements, self.layout.shape), dtype=np.int64).reshape(self.layout.rank, -1)
-            digits = self._digits(multi)
-            linear = lambda coef: coef @ digits  # noqa: E731
+            linear = lambda coef: self._gathered(coef, multi)  # noqa: E731
         lw = linear(self.lw_coef)
         w = linear(self.wpos)
         t = linear(self.tpos)

@@ -77,6 +77,24 @@ def test_placement_is_injective_on_non_broadcast_coordinates(chip, memory, data)
 @pytest.mark.parametrize("memory", ["LM0", "DRAM"])
 @SETTINGS
 @given(data=st.data())
+def test_locating_chosen_elements_agrees_with_locating_every_element(chip, memory, data):
+    """Explicit elements (gathers by element map) are located by a lookup per dimension, every
+    element by an outer sum: both give each copy of each element the same place."""
+    hw = CHIPS[chip]
+    p = Placement(data.draw(legal_layouts(hw, memory)), hw, memory, "float32")
+    chosen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))).integers(0, p.layout.numel, size=17)
+    every, some = p.locate(), p.locate(chosen)
+    rows = (chosen[:, None] * p.copies + np.arange(p.copies)).ravel()  # every's rows: element-major, then copy
+    for name in ("element", "instance", "lw", "w", "time"):
+        assert np.array_equal(getattr(some, name), getattr(every, name)[rows]), name
+    for axis, values in every.coords.items():
+        assert np.array_equal(some.coords[axis], values[rows]), axis
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("memory", ["LM0", "DRAM"])
+@SETTINGS
+@given(data=st.data())
 def test_digit_formulas_agree_with_every_element(chip, memory, data):
     """What the planner computes from the layout's digits alone (instances used, and whether two
     layouts place every element alike) is what locating every element says."""
