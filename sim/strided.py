@@ -29,6 +29,8 @@ def copy_view(dst_base: np.ndarray, dst: np.ndarray, src_base: np.ndarray, src: 
         return
     d0, s0 = _offset(dst_base, dst), _offset(src_base, src)
     dims = _merged_dims(dst, src, key=0 if memory_is_dst else 1)
+    _check_inside(dst_base, d0, [d for d, _, n in dims], [n for *_, n in dims])
+    _check_inside(src_base, s0, [s for _, s, n in dims], [n for *_, n in dims])
     while dst_base.dtype in _WIDER and _pairs(dims, d0, s0, dst_base, src_base):
         wide = _WIDER[dst_base.dtype]
         dst_base, src_base = dst_base.view(wide), src_base.view(wide)
@@ -44,9 +46,17 @@ def _offset(base: np.ndarray, view: np.ndarray) -> int:
     if base.ndim != 1 or not base.flags.c_contiguous:
         raise ValueError("a base buffer of copy_view is a contiguous 1-D array")
     start = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-    if start % base.itemsize or not 0 <= start < base.nbytes:
+    if start % base.itemsize:
         raise ValueError("a view of copy_view does not lie in its base buffer")
     return start // base.itemsize
+
+
+def _check_inside(base: np.ndarray, start: int, strides: list[int], sizes: list[int]) -> None:
+    """Refuse a view reaching outside its base: the compiled loops do not check their indices."""
+    low = start + sum(min(0, (n - 1) * st) for st, n in zip(strides, sizes))
+    high = start + sum(max(0, (n - 1) * st) for st, n in zip(strides, sizes))
+    if low < 0 or high >= base.size:
+        raise ValueError("a view of copy_view does not lie in its base buffer")
 
 
 def _merged_dims(dst: np.ndarray, src: np.ndarray, key: int) -> list[list[int]]:

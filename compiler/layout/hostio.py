@@ -171,8 +171,9 @@ def scatter(p: Placement, values: np.ndarray, mem: np.ndarray, base_lw: int = 0)
     view = _strided_view(p, rows, base_lw)
     if view is not None:
         copies = (1,) * len(p.copy_dims)
+        rows_flat, src_flat = rows.reshape(-1), src.reshape(-1)
         for at, part, shape in _blocks(p):
-            copy_view(rows.reshape(-1), view[at], src.reshape(-1), _split(src[part], shape).reshape(*shape, *copies),
+            copy_view(rows_flat, view[at], src_flat, _split(src[part], shape).reshape(*shape, *copies),
                       memory_is_dst=True)
         return
     element, offset = _offsets(p, rows, base_lw, first_copy_only=False)
@@ -189,9 +190,10 @@ def gather(p: Placement, mem: np.ndarray, base_lw: int = 0, *, out_dtype: np.dty
     if view is not None:
         out = np.empty(p.layout.shape, dtype=rows.dtype)
         first_copy, every_copy = (0,) * len(p.copy_dims), (slice(None),) * len(p.copy_dims)
+        out_flat, rows_flat = out.reshape(-1), rows.reshape(-1)
         for at, part, shape in _blocks(p):
             first = view[(*at, *first_copy)]
-            copy_view(out.reshape(-1), _split(out[part], shape), rows.reshape(-1), first, memory_is_dst=False)
+            copy_view(out_flat, _split(out[part], shape), rows_flat, first, memory_is_dst=False)
             if check_replicas and p.copies > 1 and \
                     not (view[(*at, *every_copy)] == first[(Ellipsis, *([None] * len(p.copy_dims)))]).all():
                 raise LayoutError(f"the copies of the tensor in {p.memory} differ (layout {p.layout})")

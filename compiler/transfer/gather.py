@@ -19,7 +19,6 @@ by MV; `LaneMismatch` says which element and why.
 from __future__ import annotations
 
 import hashlib
-
 from collections import OrderedDict
 from dataclasses import dataclass
 

@@ -72,3 +72,6 @@ def test_mismatched_dtypes_and_foreign_views_are_refused():
         copy_view(a, a, np.zeros(8, dtype=np.uint16), np.zeros(8, dtype=np.uint16), memory_is_dst=True)
     with pytest.raises(ValueError, match="does not lie in its base"):
         copy_view(a, np.zeros(8, dtype=np.uint32), a, a, memory_is_dst=True)
+    overhang = as_strided(a[4:], shape=(8,), strides=(a.itemsize,))  # starts inside, ends past the end
+    with pytest.raises(ValueError, match="does not lie in its base"):
+        copy_view(a, overhang, a, a, memory_is_dst=True)
