@@ -22,8 +22,9 @@ the other. Every size comes from the YAML (fan-outs, chunk sizes, capacities, ha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import cached_property, lru_cache
+from functools import cached_property, lru_cache, partial
 from math import gcd
 
 import numpy as np
@@ -348,6 +349,27 @@ class Leg:
                (p.lm_last - p.lm_first) * st.per_lm_lw)
 
 
+Member = Callable[[ProgramBuilder], None]  # emits one PE-stream instruction
+
+
+def leg_bundles(legs: list[Leg], transit: Transit, *, started: bool = False) -> list[tuple[int | None, list[Member]]]:
+    """The bundles of `emit_legs`' pipeline, in order, each with the leg whose L2BM hop it has
+    (None for the last): leg 0's L2BM hop (unless `started`), then leg k's LM hop beside leg
+    k + 1's L2BM hop, then the last leg's LM hop. A caller may add one PE-stream instruction of
+    another slot to any bundle: `emit_product` hides the next step's legs behind this step's
+    MATMUL so."""
+    out: list[tuple[int | None, list[Member]]] = []
+    if legs and not started:
+        out.append((0, [partial(legs[0].to_l1, transit=transit, k=0)]))
+    for k, leg in enumerate(legs):
+        members = [partial(leg.to_lm, transit=transit, k=k)]
+        hop = k + 1 if k + 1 < len(legs) else None
+        if hop is not None:
+            members.append(partial(legs[hop].to_l1, transit=transit, k=hop))
+        out.append((hop, members))
+    return out
+
+
 def emit_legs(b: ProgramBuilder, legs: list[Leg], transit: Transit, *, started: bool = False, before=None,
               after=None) -> None:
     """Legs through the two L1BM transit buffers (leg k through buffer k % 2), software-
@@ -357,23 +379,14 @@ def emit_legs(b: ProgramBuilder, legs: list[Leg], transit: Transit, *, started: 
     before, see `first_hop`). `before(k)` runs before leg k's L2BM hop (a WAIT for its data),
     `after(k)` right after it (a fetch into the L2BM buffer leg k has left). The builder inserts
     the hazard nops."""
-    if not legs:
-        return
-    if not started:
-        if before:
-            before(0)
-        legs[0].to_l1(b, transit, 0)
-        if after:
-            after(0)
-    for k, leg in enumerate(legs):
-        if k + 1 < len(legs) and before:
-            before(k + 1)
+    for hop, members in leg_bundles(legs, transit, started=started):
+        if hop is not None and before:
+            before(hop)
         with b.together():
-            leg.to_lm(b, transit, k)
-            if k + 1 < len(legs):
-                legs[k + 1].to_l1(b, transit, k + 1)
-        if after and k + 1 < len(legs):
-            after(k + 1)
+            for member in members:
+                member(b)
+        if hop is not None and after:
+            after(hop)
 
 
 def first_hop(b: ProgramBuilder, legs: list[Leg], transit: Transit, instruction) -> None:
@@ -386,10 +399,14 @@ def first_hop(b: ProgramBuilder, legs: list[Leg], transit: Transit, instruction)
             legs[0].to_l1(b, transit, 0)
 
 
+def slice_pieces(st: Staging, transit: Transit) -> list[Piece]:
+    """The pieces of a whole slice held in L2BM (only the L1BM transit buffers bound them)."""
+    return pieces(st, replace(transit, l2_room=max(transit.l2_room, st.n_l2)))
+
+
 def slice_legs(st: Staging, transit: Transit, *, l2_addr: int, lm_mem: str, lm_word: int) -> list[Leg]:
     """The legs of a whole slice already in L2BM at `l2_addr`."""
-    parts = pieces(st, replace(transit, l2_room=max(transit.l2_room, st.n_l2)))
-    return [Leg(st, p, l2_addr + p.q2_first, lm_mem, lm_word) for p in parts]
+    return [Leg(st, p, l2_addr + p.q2_first, lm_mem, lm_word) for p in slice_pieces(st, transit)]
 
 
 def emit_download(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
