@@ -17,8 +17,9 @@ stream's transfers, hazards and MAU steps) and the best is emitted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from itertools import product
 from math import ceil, prod
 
@@ -34,12 +35,14 @@ from ..ir import Node, Value
 from ..layout import TIME_AXIS, W_AXIS, Broadcast, Factor, Layout, Placement
 from ..layout.layout import spread
 from ..transfer.gather import lw_sources
-from ..transfer.staging import Leg, emit_fetch, emit_legs, first_hop, slice_legs, stage
+from ..transfer.staging import (Leg, emit_fetch, emit_legs, first_hop, leg_bundles, slice_legs, slice_pieces,
+                                stage)
 from ..transfer.separable import DimTerms
 from .base import Kernel, device_dtype
 from .context import FIRST_FREE_TAG, Arena, EmitContext, Ref
 
 ROLES = ("batch", "m", "n")
+NO_OVERLAP, OVERLAP_ALL, OVERLAP_EARLY = 0, 1, 2  # Tiling.overlap
 CANDIDATES = 32  # at most this many undominated tilings per product are timed (compile-time budget)
 OPERAND_ROLES = {"a": ("batch", "m", "k"), "b": ("batch", "k", "n"), "c": ("batch", "m", "n")}
 
@@ -66,6 +69,12 @@ class Tiling:
     trans_b: bool
     half: bool  # the MAU multiplies in half (float16 operands, float32 accumulation)
     pseudo: bool = False  # float32 operands multiplied as pseudo-single (options float_dtype "pfloat32")
+    # With the PE memories holding two steps' operands (`_double_regions`), a step's transfers to
+    # the PEs issue beside the MATMUL of the step before: OVERLAP_ALL in every step of a round but
+    # the first; OVERLAP_EARLY in all but the first and the last, so that the last MATMUL but one
+    # does not wait for the round's last operands (better when the Data Engines are the bottleneck:
+    # the planner times both). NO_OVERLAP: one step after the other.
+    overlap: int = 0
     cost: float = 0.0
 
     @property
@@ -178,6 +187,41 @@ def _fits(cg: EmitContext, t: Tiling, convert_in: bool, out_half: bool) -> bool:
         return False
 
 
+def _double_regions(cg: EmitContext, t: Tiling, out_half: bool) -> tuple[Regions, Regions] | None:
+    """Two steps' operand regions and one accumulator, placed so that a MATMUL reading one step's
+    operands issues in one bundle with the transfers that write the other's (the issue model's
+    memory rules, sim.issue): one operand alternates between two memories (the one a MATMUL does
+    not read is written), the other keeps both steps' copies in one memory with separate read and
+    write ports (read at one range while the other is written), C in a fourth memory. None when
+    no such placement fits (or the operands are converted in LM: their float32 staging would need
+    doubling too)."""
+    per_word = 2 if t.half else 1
+    words = {"a": t.mt * t.kp // per_word, "b": t.kp * t.nt // per_word}
+    c_words = t.mt * (t.nt // cg.params.pes_per_mab)
+    memories = cg.chain.scratch
+    two_ported = [m for m in memories if cg.hw.memories[m].ports != "1RW"]
+    for alternating, kept in sorted((("a", "b"), ("b", "a")), key=lambda pair: -words[pair[0]]):
+        for shared in two_ported:
+            # C in the other two-ported memory if it fits: MATMUL pieces write their rows of C and
+            # read the next ones, which an LM's port-conflict hazard would separate by nops
+            for c_mem in sorted((m for m in memories if m != shared), key=lambda m: m not in two_ported):
+                pair = [m for m in memories if m not in (shared, c_mem)]
+                if len(pair) < 2:
+                    continue
+                arena = Arena(cg.hw)
+                try:
+                    got = {(alternating, 0): arena.alloc(words[alternating], prefer=(pair[0],), strict=True),
+                           (alternating, 1): arena.alloc(words[alternating], prefer=(pair[1],), strict=True),
+                           (kept, 0): arena.alloc(words[kept], prefer=(shared,), strict=True),
+                           (kept, 1): arena.alloc(words[kept], prefer=(shared,), strict=True),
+                           "c": arena.alloc(c_words, prefer=(c_mem,), strict=True)}
+                    c16 = arena.alloc(c_words // 2 + 1) if out_half else None
+                except CompileError:
+                    continue
+                return tuple(Regions(got["a", s], got["b", s], got["c"], None, None, c16) for s in (0, 1))
+    return None
+
+
 @dataclass(frozen=True)
 class Traffic:
     """Long words one step (one K chunk of one round) moves, per L2B (its share of the Group's
@@ -218,10 +262,17 @@ class Work:
     rounds: int
     serial: int  # 1 when the Data Engines cannot fetch ahead (each step waits for its operands)
     upload_lw: float
+    overlap: int = 0  # Tiling.overlap where the Data Engines fetch ahead, else NO_OVERLAP
+
+    @property
+    def exposed(self) -> int:
+        """Steps per round whose transfers to the PEs the stream pays in full (all without overlap)."""
+        return {NO_OVERLAP: self.steps // self.rounds, OVERLAP_ALL: 1, OVERLAP_EARLY: 2}[self.overlap]
 
     def vector(self) -> tuple[float, ...]:
+        # the overlaps are each better than none, and neither better than the other on all rates
         return (self.mau, self.engine_lw, self.engine_mvs, *self.stream, self.steps, self.rounds, self.serial,
-                self.upload_lw)
+                self.upload_lw, int(self.overlap != OVERLAP_ALL), int(self.overlap != OVERLAP_EARLY))
 
 
 def _gather_mvs(cg: EmitContext, t: Tiling, a_l2_lw: float, in_bytes: int, source_run: float,
@@ -282,7 +333,7 @@ def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_
     serial = int(t.chunks == 1 or 2 * sum(traffic.l2) > hw.memory_lw(chain.l2))  # nothing to fetch ahead (see _Feed)
     stream = tuple(v * steps for key in sorted(modes) for v in modes[key])
     return Work(mm * steps, engine_lw * steps, engine_mvs * steps, stream, steps, t.batch_local * t.rounds, serial,
-                c_lw * t.batch_local * t.rounds)
+                c_lw * t.batch_local * t.rounds, NO_OVERLAP if serial else t.overlap)
 
 
 def tiling_bound(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None,
@@ -303,13 +354,16 @@ def _cost(cg: EmitContext, t: Tiling, work: Work) -> float:
     # latencies overlap (the timing engine's rule), so many short MVs cost their latency over the depth
     data = work.engine_lw / rate
     engine = max(data, (work.engine_mvs * down.latency_cycles + data) / hw.data_engine.queue_depth)
-    stream = float(work.mau)
+    moves = 0.0
     keys = sorted([(chain.l2_to_l1, m) for m in ("broadcast", "distribute")] +
                   [(chain.l1_to_pe, m) for m in ("mab_broadcast", "distribute")])
     for k, (path, mode) in enumerate(keys):
         if mode in hw.transfers[path].modes:
             src_rate, dst_rate = side_rates(hw, path, mode)
-            stream += max(work.stream[2 * k] / src_rate, work.stream[2 * k + 1] / dst_rate)
+            moves += max(work.stream[2 * k] / src_rate, work.stream[2 * k + 1] / dst_rate)
+    # hidden behind the MATMULs, the transfers cost only the first step of each round
+    stream = max(work.mau, moves) + moves / work.steps * work.rounds * work.exposed if work.overlap else \
+        work.mau + moves
     stream += work.steps * 2 * (hw.hazards["l2bm_to_l1bm_read"] + hw.hazards["lm_write_to_read"]) * hw.step_cycles
     upload = work.upload_lw / rate + work.rounds * down.latency_cycles
     if work.serial:
@@ -392,12 +446,23 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
     roles = ROLES if batched else ROLES[1:]
     fit_cache: dict[tuple[int, int, int], bool] = {}
 
+    double_cache: dict[tuple[int, int, int], bool] = {}
+
     def fitted(t: Tiling) -> bool:
         """`_fits`, which depends on the tile's sizes alone (many assignments share them)."""
         key = (t.mt, t.kp, t.nt)
         if key not in fit_cache:
             fit_cache[key] = _fits(cg, t, staged_in_float32 and half, out_half)
         return fit_cache[key]
+
+    def overlapping(t: Tiling) -> bool:
+        """Whether a step's transfers to the PEs can issue beside the step before's MATMUL."""
+        if t.chunks == 1 or (staged_in_float32 and half):
+            return False
+        key = (t.mt, t.kp, t.nt)
+        if key not in double_cache:
+            double_cache[key] = _double_regions(cg, t, out_half) is not None
+        return double_cache[key]
     for assignment in product(*(_axis_options(a, sizes[a], roles, chain) for a in axes)):
         remaining = {"batch": p.batch if batched else 1, "m": p.m, "n": ceil(p.n / col_unit), "k": ceil(p.k / (pes * epl_in))}
         takes = []
@@ -428,8 +493,11 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
                 mid = (low + high) // 2
                 low, high = (low, mid) if fits(mid) else (mid + 1, high)
             t = tiling(low)
-            work = _work(cg, t, in_bytes, staged_in_float32, a_runs)
-            feasible.append((replace(t, cost=_cost(cg, t, work)), work))
+            overlaps = (OVERLAP_ALL, OVERLAP_EARLY)[:t.chunks - 1] if overlapping(t) else (NO_OVERLAP,)
+            for overlap in overlaps:
+                t = replace(t, overlap=overlap)
+                work = _work(cg, t, in_bytes, staged_in_float32, a_runs)
+                feasible.append((replace(t, cost=_cost(cg, t, work)), work))
     # The product is stored in the image of its layout: that image needs notation.
     epl_staged = cg.hw.elements_per_lw("float32") if staged_in_float32 else epl_in
     out_dtype = "float16" if out_half else "float32"
@@ -502,7 +570,13 @@ def output_layout(cg: EmitContext, t: Tiling, p: Problem, batched: bool, half_in
 
 def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Source, b: Source, out_dtype: str,
                  out_ref: Ref) -> None:
-    """C = A @ B for a tiling, into `out_ref` (the image of C's LM layout)."""
+    """C = A @ B for a tiling, into `out_ref` (the image of C's LM layout).
+
+    Step by step (one K chunk of one round), the Data Engines fetch steps ahead into L2BM (`_Feed`)
+    while the PE stream brings a step's operands down to the PEs and multiplies them. With
+    `Tiling.overlap` the PE memories hold two steps' operands: step i + 1's transfers to the PEs
+    issue beside step i's MATMUL, cut into pieces so that each bundle of the transfers' pipeline
+    has one (the stream then pays the longer of the two, not their sum)."""
     pes = cg.params.pes_per_mab
     half_in = a.ref.placement.dtype == "float16" and b.ref.placement.dtype == "float16"
     mm_dtype = t.mau_dtype
@@ -511,39 +585,88 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
     per_word = 2 if t.half else 1
     c_words = t.mt * (t.nt // pes)
     convert_in = t.half and not half_in  # float32 in DRAM, half in the MAU: stage float32, convert in LM
-    regions = _regions(cg, t, convert_in, out_dtype == "float16")
-    (mem_a, word_a), (mem_b, word_b), (mem_c, word_c) = regions.a, regions.b, regions.c
-    into_a, into_b = (regions.a32, regions.b32) if convert_in else (regions.a, regions.b)
-    if out_dtype == "float16":
-        mem_h, word_h = regions.c16
+    out_half = out_dtype == "float16"
+    feed = _Feed(cg, (a, b), (la, lb))
+    double = _double_regions(cg, t, out_half) if t.overlap and feed.pipelined else None
+    sets = double or (_regions(cg, t, convert_in, out_half),)
+    (mem_c, word_c) = sets[0].c
+    if out_half:
+        mem_h, word_h = sets[0].c16
     hazard = cg.hw.hazards["lm_write_to_read"]
-    feed = _Feed(cg, (a, b), (la, lb), (into_a, into_b))
+    mau_rows = cg.hw.units[cg.chain.matrix_unit].matrix[mm_dtype].rows
+    epl = cg.hw.elements_per_lw("float16" if t.half else "float32")
+
+    def into(i: int) -> tuple[tuple[str, int], tuple[str, int]]:
+        regs = sets[i % len(sets)]
+        return (regs.a32, regs.b32) if convert_in else (regs.a, regs.b)
+
+    def product(regs: Regions, accumulate: bool, axis: str = "m", first: int = 0, size: int = t.mt) -> None:
+        """The MATMUL of one step, or of its rows [first, first + size) (axis "m") or its K per PE
+        [first, first + size) (axis "k")."""
+        (mem_a, word_a), (mem_b, word_b) = regs.a, regs.b
+        a_addr, b_addr, c_addr, m, kp = word_a * per_word, word_b * per_word, word_c, t.mt, t.kp
+        if axis == "m":
+            m, a_addr, c_addr = size, a_addr + first * t.kp, c_addr + first * (t.nt // pes)
+        else:
+            kp, a_addr, b_addr = size, a_addr + first, b_addr + first * (1 if t.trans_b else t.nt)
+        cg.b.matmul(mm_dtype, m, kp * pes, t.nt, (mem_a, a_addr, t.kp), (mem_b, b_addr, t.kp if t.trans_b else t.nt),
+                    (mem_c, c_addr, t.nt // pes), trans_b=t.trans_b, accumulate=accumulate or (axis == "k" and first > 0))
+
     steps = [(bl, r, k) for bl in range(t.batch_local) for r in range(t.rounds) for k in range(t.chunks)]
     slices = lambda bl, r, k: ((bl * t.rounds + r) * t.chunks + k, bl * t.chunks + k)  # noqa: E731
     ahead = feed.depth - 1
     for i, (bl, r, k) in enumerate(steps):
-        # the Data Engines run `ahead` chunks ahead of the PE stream, within one round: an upload
-        # ends each round and uses the L2BM transit buffers, so the next round starts afresh
-        for j in range(i if k == 0 else i + ahead, min(i + ahead, i + t.chunks - 1 - k) + 1):
-            feed.fetch(j, *slices(*steps[j]))
-        feed.drain(i, *slices(bl, r, k))
-        if convert_in:
-            cg.b.vop("cvt", "float16", 1, t.mt * t.kp, (mem_a, 2 * word_a, 0, 1), (into_a[0], into_a[1], 0, 1),
-                     src_dtype="float32")
-            cg.b.vop("cvt", "float16", 1, t.kp * t.nt, (mem_b, 2 * word_b, 0, 1), (into_b[0], into_b[1], 0, 1),
-                     src_dtype="float32")
-            cg.b.nop(hazard)
-        def product(accumulate: bool = k > 0) -> None:
-            cg.b.matmul(mm_dtype, t.mt, t.kp * pes, t.nt, (mem_a, word_a * per_word, t.kp),
-                        (mem_b, word_b * per_word, t.kp if t.trans_b else t.nt), (mem_c, word_c, t.nt // pes),
-                        trans_b=t.trans_b, accumulate=accumulate)
-        if k + 1 < t.chunks:  # the next chunk of this round is in L2BM or on its way: its first hop beside
-            feed.with_next_hop(i + 1, product)
-            continue
-        product()
+        regs = sets[i % len(sets)]
+        if double is not None:
+            # A round starts afresh (an upload ends each round and uses the L2BM transit buffers);
+            # its later steps' operands come down beside the MATMUL before, and the step `depth`
+            # ahead comes into a step's L2BM region leg by leg, as that step's legs leave it.
+            def refills(j: int) -> list[Callable[[], None]] | None:
+                return feed.refills(j, *slices(*steps[j])) if j < len(steps) and steps[j][:2] == (bl, r) else None
+            if k == 0:
+                for j in range(i, i + min(feed.depth, t.chunks)):
+                    feed.fetch(j, *slices(*steps[j]))
+            last_hidden = t.chunks - (1 if t.overlap == OVERLAP_ALL else 2)  # the last step brought down beside
+            if k == 0 or k > last_hidden:
+                feed.drain(i, into(i), *slices(bl, r, k), refills=refills(i + feed.depth))
+            if k + 1 <= last_hidden:
+                feed.wait(i + 1)
+                bundles = leg_bundles(feed.legs(i + 1, into(i + 1)), cg.transit)
+                refill = refills(i + 1 + feed.depth)
+                cuts = _cuts(t, mau_rows, epl, len(bundles))
+                for j in range(max(len(bundles), len(cuts))):
+                    hop, members = bundles[j] if j < len(bundles) else (None, [])
+                    with cg.b.together():
+                        if j < len(cuts):
+                            product(regs, k > 0, *cuts[j])
+                        for member in members:
+                            member(cg.b)
+                    if hop is not None and refill:
+                        refill[hop]()
+                continue
+            if k + 1 < t.chunks:  # the round's last step comes down after this MATMUL, which need not wait for it
+                product(regs, k > 0)
+                continue
+        else:
+            # the Data Engines run `ahead` chunks ahead of the PE stream, within one round
+            for j in range(i if k == 0 else i + ahead, min(i + ahead, i + t.chunks - 1 - k) + 1):
+                feed.fetch(j, *slices(*steps[j]))
+            feed.drain(i, into(i), *slices(bl, r, k))
+            if convert_in:
+                (mem_a, word_a), (mem_b, word_b) = regs.a, regs.b
+                into_a, into_b = into(i)
+                cg.b.vop("cvt", "float16", 1, t.mt * t.kp, (mem_a, 2 * word_a, 0, 1), (into_a[0], into_a[1], 0, 1),
+                         src_dtype="float32")
+                cg.b.vop("cvt", "float16", 1, t.kp * t.nt, (mem_b, 2 * word_b, 0, 1), (into_b[0], into_b[1], 0, 1),
+                         src_dtype="float32")
+                cg.b.nop(hazard)
+            if k + 1 < t.chunks:  # the next chunk of this round is in L2BM or on its way: its first hop beside
+                feed.with_next_hop(i + 1, into(i + 1), lambda: product(regs, k > 0))
+                continue
+        product(regs, k > 0)
         cg.b.nop(hazard)
         partial = t.tiles("k") > 1
-        if out_dtype == "float16":
+        if out_half:
             cg.b.vop("cvt", "float16", 1, c_words, (mem_h, 2 * word_h, 0, 1), (mem_c, word_c, 0, 1),
                      src_dtype="float32")
             cg.b.nop(hazard)
@@ -554,6 +677,17 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
                       slice_index=bl * t.rounds + r, reduce=partial)
 
 
+def _cuts(t: Tiling, rows: int, epl: int, count: int) -> list[tuple[str, int, int]]:
+    """At most `count` parts of a step's product, as (axis, first, size): its rows cut at multiples
+    of the MAU's rows, or its K per PE at whole long words, whichever allows more parts. Either
+    way the parts' MAU cycles add up to the whole product's (sim.isa's MATMUL rule)."""
+    by_m, by_k = ceil(t.mt / rows), t.kp // epl
+    axis, units, unit, total = ("m", by_m, rows, t.mt) if by_m >= by_k else ("k", by_k, epl, t.kp)
+    n = max(1, min(count, units))
+    ends = [min(total, unit * (units * j // n)) for j in range(n)] + [total]
+    return [(axis, ends[j], ends[j + 1] - ends[j]) for j in range(n)]
+
+
 class _Feed:
     """Brings the operands' slices for each step to the PEs. When several steps' slices fit L2BM
     at once, L2BM holds a ring of them: the Data Engines fetch the steps ahead (each region with
@@ -561,9 +695,8 @@ class _Feed:
     latency; otherwise each slice is downloaded on its own, in pieces. Operands are padded along
     K with zeros: the padding is multiplied and summed."""
 
-    def __init__(self, cg: EmitContext, sources: tuple[Source, Source], layouts: tuple[Layout, Layout],
-                 into: tuple[tuple[str, int], tuple[str, int]]) -> None:
-        self.cg, self.into = cg, into
+    def __init__(self, cg: EmitContext, sources: tuple[Source, Source], layouts: tuple[Layout, Layout]) -> None:
+        self.cg = cg
         self.lms = tuple(cg.lm_placement(layout, src.ref.placement.dtype) for src, layout in zip(sources, layouts))
         self.plans = [cg.fetch_source(src.ref, lm, pad=0.0, index=src.index, window=src.window)
                       for src, lm in zip(sources, self.lms)]
@@ -585,26 +718,46 @@ class _Feed:
             emit_fetch(self.cg.b, st, dram=dram, l2_addr=self.regions[i % self.depth] + offset, first=0,
                        count=st.n_l2, tag=self.tags[i % self.depth], slice_index=s, source=source)
 
-    def _legs(self, i: int) -> list[Leg]:
-        """Step i's pieces of A, then of B, from its L2BM region to their LM regions."""
-        return [leg for (st, _), (memory, word), offset in zip(self.plans, self.into, self.offsets)
+    def refills(self, i: int, *slice_indices: int) -> list[Callable[[], None]]:
+        """Step i's fetch in parts, one per leg (in `legs` order): each brings the L2BM long words
+        of that leg's range of its region, so that it can be issued as soon as the leg of the step
+        before in the same region (i - depth) has left them."""
+        out = []
+        for (st, source), dram, offset, s in zip(self.plans, self.dram, self.offsets, slice_indices):
+            for piece in slice_pieces(st, self.cg.transit):
+                out.append(partial(emit_fetch, self.cg.b, st, dram=dram,
+                                   l2_addr=self.regions[i % self.depth] + offset + piece.q2_first,
+                                   first=piece.q2_first, count=piece.q2_count, tag=self.tags[i % self.depth],
+                                   slice_index=s, source=source))
+        return out
+
+    def legs(self, i: int, into: tuple[tuple[str, int], tuple[str, int]]) -> list[Leg]:
+        """Step i's pieces of A, then of B, from its L2BM region to their PE-memory regions `into`."""
+        return [leg for (st, _), (memory, word), offset in zip(self.plans, into, self.offsets)
                 for leg in slice_legs(st, self.cg.transit, l2_addr=self.regions[i % self.depth] + offset,
                                       lm_mem=memory, lm_word=word)]
 
-    def drain(self, i: int, *slice_indices: int) -> None:
-        """Step i's operands to LM: A's and B's pieces in one pipeline (one piece's L2BM hop beside
-        the previous one's LM hop), its first hop already issued if `with_next_hop` did."""
+    def wait(self, i: int) -> None:
+        """The stream waits for step i's fetch."""
+        self.cg.b.wait(self.tags[i % self.depth])
+
+    def drain(self, i: int, into: tuple[tuple[str, int], tuple[str, int]], *slice_indices: int,
+              refills: list[Callable[[], None]] | None = None) -> None:
+        """Step i's operands to their PE-memory regions `into`: A's and B's pieces in one pipeline
+        (one piece's L2BM hop beside the previous one's LM hop), its first hop already issued if
+        `with_next_hop` did; `refills[h]` right after leg h has left L2BM (see `refills`)."""
         if not self.pipelined:
-            for src, lm, (memory, word), s in zip(self.sources, self.lms, self.into, slice_indices):
+            for src, lm, (memory, word), s in zip(self.sources, self.lms, into, slice_indices):
                 self.cg.download(src.ref, lm, memory=memory, word=word, slice_index=s, pad=0.0, index=src.index,
                                  window=src.window)
             return
         started = self.hopped == i
         if not started:
-            self.cg.b.wait(self.tags[i % self.depth])
-        emit_legs(self.cg.b, self._legs(i), self.cg.transit, started=started)
+            self.wait(i)
+        emit_legs(self.cg.b, self.legs(i, into), self.cg.transit, started=started,
+                  after=(lambda h: refills[h]()) if refills else None)
 
-    def with_next_hop(self, i: int, instruction) -> None:
+    def with_next_hop(self, i: int, into: tuple[tuple[str, int], tuple[str, int]], instruction) -> None:
         """`instruction()` (step i - 1's MATMUL) in one bundle with step i's first L2BM -> L1BM hop,
         when step i's data is on its way into L2BM already (pipelined, same round), fetched two or
         more steps ahead: with a ring of two regions it is fetched while step i - 1 drains and is
@@ -613,8 +766,8 @@ class _Feed:
         if self.depth < 3:
             instruction()
             return
-        self.cg.b.wait(self.tags[i % self.depth])
-        first_hop(self.cg.b, self._legs(i), self.cg.transit, instruction)
+        self.wait(i)
+        first_hop(self.cg.b, self.legs(i, into), self.cg.transit, instruction)
         self.hopped = i
 
 
