@@ -154,7 +154,9 @@ def test_small_and_half_products_compile_and_match(mncore2_device, shape, dtype)
 @pytest.mark.parametrize("case", ["float", "mixed", "half"])
 def test_a_1024_cubed_product_reaches_half_of_the_roofline(mncore2, case):
     """The roofline bound from the YAML (hwdesc.figures): max(MAU time, DRAM traffic time). The
-    simulated program must take at most twice that (bench/ reports the figures)."""
+    simulated program must take at most twice that, float at most 1/0.7 of it: its steps' transfers
+    to the PEs go beside the MATMULs, which leaves the Data Engines the bottleneck (bench/ reports
+    the figures)."""
     from hwdesc.figures import dram_traffic_cycles, matrix_cycles
     n = 1024
     dtype = torch.float16 if case == "half" else torch.float32
@@ -163,7 +165,7 @@ def test_a_1024_cubed_product_reaches_half_of_the_roofline(mncore2, case):
     size = mncore2.element_bytes("float16" if case == "half" else "float32")
     bound = max(matrix_cycles(mncore2, n ** 3, "float32" if case == "float" else "float16"),
                 dram_traffic_cycles(mncore2, 2 * n * n * size, n * n * size))
-    assert Machine(mncore2).time(compiled.program.code).total_cycles <= 2 * bound
+    assert Machine(mncore2).time(compiled.program.code).total_cycles <= bound / (0.7 if case == "float" else 0.5)
 
 
 def test_convolutions_gather_in_runs_longer_than_one_mab(mncore2):
