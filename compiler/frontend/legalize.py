@@ -199,6 +199,17 @@ for _cmp in ("lt", "le", "gt", "ge", "eq", "ne"):
     rule(_cmp)(lambda b, out, x, y, _op=_cmp: compare(b, _op, x, y))
 
 
+@rule("isnan", "isinf")
+def _special(b, out, x):
+    """The IEEE tests (kl_div, nan_to_num and isfinite use them): NaN is the one value unequal to
+    itself, the infinities the ones whose magnitude equals inf; integers are neither."""
+    if x.dtype not in FLOAT_DTYPES:
+        return b.full(x.shape, False, "bool")
+    if b.aten.startswith("aten.isnan"):
+        return b.ew("ne", x, x)
+    return b.ew("eq", b.ew("abs", x), float("inf"))
+
+
 @rule("logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor")
 def _logical(b, out, x, y):
     op = b.aten.split(".")[1].split("_")[-1]

@@ -84,6 +84,20 @@ def test_views_reductions_and_broadcasting(device):
     check(device, fn, {"x": torch.randn(4, 6, 8), "bias": torch.randn(8)})
 
 
+def test_kl_div_and_bilinear_resampling(device):
+    """Two ops torch decomposes into tests of special values (kl_div's target == 0 and NaN terms)
+    and into gathers of neighbours (bilinear interpolation, both corner conventions)."""
+    import torch.nn.functional as F
+    torch.manual_seed(7)
+
+    def fn(d):
+        target = F.softmax(d["t"], -1) * (d["t"] > -1)  # zeros in the target take kl_div's 0 * log 0 = 0 branch
+        return {"kl": F.kl_div(F.log_softmax(d["x"], -1), target, reduction="batchmean"),
+                "up": F.interpolate(d["img"], scale_factor=2, mode="bilinear", align_corners=False),
+                "sized": F.interpolate(d["img"], size=(5, 11), mode="bilinear", align_corners=True)}
+    check(device, fn, {"x": torch.randn(4, 16), "t": torch.randn(4, 16), "img": torch.randn(2, 3, 6, 8)})
+
+
 def test_one_kernel_reading_an_input_and_its_transpose(device):
     """x + x.t(): both operands of one kernel come from the same input; it is placed once, and the
     view reads that placement (it used to be placed twice, so the program added x to itself)."""

@@ -39,6 +39,9 @@ OPS = {
     "softplus": lambda x, y: F.softplus(x), "silu": lambda x, y: F.silu(x), "elu": lambda x, y: F.elu(x),
     "leaky_relu": lambda x, y: F.leaky_relu(x, 0.1), "hardtanh": lambda x, y: F.hardtanh(x),
     "amax": lambda x, y: x.reshape(3, 4).amax(1), "amin": lambda x, y: y.reshape(3, 4).amin(1),
+    "isnan": lambda x, y: torch.isnan(x).float(), "isinf": lambda x, y: torch.isinf(x / y).float(),
+    "isfinite": lambda x, y: torch.isfinite(x).float(),
+    "nan_to_num": lambda x, y: torch.nan_to_num(x * y, nan=0.5, posinf=9.0, neginf=-9.0),
 }
 
 
