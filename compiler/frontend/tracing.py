@@ -235,12 +235,21 @@ _FUSED_ATTENTION = torch.nn.functional.scaled_dot_product_attention
 _TRACING = threading.RLock()
 
 
-def _math_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
+def _math_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False, *,
+                    scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
     """Attention as its math composite when gradients are taken, so autograd differentiates ops
-    we lower (the fused CPU kernel's backward is one opaque op)."""
-    if torch.is_grad_enabled():
-        return torch.ops.aten._scaled_dot_product_attention_math(*args, **kwargs)[0]
-    return _FUSED_ATTENTION(*args, **kwargs)
+    we lower (the fused CPU kernel's backward is one opaque op). The composite takes what
+    torch.nn.functional's front end hands it: a boolean mask (True: attend) already made additive,
+    0 or -inf (the composite would add the booleans themselves)."""
+    if not torch.is_grad_enabled():
+        return _FUSED_ATTENTION(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                                enable_gqa=enable_gqa)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill(attn_mask.logical_not(),
+                                                                                 float("-inf"))
+    return torch.ops.aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
+                                                             scale=scale, enable_gqa=enable_gqa)[0]
 
 
 @contextlib.contextmanager

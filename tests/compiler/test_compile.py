@@ -70,6 +70,25 @@ def test_attention_block(device):
     check(device, attention, {name: torch.randn(2, 8, 16) for name in "qkv"})
 
 
+def test_attention_with_a_boolean_mask(device):
+    """scaled_dot_product_attention is traced as torch's math composite, which adds a mask to the
+    scores: a boolean mask (True: attend; a sliding window, a padding mask) must reach it as 0 or
+    -inf, as torch's front end makes it (it used to be added as 1 and 0: Hugging Face models with
+    padding were wrong by up to 22 %)."""
+    import torch.nn.functional as F
+    torch.manual_seed(3)
+    i, j = torch.arange(8).view(-1, 1), torch.arange(8).view(1, -1)
+    window = (j <= i) & (i - j < 3)  # every query sees itself
+
+    def fn(d):
+        q, k, v = d["q"], d["k"], d["v"]
+        return {"window": F.scaled_dot_product_attention(q, k, v, attn_mask=window),
+                "padding": F.scaled_dot_product_attention(q, k, v, attn_mask=d["keep"][:, None, None, :]),
+                "causal_scaled": F.scaled_dot_product_attention(q, k, v, None, 0.0, True, scale=0.3)}
+    keep = torch.tensor([[True] * 8, [True] * 5 + [False] * 3])
+    check(device, fn, {**{name: torch.randn(2, 2, 8, 16) for name in "qkv"}, "keep": keep})
+
+
 def test_conv2d_layer(device):
     torch.manual_seed(3)
     conv = torch.nn.Conv2d(8, 16, 3, padding=1)

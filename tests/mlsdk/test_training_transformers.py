@@ -1,5 +1,5 @@
 """Training steps of Hugging Face architectures (built from a config, random weights, offline):
-GPT-2's language-model loss and BERT's sequence classification, with MNCoreSGD (momentum),
+GPT-2's language-model loss and BERT's sequence classification (one sequence padded), with MNCoreSGD (momentum),
 against the same models trained with torch.optim.SGD on the host.
 
 (SGD, not Adam: the attention's key bias has an exactly-zero gradient, which both sides compute
@@ -31,8 +31,9 @@ def bert():
                                      vocab_size=50, max_position_embeddings=16, num_labels=3,
                                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     return (lambda: transformers.BertForSequenceClassification(config),
-            {"input_ids": torch.randint(0, 50, (2, 8)), "labels": torch.randint(0, 3, (2,))},
-            lambda m, d: m(input_ids=d["input_ids"], labels=d["labels"]).loss)
+            {"input_ids": torch.randint(0, 50, (2, 8)), "labels": torch.randint(0, 3, (2,)),
+             "attention_mask": torch.tensor([[1] * 8, [1] * 5 + [0] * 3])},  # the second sequence padded
+            lambda m, d: m(input_ids=d["input_ids"], attention_mask=d["attention_mask"], labels=d["labels"]).loss)
 
 
 @pytest.mark.parametrize("architecture", [gpt2, bert], ids=["gpt2", "bert"])
