@@ -141,7 +141,10 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
         return [leaf for _, leaf in out_leaves]
 
     try:
-        with _all_stack_frames():
+        # without oneDNN, recurrent layers (nn.LSTM) trace as their ATen composite rather than as
+        # one fused CPU kernel (mkldnn_rnn_layer) that no decomposition opens
+        no_onednn = torch.backends.mkldnn.flags(enabled=False, deterministic=None, allow_tf32=None, fp32_precision=None)
+        with _all_stack_frames(), no_onednn:
             # pass 1, through autograd and the optimizer: backward() and step() become ATen ops on
             # the captured tensors (functionalize would hide autograd, so it comes second)
             with autograd_phases():

@@ -71,7 +71,19 @@ MODELS = {
                                                  nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10)),
                            cross_entropy, (2, 2, 8, 8)),
     "embedding_slices": (lambda: EmbedSlices(), square_mean, (3, 4)),
+    "lstm_gru": (lambda: Recurrent(), square_mean, (2, 5, 3)),
 }
+
+
+class Recurrent(nn.Module):
+    """An LSTM (traced as its ATen composite, not oneDNN's fused layer) feeding a GRU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm, self.gru = nn.LSTM(3, 4, batch_first=True), nn.GRU(4, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.gru(self.lstm(x)[0])[0][:, -1]
 
 
 class EmbedSlices(nn.Module):
