@@ -541,20 +541,42 @@ class Planner:
             if node.kind == "cat" and len(node.inputs) > 1:
                 self.plan_cat_as_sum(node)
                 return
+            if node.kind == "split" and len(node.outputs) > 1:
+                self.plan_split_as_slices(node)
+                return
             self.choose([RelayoutKernel.of_movement(node, per_output[0][0])], node)
 
-    def plan_cat_as_sum(self, node: Node) -> None:
-        """A cat whose parts keep their lanes in different places (no gather assembles it, and a
-        relayout moves one tensor's lanes): each part padded with zeros to the result's shape,
-        where it lands, and the parts added (or-ed, for bool), so each is moved on its own."""
+    def _scratch_builder(self, node: Node) -> tuple[Graph, "Builder"]:
+        """A builder of nodes that stand in for `node` (its source line and phase), named apart
+        from every value the graph and the plan have."""
         from ..frontend.build import Builder
-        from .rewrite import bind
         graph = self.graph
         taken = {v.name for n in graph.nodes for v in n.outputs} | set(graph.inputs) | set(graph.outputs) | \
             {c.name for c in graph.constants} | {v.name for v in self.refs}
         scratch = Graph({}, {}, [])
         b = Builder(scratch, taken)
         b.source, b.aten, b.stem, b.phase = node.source, node.aten, node.out.name, node.phase
+        return scratch, b
+
+    def plan_split_as_slices(self, node: Node) -> None:
+        """A split whose parts no gather writes together (a grouped convolution's weight gradient
+        splits a gradient laid out for another product): each part a slice of its own, moved (or
+        relaid) on its own, as a relayout moves one tensor's lanes."""
+        from .rewrite import bind
+        scratch, b = self._scratch_builder(node)
+        (x,), dim, start = node.args, node.attrs["dim"], 0
+        for out, size in zip(node.outputs, node.attrs["sizes"]):
+            bind(b, b.slice(x, dim, start, start + size), out)
+            start += size
+        for n in scratch.nodes:
+            self.plan_unit(n)
+
+    def plan_cat_as_sum(self, node: Node) -> None:
+        """A cat whose parts keep their lanes in different places (no gather assembles it, and a
+        relayout moves one tensor's lanes): each part padded with zeros to the result's shape,
+        where it lands, and the parts added (or-ed, for bool), so each is moved on its own."""
+        from .rewrite import bind
+        scratch, b = self._scratch_builder(node)
         dim, out = node.attrs["dim"], node.out
         start, total = 0, None
         for part in node.args:

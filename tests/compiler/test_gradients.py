@@ -72,6 +72,9 @@ MODELS = {
                            cross_entropy, (2, 2, 8, 8)),
     "embedding_slices": (lambda: EmbedSlices(), square_mean, (3, 4)),
     "lstm_gru": (lambda: Recurrent(), square_mean, (2, 5, 3)),
+    # the weight gradient of a depthwise convolution is a grouped one whose split of the output
+    # gradient no gather writes at once: each group's part is sliced on its own
+    "depthwise": (lambda: nn.Conv2d(4, 4, 3, padding=1, groups=4), square_mean, (2, 4, 6, 6)),
 }
 
 
