@@ -357,6 +357,20 @@ def _index_put(b, out, x, indices, values, accumulate=False):
 @rule("index_add", "index_copy", "masked_scatter", "scatter_reduce",
       "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive", "argwhere", "bincount",
       "repeat_interleave", "_local_scalar_dense", "item")
+@rule("diagonal", "diagonal_copy")
+def _diagonal(b, out, x, offset=0, dim1=0, dim2=1):
+    """out[..., i] = x[..., i, i + offset] (dim1 and dim2 removed, the diagonal last, as torch)."""
+    d1, d2 = norm_dim(dim1, x.rank), norm_dim(dim2, x.rank)
+    rest = [d for d in range(x.rank) if d not in (d1, d2)]
+    a = [[0] * (len(rest) + 1) for _ in range(x.rank)]
+    for column, d in enumerate(rest):
+        a[d][column] = 1
+    a[d1][-1] = a[d2][-1] = 1
+    start = [0] * x.rank
+    start[d2 if offset >= 0 else d1] = abs(offset)
+    return b.window(x, tuple(out.shape), a, start)
+
+
 def _data_dependent(b, out, x, *args, **kwargs):
     shapes = [list(x.shape)] if isinstance(x, Value) else []
     why = {"_local_scalar_dense": "it reads a tensor's value on the host (.item(), a Python condition on a "

@@ -117,6 +117,15 @@ def test_kl_div_and_bilinear_resampling(device):
     check(device, fn, {"x": torch.randn(4, 16), "t": torch.randn(4, 16), "img": torch.randn(2, 3, 6, 8)})
 
 
+def test_diagonals_are_windows(device):
+    """torch.diagonal (any offset, any pair of dimensions; trace and diag_embed use it) reads
+    x[..., i, i + offset]: a window whose index map takes both dimensions from one."""
+    check(device, lambda d: {"main": torch.diagonal(d["x"], 0, -2, -1), "above": torch.diagonal(d["x"], 2, 1, 2),
+                             "below": torch.diagonal(d["x"], -3, 2, 1), "outer": d["x"].diagonal(1, 0, 2),
+                             "trace": torch.trace(d["x"][0, :6]), "embed": torch.diag_embed(d["x"][:, 0])},
+          {"x": torch.randn(4, 8, 6)})
+
+
 def test_one_kernel_reading_an_input_and_its_transpose(device):
     """x + x.t(): both operands of one kernel come from the same input; it is placed once, and the
     view reads that placement (it used to be placed twice, so the program added x to itself)."""
