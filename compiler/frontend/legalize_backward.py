@@ -7,6 +7,8 @@ position: quadratic in the image). Both become forward primitives:
   stride and padded, with the weights transposed and flipped;
 * its weight gradient is a convolution of the input with the output gradient as the kernel
   (batch and channel axes swapped, the stride becoming the dilation);
+* a transposed convolution (forward: frontend.legalize_nn) is a convolution's input gradient,
+  so its gradients are the same two with the roles of input and output gradient swapped;
 * the input gradient of a max-pool is, for each of the kh x kw window offsets, the output
   gradient where that offset held the maximum, dilated by the stride and shifted into place.
 """
@@ -19,8 +21,8 @@ from ..errors import UnsupportedOpError
 from ..ir import CONV_RANK, Value
 from .build import Builder
 from .rules import ensure_float, rule
-from .legalize_movement import dilate, spaced
-from .legalize_nn import avg_divisor, pool_geometry
+from .legalize_movement import spaced
+from .legalize_nn import avg_divisor, pool_geometry, transposed_convolution
 
 
 def _placed(b: Builder, g: Value, size: tuple[int, int], stride: tuple[int, int], offset: tuple[int, int]) -> Value:
@@ -35,8 +37,6 @@ def _placed(b: Builder, g: Value, size: tuple[int, int], stride: tuple[int, int]
 def _convolution_backward(b, out, gy, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
                           groups, output_mask):
     shapes = [list(gy.shape), list(x.shape), list(w.shape)]
-    if transposed:
-        raise UnsupportedOpError(b.aten, shapes, b.source, "gradients of transposed convolutions")
     one_d = x.rank == 3
     if one_d:  # (N, C, L): a 2-D convolution of height 1
         gy, x, w = (b.reshape(t, (t.shape[0], t.shape[1], 1, t.shape[2])) for t in (gy, x, w))
@@ -46,39 +46,22 @@ def _convolution_backward(b, out, gy, x, w, bias_sizes, stride, padding, dilatio
     compute = "float16" if gy.dtype == x.dtype == w.dtype == "float16" else "float32"
     gy, x, w = (ensure_float(b, t, compute) for t in (gy, x, w))
     results: list[Any] = [None, None, None]
+    geometry = (tuple(stride), tuple(padding), tuple(dilation))
+    # y = conv_transpose(x, w) is the input gradient of z = conv(y, w) for z's gradient x: its own
+    # input gradient is that convolution of gy, and its weight gradient that of the convolution
+    # with the roles of x and gy swapped
     if output_mask[0]:
-        results[0] = _input_grad(b, gy, w, x.shape, tuple(stride), tuple(padding), tuple(dilation), groups)
+        results[0] = b.conv(gy, w, *geometry, groups) if transposed else \
+            transposed_convolution(b, gy, w, x.shape, *geometry, groups)
     if output_mask[1]:
-        results[1] = _weight_grad(b, gy, x, w.shape, tuple(stride), tuple(padding), tuple(dilation), groups)
+        results[1] = _weight_grad(b, x, gy, w.shape, *geometry, groups) if transposed else \
+            _weight_grad(b, gy, x, w.shape, *geometry, groups)
     if output_mask[2]:
         results[2] = b.reduce("sum", gy, (0, 2, 3))
     if one_d:
         results[0] = None if results[0] is None else b.reshape(results[0], out[0].shape)
         results[1] = None if results[1] is None else b.reshape(results[1], out[1].shape)
     return tuple(results)
-
-
-def _input_grad(b: Builder, gy: Value, w: Value, x_shape: tuple[int, ...], stride, padding, dilation,
-                groups: int) -> Value:
-    """dL/dx[n, c, i] = sum over (o, k) with i = o * s + k * d - p of gy[n, co, o] w[co, c, k]:
-    gy dilated by s and padded by d (k - 1) - p, correlated with the flipped, transposed weights."""
-    co, cg, kh, kw = w.shape
-    g = gy
-    for k, dim in enumerate((2, 3)):
-        g = dilate(b, g, dim, stride[k])
-    k_size = (kh, kw)
-    pads = [(0, 0), (0, 0)]
-    for k in range(2):
-        lo = dilation[k] * (k_size[k] - 1) - padding[k]
-        hi = x_shape[2 + k] + dilation[k] * (k_size[k] - 1) - g.shape[2 + k] - lo
-        pads.append((lo, hi))
-    g = b.pad(g, pads)
-    # weights (g * Co/g, C/g, kh, kw) -> (g * C/g, Co/g, kh, kw), flipped in both spatial axes
-    split = b.reshape(w, (groups, co // groups, cg, kh, kw))
-    a = [[1, 0, 0, 0, 0], [0, 0, 1, 0, 0], [0, 1, 0, 0, 0], [0, 0, 0, -1, 0], [0, 0, 0, 0, -1]]
-    flipped = b.window(split, (groups, cg, co // groups, kh, kw), a, (0, 0, 0, kh - 1, kw - 1))
-    flipped = b.reshape(flipped, (groups * cg, co // groups, kh, kw))
-    return b.conv(g, flipped, (1, 1), (0, 0), dilation, groups)
 
 
 def _weight_grad(b: Builder, gy: Value, x: Value, w_shape: tuple[int, ...], stride, padding, dilation,

@@ -1,5 +1,7 @@
 """Legalization of the network ops kept whole by the decompositions: matrix products,
-convolutions, pooling and nearest upsampling.
+convolutions (a transposed one as a convolution's input gradient: the input dilated by the
+stride and padded, correlated with the flipped, transposed weights), pooling and nearest
+upsampling.
 
 Pooling is a `window` (each output position sees its kh x kw input patch, with padding reading
 the reduction's identity) followed by a reduction over the patch, so it runs as data movement
@@ -15,6 +17,7 @@ from ..dtypes import INT32_MIN
 from ..errors import UnsupportedOpError
 from ..ir import CONV_RANK, Value
 from .build import Builder
+from .legalize_movement import dilate
 from .rules import ensure_float, out_dtype, rule
 
 
@@ -29,8 +32,6 @@ def _mm(b, out, x, y):
 @rule("convolution", "_convolution", "conv2d")
 def _convolution(b, out, x, w, bias, stride, padding, dilation, transposed=False, output_padding=(0, 0),
                  groups=1, *rest):
-    if transposed:
-        raise UnsupportedOpError(b.aten, [list(x.shape), list(w.shape)], b.source, "transposed convolutions")
     one_d = x.rank == 3
     if one_d:  # (N, C, L): a 2-D convolution of height 1
         x = b.reshape(x, (x.shape[0], x.shape[1], 1, x.shape[2]))
@@ -40,13 +41,42 @@ def _convolution(b, out, x, w, bias, stride, padding, dilation, transposed=False
         raise UnsupportedOpError(b.aten, [list(x.shape), list(w.shape)], b.source, f"{x.rank - 2}-D convolutions")
     dtype = out_dtype(out)
     compute = "float16" if x.dtype == w.dtype == "float16" else "float32"
-    y = b.conv(ensure_float(b, x, compute), ensure_float(b, w, compute), tuple(stride), tuple(padding),
-               tuple(dilation), groups)
+    x, w = ensure_float(b, x, compute), ensure_float(b, w, compute)
+    if transposed:  # output_padding is in the output's shape
+        shape = (out.shape[0], out.shape[1], 1, out.shape[2]) if one_d else tuple(out.shape)
+        y = transposed_convolution(b, x, w, shape, tuple(stride), tuple(padding), tuple(dilation), groups)
+    else:
+        y = b.conv(x, w, tuple(stride), tuple(padding), tuple(dilation), groups)
     if bias is not None:
         y = b.ew("add", y, b.reshape(b.cast(bias, y.dtype), (1, bias.numel, 1, 1)))
     if one_d:
         y = b.reshape(y, (y.shape[0], y.shape[1], y.shape[3]))
     return b.cast(y, dtype)
+
+
+def transposed_convolution(b: Builder, gy: Value, w: Value, x_shape: tuple[int, ...], stride, padding, dilation,
+                           groups: int) -> Value:
+    """dL/dx[n, c, i] = sum over (o, k) with i = o * s + k * d - p of gy[n, co, o] w[co, c, k]:
+    gy dilated by s and padded by d (k - 1) - p, correlated with the flipped, transposed weights.
+    The gradient of a convolution by its input is the transposed convolution of gy by w (torch's
+    conv_transpose2d, whose weight is (in, out / groups, kh, kw)), of output size x_shape."""
+    co, cg, kh, kw = w.shape
+    g = gy
+    for k, dim in enumerate((2, 3)):
+        g = dilate(b, g, dim, stride[k])
+    k_size = (kh, kw)
+    pads = [(0, 0), (0, 0)]
+    for k in range(2):
+        lo = dilation[k] * (k_size[k] - 1) - padding[k]
+        hi = x_shape[2 + k] + dilation[k] * (k_size[k] - 1) - g.shape[2 + k] - lo
+        pads.append((lo, hi))
+    g = b.pad(g, pads)
+    # weights (g * Co/g, C/g, kh, kw) -> (g * C/g, Co/g, kh, kw), flipped in both spatial axes
+    split = b.reshape(w, (groups, co // groups, cg, kh, kw))
+    a = [[1, 0, 0, 0, 0], [0, 0, 1, 0, 0], [0, 1, 0, 0, 0], [0, 0, 0, -1, 0], [0, 0, 0, 0, -1]]
+    flipped = b.window(split, (groups, cg, co // groups, kh, kw), a, (0, 0, 0, kh - 1, kw - 1))
+    flipped = b.reshape(flipped, (groups * cg, co // groups, kh, kw))
+    return b.conv(g, flipped, (1, 1), (0, 0), dilation, groups)
 
 
 def pool_geometry(x: Value, kernel, stride, padding, dilation, ceil_mode: bool):

@@ -75,6 +75,10 @@ MODELS = {
     # the weight gradient of a depthwise convolution is a grouped one whose split of the output
     # gradient no gather writes at once: each group's part is sliced on its own
     "depthwise": (lambda: nn.Conv2d(4, 4, 3, padding=1, groups=4), square_mean, (2, 4, 6, 6)),
+    "transposed": (lambda: nn.Sequential(nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1),
+                                         nn.Tanh(), nn.ConvTranspose2d(4, 2, (2, 3), stride=(1, 2), groups=2, dilation=2),
+                                         nn.Flatten(2), nn.ConvTranspose1d(2, 2, 3, stride=3)),
+                   square_mean, (2, 3, 4, 5)),
 }
 
 
