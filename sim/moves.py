@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from . import isa
+from .index import at
 from .isa import ALL_GROUPS, Dir, Mode, Op, Scope
 
 
@@ -37,7 +38,7 @@ def word_addr(lw_addressed: np.ndarray, mem: int, addr: int, wpl: int) -> int:
 def copy_lw(dst: np.ndarray, d_inst: int, d_word: int, src: np.ndarray, s_inst: int, s_word: int, n_lw: int,
             wpl: int) -> None:
     for i in range(wpl * n_lw):
-        dst[d_inst, d_word + i] = src[s_inst, s_word + i]
+        dst[d_inst, at(d_word + i)] = src[s_inst, at(s_word + i)]
 
 
 @njit(cache=True)
@@ -200,9 +201,9 @@ def _member_runs(upper, group, wpl, out):
     """out[u, m] = the long words m, m + group, ... of upper instance u, side by side."""
     for u in range(out.shape[0]):
         for q in range(upper.shape[1] // wpl):
-            m, at = q % group, wpl * (q // group)
+            m, start = q % group, wpl * (q // group)
             for w in range(wpl):
-                out[u, m, at + w] = upper[u, wpl * q + w]
+                out[u, m, at(start + w)] = upper[u, at(wpl * q + w)]
 
 
 def transpose(row: np.ndarray, mems: list[np.ndarray], mem_instances: np.ndarray, lw_addressed: np.ndarray,

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .index import at
+
 _WIDER = {np.dtype(np.uint16): np.uint32, np.dtype(np.uint32): np.uint64}
 
 
@@ -36,6 +38,8 @@ def copy_view(dst_base: np.ndarray, dst: np.ndarray, src_base: np.ndarray, src: 
         dst_base, src_base = dst_base.view(wide), src_base.view(wide)
         d0, s0 = d0 // 2, s0 // 2
         dims = [[1, 1, dims[0][2] // 2]] + [[d // 2, s // 2, n] for d, s, n in dims[1:]]
+        if dims[0][2] == 1 and len(dims) > 1:  # a single pair: the next dimension is the innermost loop
+            dims = dims[1:]
     table = np.array(dims, dtype=np.int64)
     _copy(dst_base, d0, np.ascontiguousarray(table[:, 0]), src_base, s0, np.ascontiguousarray(table[:, 1]),
           np.ascontiguousarray(table[:, 2]))
@@ -99,7 +103,7 @@ def _copy(dst, d_start, d_strides, src, s_start, s_strides, shape):
         for j in range(n1):
             dj, sj = d + j * ds1, s + j * ss1
             for i in range(n0):
-                dst[dj + i * ds0] = src[sj + i * ss0]
+                dst[at(dj + i * ds0)] = src[at(sj + i * ss0)]
         k = 2
         while k < nd:
             count[k] += 1

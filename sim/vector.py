@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit
 
 from . import isa
+from .index import at
 from .isa import IMM, DType, VOp
 from .numerics import apply, apply_i32, half_from_f32_bits, half_from_int, half_to_f32, i32_from_f32, nan_max
 from .params import FMT_HALF_E, FMT_HALF_M
@@ -60,14 +61,14 @@ def _make_loop(op: VOp, arity: int, is_int: bool = False):
                 dd, aa, bb, cc = d0 + i * dso, a0 + i * aso, b0 + i * bso, c0 + i * cso
                 if unit:  # contiguous rows: a loop the compiler can vectorise
                     for j in range(n_inner):
-                        y = b[pe, bb + j] if arity >= 2 else zero
-                        z = c[pe, cc + j] if arity >= 3 else zero
-                        d[pe, dd + j] = _fast(op_code, zero, a[pe, aa + j], y, z)
+                        y = b[pe, at(bb + j)] if arity >= 2 else zero
+                        z = c[pe, at(cc + j)] if arity >= 3 else zero
+                        d[pe, at(dd + j)] = _fast(op_code, zero, a[pe, at(aa + j)], y, z)
                 else:
                     for j in range(n_inner):
-                        y = b[pe, bb + j * bsi] if arity >= 2 else zero
-                        z = c[pe, cc + j * csi] if arity >= 3 else zero
-                        d[pe, dd + j * dsi] = _fast(op_code, zero, a[pe, aa + j * asi], y, z)
+                        y = b[pe, at(bb + j * bsi)] if arity >= 2 else zero
+                        z = c[pe, at(cc + j * csi)] if arity >= 3 else zero
+                        d[pe, at(dd + j * dsi)] = _fast(op_code, zero, a[pe, at(aa + j * asi)], y, z)
 
     loop.__name__ = loop.__qualname__ = f"loop_{op.name}_{'int32' if is_int else 'float32'}"
     return njit(cache=True)(loop)
