@@ -9,19 +9,15 @@ both.
 
 from __future__ import annotations
 
-import functools
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from hwdesc import HwDesc
 
-from . import functional, isa
+from . import functional, isa, mau
 from .alloc import Allocator
-from .isa import DType, Op
+from .isa import Op
 from .params import MachineParams
 from .program import Bound, Program
 from .stats import RunStats
@@ -30,12 +26,6 @@ from .errors import SimError
 from .validate import max_addresses, symbol_extents, validate
 
 RunMode = Literal["both", "timing", "functional"]
-_WORKERS = os.cpu_count() or 1
-
-
-@functools.cache
-def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(_WORKERS, thread_name_prefix="mnsim-mau")
 
 
 DRAM = "DRAM"
@@ -135,9 +125,9 @@ class Machine:
         for m, top in bound.tops.items():
             if p.memory_names[m] == DRAM:
                 self.grow(DRAM, top)
-        functional.execute(p, self.memories, bound.code, {Op.MATMUL: lambda row: self._matmul(row, host),
-                                                     Op.HOST_DMA: lambda row: self._host_dma(row, host)},
-                           stepped)
+        functional.execute(p, self.memories, bound.code,
+                           {Op.MATMUL: lambda row: mau.matmul(p, self.memories, row),
+                            Op.HOST_DMA: lambda row: self._host_dma(row, host)}, stepped)
 
     def _host_dma(self, row: np.ndarray, host: list[np.ndarray]) -> None:
         p = self.params
@@ -150,63 +140,3 @@ class Machine:
             device[:] = buf[w * off: w * (off + n)]
         else:
             buf[w * off: w * (off + n)] = device
-
-    def _matmul(self, row: np.ndarray, host: list[np.ndarray]) -> None:
-        """C (+)= A @ B on every MAB at once: K is split over a MAB's PEs in A and B, N in C, so
-        each PE's slice is a row-major matrix and the products are plain BLAS calls."""
-        p = self.params
-        pes = p.pes_per_mab
-        dtype = DType(int(row[isa.MM_DTYPE]))
-        m, k, n = int(row[isa.MM_M]), int(row[isa.MM_K]), int(row[isa.MM_N])
-        kp, np_ = k // pes, n // pes
-        trans = bool(row[isa.MM_FLAGS] & isa.MM_TRANS_B)
-
-        def operand(mem_f: int, rows: int, cols: int, half: bool) -> np.ndarray:
-            mem = self.memories[int(row[mem_f])]
-            view = mem.view(np.uint16) if half else mem.view(np.float32)
-            per_pe = view.shape[1]
-            flat = view.reshape(-1)[int(row[mem_f + 1]):]
-            pitch = int(row[mem_f + 2])
-            item = view.itemsize
-            n_mab = view.shape[0] // pes
-            out = as_strided(flat, shape=(n_mab, pes, rows, cols),
-                             strides=(pes * per_pe * item, per_pe * item, pitch * item, item))
-            return p.half.table[out] if half else out
-
-        half = dtype == DType.float16
-        a = operand(isa.MM_A_MEM, m, kp, half)
-        b = operand(isa.MM_B_MEM, n, kp, half).swapaxes(-1, -2) if trans else operand(isa.MM_B_MEM, kp, n, half)
-        if dtype == DType.pfloat32:  # float32 words, their low mantissa bits ignored (truncated); a
-            # NaN stays NaN (clearing its payload could make it an infinity), as special values follow torch
-            a, b = (np.where(np.isnan(x), x, (x.view(np.uint32) & np.uint32(p.pseudo_mask)).view(np.float32))
-                    for x in (a, b))
-        c = operand(isa.MM_C_MEM, m, np_, False)
-        accumulate = bool(row[isa.MM_FLAGS] & isa.MM_ACCUMULATE)
-
-        # Two ways to one product, whichever moves fewer words: with the PEs' K-slices side by
-        # side (a copy of A and B, one product over the whole K per MAB), or one product per PE's
-        # K-slice read in place, summed (pes - 1 additions of an M x N tile). ResNet-50 conv2_x's
-        # M=28 K=576 N=8 takes the second (52 -> 15 ms a MATMUL), the 1024^3 product's M=16 K=16 N=128 the first.
-        in_place = (pes - 1) * m * n < a[0].size + b[0].size
-
-        def mabs(first: int, last: int) -> None:
-            count = last - first
-            with np.errstate(invalid="ignore", over="ignore"):  # padding holds whatever its memory held (as on
-                # the chip): inf x 0 there makes a NaN in padding only
-                if in_place:
-                    tile = np.matmul(a[first:last, 0], b[first:last, 0])
-                    for q in range(1, pes):
-                        tile += np.matmul(a[first:last, q], b[first:last, q])
-                else:
-                    tile = np.matmul(a[first:last].transpose(0, 2, 1, 3).reshape(count, m, pes * kp),
-                                     b[first:last].reshape(count, pes * kp, n))
-            result = tile.reshape(count, m, pes, np_).transpose(0, 2, 1, 3)
-            if accumulate:
-                c[first:last] += result
-            else:
-                c[first:last] = result
-
-        # Many small products: BLAS alone keeps one core busy, so split the MABs over the cores.
-        n_mab = a.shape[0]
-        bounds = np.linspace(0, n_mab, min(_WORKERS, n_mab) + 1).astype(int)
-        list(_pool().map(lambda k: mabs(bounds[k], bounds[k + 1]), range(len(bounds) - 1)))

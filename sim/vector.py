@@ -86,7 +86,8 @@ def _loop_any(op, n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b
         for i in range(n_outer):
             dd, aa, bb, cc = d0 + i * dso, a0 + i * aso, b0 + i * bso, c0 + i * cso
             for j in range(n_inner):
-                d[pe, dd + j * dsi] = apply(op, a[pe, aa + j * asi], b[pe, bb + j * bsi], c[pe, cc + j * csi])
+                d[pe, at(dd + j * dsi)] = apply(op, a[pe, at(aa + j * asi)], b[pe, at(bb + j * bsi)],
+                                              c[pe, at(cc + j * csi)])
 
 
 @njit(cache=True)
@@ -95,7 +96,8 @@ def _loop_any_i32(op, n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, 
         for i in range(n_outer):
             dd, aa, bb, cc = d0 + i * dso, a0 + i * aso, b0 + i * bso, c0 + i * cso
             for j in range(n_inner):
-                d[pe, dd + j * dsi] = apply_i32(op, a[pe, aa + j * asi], b[pe, bb + j * bsi], c[pe, cc + j * csi])
+                d[pe, at(dd + j * dsi)] = apply_i32(op, a[pe, at(aa + j * asi)], b[pe, at(bb + j * bsi)],
+                                              c[pe, at(cc + j * csi)])
 
 
 @njit(cache=True)
@@ -104,8 +106,8 @@ def _cvt_from_i32(n_pe, n_outer, n_inner, to_half, d16, d32, d0, dso, dsi, a, a0
     for pe in range(n_pe):
         for i in range(n_outer):
             for j in range(n_inner):
-                x = np.int64(a[pe, a0 + i * aso + j * asi])
-                idx = d0 + i * dso + j * dsi
+                x = np.int64(a[pe, at(a0 + i * aso + j * asi)])
+                idx = at(d0 + i * dso + j * dsi)
                 if to_half:
                     d16[pe, idx] = half_from_int(x, he, hm)
                 else:
@@ -118,9 +120,9 @@ def _cvt_to_i32(n_pe, n_outer, n_inner, from_half, d, d0, dso, dsi, a16, a32, a0
     for pe in range(n_pe):
         for i in range(n_outer):
             for j in range(n_inner):
-                at = a0 + i * aso + j * asi
-                x = half_to_f32(a16[pe, at], he, hm) if from_half else a32[pe, at]
-                d[pe, d0 + i * dso + j * dsi] = i32_from_f32(x)
+                src = at(a0 + i * aso + j * asi)
+                x = half_to_f32(a16[pe, src], he, hm) if from_half else a32[pe, src]
+                d[pe, at(d0 + i * dso + j * dsi)] = i32_from_f32(x)
 
 
 @njit(cache=True)

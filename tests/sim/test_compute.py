@@ -8,6 +8,7 @@ import torch
 
 import hwdesc
 import sim
+from sim import mau
 from sim.numerics import HalfCodec
 from sim.numerics import f32_to_half as _f32_to_half
 from sim.numerics import half_to_f32 as _half_to_f32
@@ -155,11 +156,15 @@ def _place_matmul(m: sim.Machine, a: np.ndarray, b: np.ndarray, *, trans_b: bool
 
 @pytest.mark.parametrize("chip", ["mini", "mncore2"])
 @pytest.mark.parametrize("dtype, trans_b", [("float32", False), ("float32", True), ("float16", False)])
-@pytest.mark.parametrize("M, K, N", [(8, 16, 16), (8, 64, 8)])  # the PEs' K-slices gathered; read in place
-def test_matmul_against_torch(chip, dtype, trans_b, M, K, N):
+@pytest.mark.parametrize("M, K, N, short_slice, form", [
+    (8, 16, 16, mau.SHORT_SLICE, mau.LOOP), (8, 64, 8, mau.SHORT_SLICE, mau.LOOP),
+    (8, 16, 16, 0, mau.GATHERED), (8, 64, 8, 0, mau.IN_PLACE)])  # BLAS for these shapes when no slice is short
+def test_matmul_against_torch(chip, dtype, trans_b, M, K, N, short_slice, form, monkeypatch):
     hw = hwdesc.load(chip)
     m = sim.Machine(hw)
     n_mab, pes = hw.instances("MAB"), m.params.pes_per_mab
+    monkeypatch.setattr(mau, "SHORT_SLICE", short_slice)
+    assert mau.form(M, K, N, pes) == form
     rng = np.random.default_rng(6)
     a = rng.standard_normal((n_mab, M, K), dtype=np.float32)
     b = rng.standard_normal((n_mab, N, K) if trans_b else (n_mab, K, N), dtype=np.float32)

@@ -1,0 +1,164 @@
+"""MATMUL, functionally: C (+)= A @ B on every MAB at once.
+
+Each MAB's four PEs hold its operands split as sim.isa describes: K over the PEs in A and B, N in
+C, so every PE's slice is a row-major matrix at an address with a row pitch. The product is the
+same on every MAB; how the simulator computes it depends only on its shape, because what costs
+the host time differs:
+
+* short K-slices (at most `SHORT_SLICE` per PE, as in a training step's thin products): a numba
+  loop per MAB, which reads the slices in place and writes C directly. A BLAS call costs about a
+  microsecond before it multiplies anything, and such a product is a few hundred multiply-adds;
+  1,024 calls of it took 1 ms on MN-Core 2, the loop 0.1-0.5 ms (measured on this project's
+  2-core machine, MNIST's step: M=4 K=40 N=8, M=2 K=8 N=8, M=64 K=8 N=8).
+* longer slices: BLAS, either with the PEs' K-slices side by side (a copy of A and B, one product
+  over the whole K per MAB) or one product per PE's K-slice read in place and summed (pes - 1
+  additions of an M x N tile), whichever moves fewer words. ResNet-50 conv2_x's M=28 K=576 N=8
+  takes the second (52 -> 15 ms a MATMUL against the first); the loop would take 24 ms.
+
+The MABs are split over the host's cores (numba releases the GIL, and so does BLAS). Padding
+holds whatever its memory held, as on the chip: inf x 0 there makes a NaN in padding only.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from numba import njit
+from numpy.lib.stride_tricks import as_strided
+
+from . import isa
+from .index import at
+from .isa import DType
+from .params import MachineParams
+
+SHORT_SLICE = 16  # longest K-slice per PE the loop takes (from the measurements above)
+LOOP, GATHERED, IN_PLACE = "loop", "gathered", "in place"
+_WORKERS = os.cpu_count() or 1
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(_WORKERS, thread_name_prefix="mnsim-mau")
+
+
+def form(m: int, k: int, n: int, pes: int) -> str:
+    """How `matmul` computes an M x K x N product whose K is split over `pes` PEs."""
+    kp = k // pes
+    if kp <= SHORT_SLICE:
+        return LOOP
+    return IN_PLACE if (pes - 1) * m * n < m * k + k * n else GATHERED
+
+
+def matmul(p: MachineParams, memories: list[np.ndarray], row: np.ndarray) -> None:
+    """Run one MATMUL row on `memories`."""
+    pes = p.pes_per_mab
+    dtype = DType(int(row[isa.MM_DTYPE]))
+    m, k, n = int(row[isa.MM_M]), int(row[isa.MM_K]), int(row[isa.MM_N])
+    kp = k // pes
+    trans = bool(row[isa.MM_FLAGS] & isa.MM_TRANS_B)
+    accumulate = bool(row[isa.MM_FLAGS] & isa.MM_ACCUMULATE)
+    shapes = {isa.MM_A_MEM: (m, kp), isa.MM_B_MEM: (n, kp) if trans else (kp, n), isa.MM_C_MEM: (m, n // pes)}
+
+    def operand(mem_f: int) -> tuple[np.ndarray, int, int]:
+        """(the PE rows as float32 [PE, words], address, row pitch) of an operand: the memory itself
+        for float32 words, a decoded copy [PE, rows x columns] for halves and pseudo-singles."""
+        mem, addr, pitch = memories[int(row[mem_f])], int(row[mem_f + 1]), int(row[mem_f + 2])
+        if mem_f == isa.MM_C_MEM or dtype == DType.float32:
+            return mem.view(np.float32), addr, pitch
+        rows, cols = shapes[mem_f]
+        view = mem.view(np.uint16) if dtype == DType.float16 else mem.view(np.float32)
+        words = as_strided(view.reshape(-1)[addr:], shape=(view.shape[0], rows, cols),
+                           strides=(view.strides[0], pitch * view.itemsize, view.itemsize))
+        if dtype == DType.float16:
+            values = p.half.table[words]
+        else:  # pseudo-single: float32 words, their low mantissa bits ignored (truncated); a NaN stays
+            # NaN (clearing its payload could make it an infinity), as special values follow torch
+            values = np.where(np.isnan(words), words,
+                              (words.view(np.uint32) & np.uint32(p.pseudo_mask)).view(np.float32))
+        return values.reshape(view.shape[0], rows * cols), 0, cols
+
+    a, b, c = (operand(f) for f in (isa.MM_A_MEM, isa.MM_B_MEM, isa.MM_C_MEM))
+    how = form(m, k, n, pes)
+    if how != LOOP:
+        blocks = [_blocks(x, pes, *shapes[f]) for x, f in ((a, isa.MM_A_MEM), (b, isa.MM_B_MEM), (c, isa.MM_C_MEM))]
+        if trans:
+            blocks[1] = blocks[1].swapaxes(-1, -2)
+
+    def mabs(first: int, last: int) -> None:
+        if how == LOOP:
+            _products(*a, *b, trans, *c, pes, m, kp, n, accumulate, first, last)
+        else:
+            _blas(*blocks, accumulate, how == IN_PLACE, first, last)
+
+    n_mab = a[0].shape[0] // pes
+    bounds = np.linspace(0, n_mab, min(_WORKERS, n_mab) + 1).astype(int)
+    list(_pool().map(lambda h: mabs(bounds[h], bounds[h + 1]), range(len(bounds) - 1)))
+
+
+def _blocks(operand: tuple[np.ndarray, int, int], pes: int, rows: int, cols: int) -> np.ndarray:
+    """An operand as [MAB, PE, rows, columns], in place."""
+    words, addr, pitch = operand
+    item = words.itemsize
+    return as_strided(words.reshape(-1)[addr:], shape=(words.shape[0] // pes, pes, rows, cols),
+                      strides=(pes * words.strides[0], words.strides[0], pitch * item, item))
+
+
+def _blas(a: np.ndarray, b: np.ndarray, c: np.ndarray, accumulate: bool, in_place: bool, first: int,
+          last: int) -> None:
+    """MABs [first, last) through numpy's matmul (see the module docstring for the two ways)."""
+    count, pes, m, kp = last - first, a.shape[1], a.shape[2], a.shape[3]
+    n = b.shape[3]
+    with np.errstate(invalid="ignore", over="ignore"):
+        if in_place:
+            tile = np.matmul(a[first:last, 0], b[first:last, 0])
+            for q in range(1, pes):
+                tile += np.matmul(a[first:last, q], b[first:last, q])
+        else:
+            tile = np.matmul(a[first:last].transpose(0, 2, 1, 3).reshape(count, m, pes * kp),
+                             b[first:last].reshape(count, pes * kp, n))
+    result = tile.reshape(count, m, pes, n // pes).transpose(0, 2, 1, 3)
+    if accumulate:
+        c[first:last] += result
+    else:
+        c[first:last] = result
+
+
+@njit(cache=True, nogil=True)
+def _products(a, a0, ap, b, b0, bp, trans, c, c0, cp, pes, m, kp, n, accumulate, first, last):
+    """MABs [first, last): each MAB's M x N tile summed over its PEs' K-slices, in float32, then
+    written (or added) into each PE's columns of C. a, b and c are the PE rows [PE, words] with
+    each operand's address and row pitch; B is N x K/PE when `trans`, and then each PE's slice is
+    first turned K x N. The innermost loop runs along N, unit stride in the tile and the slice, so
+    it vectorises (a dot product along K per element measured slower: a chain of dependent adds)."""
+    npe = n // pes
+    tile = np.zeros(m * n, dtype=np.float32)
+    slice_ = np.zeros(kp * n, dtype=np.float32)  # a transposed B's K-slice, turned K x N
+    for mab in range(first, last):
+        tile[:] = 0
+        for q in range(pes):
+            pe = mab * pes + q
+            if trans:
+                for j in range(n):
+                    for kk in range(kp):
+                        slice_[at(kk * n + j)] = b[pe, at(b0 + j * bp + kk)]
+            for i in range(m):
+                for kk in range(kp):
+                    x = a[pe, at(a0 + i * ap + kk)]
+                    if trans:
+                        for j in range(n):
+                            tile[at(i * n + j)] += x * slice_[at(kk * n + j)]
+                    else:
+                        for j in range(n):
+                            tile[at(i * n + j)] += x * b[pe, at(b0 + kk * bp + j)]
+        for q in range(pes):
+            pe = mab * pes + q
+            for i in range(m):
+                for j in range(npe):
+                    y = tile[at(i * n + q * npe + j)]
+                    if accumulate:
+                        c[pe, at(c0 + i * cp + j)] += y
+                    else:
+                        c[pe, at(c0 + i * cp + j)] = y
