@@ -3,7 +3,9 @@
 A program is cut into runs: consecutive data movements (NOP, WAIT, the copying MV and XFER
 modes) run in one numba call (`moves.execute_moves`); every other instruction is dispatched from
 here one at a time to the kernel of its kind: `vector.run_vop`, `reduce.mv_reduce` /
-`reduce.xfer_reduce`, `moves.mab_broadcast`, `moves.transpose`, or a caller's handler (the machine runs MATMUL and HOST_DMA with numpy).
+`reduce.xfer_reduce`, `moves.mab_broadcast`, `moves.transpose`, `mau.matmul`, or a caller's
+handler (the machine runs HOST_DMA, whose host buffers it holds). What a mab_broadcast writes
+stays replicated until something needs the copies (`sim.replicas`).
 
 Why not one numba loop over everything: numba compiles a function together with everything it
 may call, so a single executor compiled every kernel (about 40 s in a fresh checkout) before the
@@ -19,9 +21,11 @@ import numpy as np
 
 from . import isa
 from .isa import Dir, DType, Mode, Op
+from .mau import matmul
 from .moves import execute_moves, is_move, mab_broadcast, transpose
 from .params import FMT_WPL, MachineParams
 from .reduce import mv_reduce, xfer_reduce
+from .replicas import Replicas, Touches, written_range
 from .vector import run_vop
 
 Handler = Callable[[np.ndarray], None]
@@ -33,9 +37,12 @@ def stepped_rows(code: np.ndarray) -> list[int]:
 
 
 def execute(p: MachineParams, memories: list[np.ndarray], code: np.ndarray, handlers: dict[Op, Handler],
-            stepped: list[int] | None = None) -> None:
-    """Run `code` (validated) on `memories`; `handlers` run the ops this engine leaves to its caller.
-    `stepped` is `stepped_rows(code)`, when the caller keeps it from an earlier run."""
+            stepped: list[int] | None = None, derived: dict | None = None, replicas: Replicas | None = None) -> None:
+    """Run `code` (validated) on `memories`; `handlers` run the ops this engine leaves to its caller
+    (HOST_DMA, whose host buffers the machine holds). `stepped` is `stepped_rows(code)` and
+    `derived` a dict of other tables of the code, when the caller keeps them between runs.
+    `replicas` are those of `memories` the caller keeps between runs; without, the run leaves
+    every word written out."""
     mems = tuple(memories)
     views = {}  # the memories as float32, half words and int32, made on first use
 
@@ -46,28 +53,55 @@ def execute(p: MachineParams, memories: list[np.ndarray], code: np.ndarray, hand
 
     n_pe = int(p.mem_instances[p.pe_memories[0]])
     wpl = int(p.fmt[FMT_WPL])
+    own = replicas is None
+    replicas = Replicas(p, memories) if own else replicas
+    derived = {} if derived is None else derived
+
+    def touches() -> Touches:
+        key = ("touches", p.hw.fingerprint)
+        if key not in derived:
+            derived[key] = Touches.of(p, code)
+        return derived[key]
+
     start = 0
-    for i in [*(stepped_rows(code) if stepped is None else stepped), len(code)]:
-        if i > start:
-            execute_moves(code, start, i, mems, p.mem_instances, p.mem_lw_addressed, p.n_groups, p.path_of,
-                          p.path_group, p.mode_chunk, wpl)
-        if i < len(code):
-            row = code[i]
-            op = Op(int(row[0]))
-            if op == Op.VOP:
-                run_vop(row, view(np.float32), view(np.uint16), view(np.int32), n_pe, p.fmt)
-            elif op == Op.MV:
-                mv_reduce(row, memories, p.mem_instances, p.mem_lw_addressed, p.n_groups, p.fmt)
-            elif op == Op.XFER:
-                lower, upper = int(row[isa.X_LO_MEM]), int(row[isa.X_UP_MEM])
-                path = p.path_of[lower, upper] if row[isa.X_DIR] == Dir.up else p.path_of[upper, lower]
-                if row[isa.X_MODE] == Mode.mab_broadcast:
-                    mab_broadcast(row, memories, p.mem_instances, p.mem_lw_addressed, int(p.path_group[path]), wpl)
-                elif row[isa.X_MODE] == Mode.transpose:
-                    transpose(row, memories, p.mem_instances, p.mem_lw_addressed, int(p.path_group[path]), wpl,
-                              p.elements_per_word(DType(int(row[isa.X_DTYPE]))))
+    try:
+        for i in [*(stepped_rows(code) if stepped is None else stepped), len(code)]:
+            if i > start:
+                replicas.touch(touches, start, i)
+                execute_moves(code, start, i, mems, p.mem_instances, p.mem_lw_addressed, p.n_groups, p.path_of,
+                              p.path_group, p.mode_chunk, wpl)
+            if i < len(code):
+                row = code[i]
+                op = Op(int(row[0]))
+                if op == Op.MATMUL:
+                    matmul(p, memories, row, replicas)
+                elif op == Op.XFER and row[isa.X_MODE] == Mode.mab_broadcast:
+                    group = int(p.path_group[p.path_of[int(row[isa.X_UP_MEM]), int(row[isa.X_LO_MEM])]])
+                    mab_broadcast(row, memories, p.mem_instances, p.mem_lw_addressed, group, wpl, first_group_only=True)
+                    replicas.overwritten(written_range(p, row, group))
                 else:
-                    xfer_reduce(row, memories, p.mem_instances, p.mem_lw_addressed, int(p.path_group[path]), p.fmt)
-            else:
-                handlers[op](row)
-        start = i + 1
+                    replicas.touch(touches, i, i + 1)
+                    _dispatch(p, memories, row, op, handlers, view, n_pe, wpl)
+            start = i + 1
+    finally:
+        if own:
+            replicas.materialize_all()
+
+
+def _dispatch(p: MachineParams, memories: list[np.ndarray], row: np.ndarray, op: Op, handlers: dict[Op, Handler],
+              view: Callable[[type], list[np.ndarray]], n_pe: int, wpl: int) -> None:
+    """Run one instruction that neither moves nor knows of replicas."""
+    if op == Op.VOP:
+        run_vop(row, view(np.float32), view(np.uint16), view(np.int32), n_pe, p.fmt)
+    elif op == Op.MV:
+        mv_reduce(row, memories, p.mem_instances, p.mem_lw_addressed, p.n_groups, p.fmt)
+    elif op == Op.XFER:
+        lower, upper = int(row[isa.X_LO_MEM]), int(row[isa.X_UP_MEM])
+        path = p.path_of[lower, upper] if row[isa.X_DIR] == Dir.up else p.path_of[upper, lower]
+        if row[isa.X_MODE] == Mode.transpose:
+            transpose(row, memories, p.mem_instances, p.mem_lw_addressed, int(p.path_group[path]), wpl,
+                      p.elements_per_word(DType(int(row[isa.X_DTYPE]))))
+        else:
+            xfer_reduce(row, memories, p.mem_instances, p.mem_lw_addressed, int(p.path_group[path]), p.fmt)
+    else:
+        handlers[op](row)

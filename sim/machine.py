@@ -15,11 +15,12 @@ import numpy as np
 
 from hwdesc import HwDesc
 
-from . import functional, isa, mau
+from . import functional, isa
 from .alloc import Allocator
 from .isa import Op
 from .params import MachineParams
 from .program import Bound, Program
+from .replicas import Replicas
 from .stats import RunStats
 from .timing import time_code
 from .errors import SimError
@@ -38,13 +39,20 @@ class Machine:
         self.hw = hw
         self.params = MachineParams.from_hw(hw)
         p = self.params
-        self.memories: list[np.ndarray] = []
+        self._rows: list[np.ndarray] = []  # what the engine runs on: replicated ranges may be pending
         for m, name in enumerate(p.memory_names):
             words = 0 if name == DRAM else int(p.mem_words[m])
-            self.memories.append(np.zeros((int(p.mem_instances[m]), words), dtype=np.uint32))
+            self._rows.append(np.zeros((int(p.mem_instances[m]), words), dtype=np.uint32))
+        self.replicas = Replicas(p, self._rows)
         self.dram = Allocator(DRAM, hw.memory_lw(DRAM), "long words", align=1)
 
     # ---- memory -----------------------------------------------------------------------------
+
+    @property
+    def memories(self) -> list[np.ndarray]:
+        """Every memory, whole (replicas a run left pending written out), one array per kind."""
+        self.replicas.materialize_all()
+        return self._rows
 
     def memory(self, name: str) -> np.ndarray:
         return self.memories[self.params.memory_id(name)]
@@ -52,14 +60,14 @@ class Machine:
     def grow(self, name: str, words: int) -> None:
         """Make every instance of a growable memory (DRAM) hold at least `words` words."""
         m = self.params.memory_id(name)
-        current = self.memories[m]
+        current = self._rows[m]
         if words <= current.shape[1]:
             return
         cap = int(self.params.mem_words[m])
         new = min(cap, max(words, 2 * current.shape[1], 1 << 16))
         grown = np.zeros((current.shape[0], new), dtype=np.uint32)
         grown[:, : current.shape[1]] = current
-        self.memories[m] = grown
+        self._rows[m] = grown
 
     def alloc_dram(self, n_lw: int, align: int | None = None) -> int:
         """A DRAM region of n long words, the same range in every Group's DRAM, aligned to the MV
@@ -84,14 +92,14 @@ class Machine:
             bound = program.bound(bases or {}, self.hw.fingerprint)
             if program.stepped is None:
                 program.stepped = functional.stepped_rows(program.code)
-            stepped, timed = program.stepped, program.timed
+            stepped, timed, derived = program.stepped, program.timed, program.derived
         else:
             bound = Bound((), np.ascontiguousarray(program, np.int64))
             if not validated:
                 validate(self.params, bound.code, [len(h) for h in host])
-            stepped, timed = None, {}
+            stepped, timed, derived = None, {}, None
         if mode in ("both", "functional"):
-            self._execute(bound, host, stepped)
+            self._execute(bound, host, stepped, derived)
         if mode == "functional":
             return None
         if self.hw.fingerprint not in timed:
@@ -118,20 +126,19 @@ class Machine:
         """Cycles of a (validated) instruction array, from the YAML numbers only."""
         return time_code(self.params, code)
 
-    def _execute(self, bound: Bound, host: list[np.ndarray], stepped: list[int] | None) -> None:
+    def _execute(self, bound: Bound, host: list[np.ndarray], stepped: list[int] | None, derived: dict | None) -> None:
         p = self.params
         if bound.tops is None:
             bound.tops = max_addresses(p, bound.code)
         for m, top in bound.tops.items():
             if p.memory_names[m] == DRAM:
                 self.grow(DRAM, top)
-        functional.execute(p, self.memories, bound.code,
-                           {Op.MATMUL: lambda row: mau.matmul(p, self.memories, row),
-                            Op.HOST_DMA: lambda row: self._host_dma(row, host)}, stepped)
+        functional.execute(p, self._rows, bound.code, {Op.HOST_DMA: lambda row: self._host_dma(row, host)}, stepped,
+                           derived, self.replicas)
 
     def _host_dma(self, row: np.ndarray, host: list[np.ndarray]) -> None:
         p = self.params
-        pdm = self.memories[p.host_memory]
+        pdm = self._rows[p.host_memory]
         buf = host[row[isa.DMA_HOST_BUF]]
         n, off, addr = int(row[isa.DMA_N]), int(row[isa.DMA_HOST_OFF]), int(row[isa.DMA_PDM_ADDR])
         w = p.words_per_lw

@@ -1,9 +1,9 @@
 """MATMUL, functionally: C (+)= A @ B on every MAB at once.
 
 Each MAB's four PEs hold its operands split as sim.isa describes: K over the PEs in A and B, N in
-C, so every PE's slice is a row-major matrix at an address with a row pitch. The product is the
-same on every MAB; how the simulator computes it depends only on its shape, because what costs
-the host time differs:
+C, so every PE's slice is a row-major matrix at an address with a row pitch. Every MAB runs the
+same instruction on its own operands; how the simulator computes them depends on the shape,
+because what costs the host time differs:
 
 * short K-slices (at most `SHORT_SLICE` per PE, as in a training step's thin products): a numba
   loop per MAB, which reads the slices in place and writes C directly. A BLAS call costs about a
@@ -14,6 +14,10 @@ the host time differs:
   over the whole K per MAB) or one product per PE's K-slice read in place and summed (pes - 1
   additions of an M x N tile), whichever moves fewer words. ResNet-50 conv2_x's M=28 K=576 N=8
   takes the second (52 -> 15 ms a MATMUL against the first); the loop would take 24 ms.
+
+An operand that a mab_broadcast left replicated over the MABs of an L1B (sim.replicas) is read
+from the first of them; when A and B both are, the L1B's MABs compute the same product, which is
+computed once and written into each MAB's C (ResNet-50 conv2_x's products: 94 -> 6 ms a call).
 
 The MABs are split over the host's cores (numba releases the GIL, and so does BLAS). Padding
 holds whatever its memory held, as on the chip: inf x 0 there makes a NaN in padding only.
@@ -33,6 +37,7 @@ from . import isa
 from .index import at
 from .isa import DType
 from .params import MachineParams
+from .replicas import Replicas
 
 SHORT_SLICE = 16  # longest K-slice per PE the loop takes (from the measurements above)
 LOOP, GATHERED, IN_PLACE = "loop", "gathered", "in place"
@@ -52,8 +57,10 @@ def form(m: int, k: int, n: int, pes: int) -> str:
     return IN_PLACE if (pes - 1) * m * n < m * k + k * n else GATHERED
 
 
-def matmul(p: MachineParams, memories: list[np.ndarray], row: np.ndarray) -> None:
-    """Run one MATMUL row on `memories`."""
+def matmul(p: MachineParams, memories: list[np.ndarray], row: np.ndarray, replicas: Replicas | None = None) -> None:
+    """Run one MATMUL row on `memories`. With `replicas`, an operand held replicated over the MABs
+    of an L1B is read from its first MAB, and when A and B both are, each L1B's product is computed
+    once and written to all of its MABs' C."""
     pes = p.pes_per_mab
     dtype = DType(int(row[isa.MM_DTYPE]))
     m, k, n = int(row[isa.MM_M]), int(row[isa.MM_K]), int(row[isa.MM_N])
@@ -61,6 +68,8 @@ def matmul(p: MachineParams, memories: list[np.ndarray], row: np.ndarray) -> Non
     trans = bool(row[isa.MM_FLAGS] & isa.MM_TRANS_B)
     accumulate = bool(row[isa.MM_FLAGS] & isa.MM_ACCUMULATE)
     shapes = {isa.MM_A_MEM: (m, kp), isa.MM_B_MEM: (n, kp) if trans else (kp, n), isa.MM_C_MEM: (m, n // pes)}
+    how = form(m, k, n, pes)
+    share = _sharing(p, row, shapes, replicas, dtype, how) if replicas else {}
 
     def operand(mem_f: int) -> tuple[np.ndarray, int, int]:
         """(the PE rows as float32 [PE, words], address, row pitch) of an operand: the memory itself
@@ -81,29 +90,64 @@ def matmul(p: MachineParams, memories: list[np.ndarray], row: np.ndarray) -> Non
         return values.reshape(view.shape[0], rows * cols), 0, cols
 
     a, b, c = (operand(f) for f in (isa.MM_A_MEM, isa.MM_B_MEM, isa.MM_C_MEM))
-    how = form(m, k, n, pes)
-    if how != LOOP:
-        blocks = [_blocks(x, pes, *shapes[f]) for x, f in ((a, isa.MM_A_MEM), (b, isa.MM_B_MEM), (c, isa.MM_C_MEM))]
+    n_mab = a[0].shape[0] // pes
+    a_share, b_share = share.get(isa.MM_A_MEM, 1), share.get(isa.MM_B_MEM, 1)
+    every = a_share if a_share == b_share > 1 else 1  # MABs one product serves
+    if how != LOOP:  # [L1B-sized units, MAB in the unit, PE, rows, columns]; replicated operands at stride 0
+        blocks = [_blocks(x, pes, every, share.get(f, 1), *shapes[f])
+                  for x, f in ((a, isa.MM_A_MEM), (b, isa.MM_B_MEM), (c, isa.MM_C_MEM))]
         if trans:
             blocks[1] = blocks[1].swapaxes(-1, -2)
+        if every > 1:  # one product per unit, from its first MAB's operands
+            blocks[0], blocks[1] = blocks[0][:, 0], blocks[1][:, 0]
+        else:
+            blocks[:] = [x[:, 0] for x in blocks]
 
-    def mabs(first: int, last: int) -> None:
+    def units(first: int, last: int) -> None:
         if how == LOOP:
-            _products(*a, *b, trans, *c, pes, m, kp, n, accumulate, first, last)
+            _products(*a, a_share, *b, b_share, trans, *c, pes, m, kp, n, accumulate, every, first * every,
+                      last * every)
         else:
             _blas(*blocks, accumulate, how == IN_PLACE, first, last)
 
-    n_mab = a[0].shape[0] // pes
-    bounds = np.linspace(0, n_mab, min(_WORKERS, n_mab) + 1).astype(int)
-    list(_pool().map(lambda h: mabs(bounds[h], bounds[h + 1]), range(len(bounds) - 1)))
+    n_units = n_mab // every
+    bounds = np.linspace(0, n_units, min(_WORKERS, n_units) + 1).astype(int)
+    list(_pool().map(lambda h: units(bounds[h], bounds[h + 1]), range(len(bounds) - 1)))
 
 
-def _blocks(operand: tuple[np.ndarray, int, int], pes: int, rows: int, cols: int) -> np.ndarray:
-    """An operand as [MAB, PE, rows, columns], in place."""
+def _sharing(p: MachineParams, row: np.ndarray, shapes: dict, replicas: Replicas, dtype: DType,
+             how: str) -> dict[int, int]:
+    """MABs per copy of each operand held replicated over the MABs of an upper instance (sim.replicas),
+    by operand field; what this product cannot read so is written out first. C is written, so
+    its replicas are too; BLAS reads one replicated operand beside an own one only materialised."""
+    words = {}
+    for f, (rows, cols) in shapes.items():
+        per_word = 1 if f == isa.MM_C_MEM else p.elements_per_word(dtype)
+        addr, pitch = int(row[f + 1]), int(row[f + 2])
+        words[f] = (int(row[f]), addr // per_word, (addr + (rows - 1) * pitch + cols - 1) // per_word + 1)
+    replicas.materialize(*words[isa.MM_C_MEM])
+    share = {}
+    for f in (isa.MM_A_MEM, isa.MM_B_MEM):
+        r = replicas.holding(*words[f])
+        if r is not None and r.group == p.pes_per_mab:
+            share[f] = r.fan // r.group
+    if len(share) < 2 or len(set(share.values())) > 1:
+        if how != LOOP:
+            for f in list(share):
+                replicas.materialize(*words[f])
+            share = {}
+    return share
+
+
+def _blocks(operand: tuple[np.ndarray, int, int], pes: int, unit: int, share: int, rows: int, cols: int
+            ) -> np.ndarray:
+    """An operand as [unit, MAB in the unit, PE, rows, columns] in place, units of `unit` MABs; an
+    operand replicated over `share` MABs (the unit) repeats its first MAB's words at stride 0."""
     words, addr, pitch = operand
-    item = words.itemsize
-    return as_strided(words.reshape(-1)[addr:], shape=(words.shape[0] // pes, pes, rows, cols),
-                      strides=(pes * words.strides[0], words.strides[0], pitch * item, item))
+    item, pe = words.itemsize, words.strides[0]
+    mab = 0 if share > 1 else pes * pe
+    return as_strided(words.reshape(-1)[addr:], shape=(words.shape[0] // (pes * unit), unit, pes, rows, cols),
+                      strides=(unit * pes * pe, mab, pe, pitch * item, item))
 
 
 def _blas(a: np.ndarray, b: np.ndarray, c: np.ndarray, accumulate: bool, in_place: bool, first: int,
@@ -120,6 +164,8 @@ def _blas(a: np.ndarray, b: np.ndarray, c: np.ndarray, accumulate: bool, in_plac
             tile = np.matmul(a[first:last].transpose(0, 2, 1, 3).reshape(count, m, pes * kp),
                              b[first:last].reshape(count, pes * kp, n))
     result = tile.reshape(count, m, pes, n // pes).transpose(0, 2, 1, 3)
+    if c.ndim == 5:  # one product for every MAB of a unit
+        result = result[:, None]
     if accumulate:
         c[first:last] += result
     else:
@@ -127,32 +173,37 @@ def _blas(a: np.ndarray, b: np.ndarray, c: np.ndarray, accumulate: bool, in_plac
 
 
 @njit(cache=True, nogil=True)
-def _products(a, a0, ap, b, b0, bp, trans, c, c0, cp, pes, m, kp, n, accumulate, first, last):
+def _products(a, a0, ap, a_share, b, b0, bp, b_share, trans, c, c0, cp, pes, m, kp, n, accumulate, every, first,
+              last):
     """MABs [first, last): each MAB's M x N tile summed over its PEs' K-slices, in float32, then
     written (or added) into each PE's columns of C. a, b and c are the PE rows [PE, words] with
     each operand's address and row pitch; B is N x K/PE when `trans`, and then each PE's slice is
-    first turned K x N. The innermost loop runs along N, unit stride in the tile and the slice, so
-    it vectorises (a dot product along K per element measured slower: a chain of dependent adds)."""
+    first turned K x N. An operand replicated over `share` MABs is read from the first of them;
+    a tile is computed on every `every`-th MAB and serves the ones up to the next. The innermost
+    loop runs along N, unit stride in the tile and the slice, so it vectorises (a dot product
+    along K per element measured slower: a chain of dependent adds)."""
     npe = n // pes
     tile = np.zeros(m * n, dtype=np.float32)
     slice_ = np.zeros(kp * n, dtype=np.float32)  # a transposed B's K-slice, turned K x N
     for mab in range(first, last):
-        tile[:] = 0
-        for q in range(pes):
-            pe = mab * pes + q
-            if trans:
-                for j in range(n):
+        if mab % every == 0:
+            tile[:] = 0
+            for q in range(pes):
+                pa = (mab - mab % a_share) * pes + q
+                pb = (mab - mab % b_share) * pes + q
+                if trans:
+                    for j in range(n):
+                        for kk in range(kp):
+                            slice_[at(kk * n + j)] = b[pb, at(b0 + j * bp + kk)]
+                for i in range(m):
                     for kk in range(kp):
-                        slice_[at(kk * n + j)] = b[pe, at(b0 + j * bp + kk)]
-            for i in range(m):
-                for kk in range(kp):
-                    x = a[pe, at(a0 + i * ap + kk)]
-                    if trans:
-                        for j in range(n):
-                            tile[at(i * n + j)] += x * slice_[at(kk * n + j)]
-                    else:
-                        for j in range(n):
-                            tile[at(i * n + j)] += x * b[pe, at(b0 + kk * bp + j)]
+                        x = a[pa, at(a0 + i * ap + kk)]
+                        if trans:
+                            for j in range(n):
+                                tile[at(i * n + j)] += x * slice_[at(kk * n + j)]
+                        else:
+                            for j in range(n):
+                                tile[at(i * n + j)] += x * b[pb, at(b0 + kk * bp + j)]
         for q in range(pes):
             pe = mab * pes + q
             for i in range(m):

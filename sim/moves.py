@@ -185,15 +185,25 @@ def member_groups(row: np.ndarray, mems: list[np.ndarray], mem_instances: np.nda
     return up[:, uw:uw + wpl * n], children, rounds
 
 
+_LW_ITEM = {1: np.uint32, 2: np.uint64}  # long words of one and two 32-bit words as single items
+
+
 def mab_broadcast(row: np.ndarray, mems: list[np.ndarray], mem_instances: np.ndarray, lw_addressed: np.ndarray,
-                  group: int, wpl: int) -> None:
+                  group: int, wpl: int, first_group_only: bool = False) -> None:
     """XFER mab_broadcast: upper long word q goes to member q mod group, at q div group, of every
     group of children. Each member's words are gathered once into contiguous runs, which numpy
-    then writes into every group at memory speed (16 copies of every word on MN-Core 2's L1B)."""
+    then writes into every group at memory speed (16 copies of every word on MN-Core 2's L1B), or
+    into group 0 alone when the caller keeps the rest as replicas (sim.replicas)."""
     upper, children, rounds = member_groups(row, mems, mem_instances, lw_addressed, group, wpl)
+    groups = slice(0, 1 if first_group_only else None)
+    lw = _LW_ITEM.get(wpl)
+    if lw is not None:  # a long word is one machine word: numpy deals them out in one strided copy
+        members = upper.view(lw).reshape(upper.shape[0], rounds, group).transpose(0, 2, 1)  # [upper, member, round]
+        children.view(lw)[:, groups] = members[:, None]
+        return
     runs = np.empty((upper.shape[0], group, wpl * rounds), dtype=upper.dtype)
     _member_runs(upper, group, wpl, runs)
-    children[...] = runs[:, None]
+    children[:, groups] = runs[:, None]
 
 
 @njit(cache=True)

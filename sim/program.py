@@ -36,9 +36,11 @@ class Program:
     # What runs derive from the code alone, kept for the next run: the latest binding (a loop calls
     # a program on the same buffers; one kept, so programs run on fresh buffers each time hold no
     # extra copies), the timing per chip (cycles depend neither on the data nor on the addresses)
-    # and the rows sim.functional dispatches one at a time.
+    # and the rows sim.functional dispatches one at a time. Nothing in them depends on relocated
+    # addresses (those are DRAM's).
     timed: dict = field(default_factory=dict, repr=False, compare=False)
     stepped: list[int] | None = field(default=None, repr=False, compare=False)
+    derived: dict = field(default_factory=dict, repr=False, compare=False)  # other tables of the code (sim.replicas)
     _last: Bound | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 

@@ -40,7 +40,8 @@ def test_a_matmul_and_a_fetch_in_other_slots_overlap(mini):
     state = [a.copy() for a in m.memories]
     runs = {}
     for together in (False, True):
-        m.memories = [a.copy() for a in state]
+        for memory, before in zip(m.memories, state):
+            memory[...] = before
         b = sim.ProgramBuilder(m.params)
         _matmul_and_fetch(b, mini, together)
         program = b.build()

@@ -1,0 +1,147 @@
+"""Replicated words: what an XFER mab_broadcast writes, held once per upper instance until needed.
+
+mab_broadcast gives every group of an upper instance's children the same words (the 16 MABs of
+an L1B on MN-Core 2, each of their 4 PEs its own member's share). The modelled state has 16
+copies; the host need not write them all at once. The functional engine writes group 0 of every
+upper instance and records the range here as replicated: in the other groups the words are the
+group 0 ones, though the host arrays do not hold them yet. Before any instruction touches a
+replicated range (reads or writes it, by the table of sim.accesses), the copies are written
+(`materialize`); the MATMUL reads a replicated operand from group 0 instead, and when A and B are
+both replicated it computes one product per upper instance (sim.mau). The ranges outlive a run
+(the next run of a loop mostly overwrites them); whoever reads memory from outside the engine
+asks for it whole first (`sim.Machine.memory`).
+
+Why: compiled products broadcast an operand over the MABs of an L1B, and a convolution whose
+output channels are split over the L1Bs broadcasts both (ResNet-50's conv2_x: every product
+computed 16 times over, and 56 broadcasts of 4,096 long words per call). Copying and multiplying
+what the hardware computes in 16 places once keeps the simulator at the cost of the distinct work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from . import isa
+from .accesses import FIRST, LAST, MEM, accesses
+from .params import MachineParams
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """Words [lo, hi) of memory `mem`: in every upper instance (`fan` children), groups 1.. of
+    `group` children hold what group 0 holds."""
+
+    mem: int
+    lo: int
+    hi: int
+    group: int
+    fan: int
+
+    def meets(self, mem: int, lo: int, hi: int) -> bool:
+        return mem == self.mem and lo < self.hi and self.lo < hi
+
+
+@dataclass(frozen=True)
+class Touches:
+    """Every access of a program to a replicable memory, in words, ordered by instruction."""
+
+    row: np.ndarray
+    mem: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+    @classmethod
+    def of(cls, p: MachineParams, code: np.ndarray) -> "Touches":
+        writes, reads = accesses(p, code)
+        reads[code[:, 0] == isa.Op.MV] = -1  # an MV's accesses follow, both sides, in case a chip's engines reach the PEs
+        table = np.concatenate([writes[:, None, :LAST + 1], reads[:, :, :LAST + 1],
+                                _mv_side(p, code, isa.MV_SRC_MEM, isa.MV_SRC_ADDR),
+                                _mv_side(p, code, isa.MV_DST_MEM, isa.MV_DST_ADDR)], axis=1)
+        rows = np.repeat(np.arange(len(code)), table.shape[1])
+        flat = table.reshape(-1, 3)
+        keep = np.isin(flat[:, MEM], p.pe_memories)
+        mem, first, last = flat[keep, MEM], flat[keep, FIRST], flat[keep, LAST]
+        unit = np.where(p.mem_lw_addressed[mem], p.words_per_lw, 1)
+        return cls(rows[keep], mem, first * unit, (last + 1) * unit)
+
+
+def _mv_side(p: MachineParams, code: np.ndarray, mem_f: int, addr_f: int) -> np.ndarray:
+    """[n, 1, 3] (memory, first, last) in the memory's address unit of one side of each MV (-1 elsewhere)."""
+    mem = np.where(code[:, 0] == isa.Op.MV, code[:, mem_f], -1)
+    unit = np.where(p.mem_lw_addressed[np.maximum(mem, 0)], 1, p.words_per_lw)
+    first = code[:, addr_f]
+    return np.stack([mem, first, first + code[:, isa.MV_N] * unit - 1], 1)[:, None]
+
+
+class Replicas:
+    """The replicated ranges of `memories` (a list whose arrays the functional engine runs on)."""
+
+    def __init__(self, p: MachineParams, memories: list[np.ndarray]) -> None:
+        self.p, self.memories = p, memories
+        self.ranges: list[Replicated] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges)
+
+    def holding(self, mem: int, lo: int, hi: int) -> Replicated | None:
+        """The range that holds all of words [lo, hi) of `mem`, if one does."""
+        for r in self.ranges:
+            if r.mem == mem and r.lo <= lo and hi <= r.hi:
+                return r
+        return None
+
+    def materialize(self, mem: int, lo: int, hi: int) -> None:
+        """Write out every range of `mem` that meets words [lo, hi), and forget it."""
+        kept = []
+        for r in self.ranges:
+            if r.meets(mem, lo, hi):
+                rows = self.memories[r.mem]
+                view = rows.reshape(rows.shape[0] // r.fan, r.fan // r.group, r.group, rows.shape[1])
+                view[:, 1:, :, r.lo:r.hi] = view[:, :1, :, r.lo:r.hi]
+            else:
+                kept.append(r)
+        self.ranges = kept
+
+    def materialize_all(self) -> None:
+        for r in list(self.ranges):
+            self.materialize(r.mem, r.lo, r.hi)
+
+    def overwritten(self, r: Replicated) -> None:
+        """Record `r`, whose words were just written in group 0 only. A range of the same kind that
+        meets or adjoins it joins it (in the union every group still holds what group 0 holds); a
+        range of another kind is written out first where it meets `r` (its words outside `r`
+        stand, and inside `r` group 0 now holds what every group holds)."""
+        for old in [o for o in self.ranges if o.meets(r.mem, r.lo, r.hi) or o.mem == r.mem and r.lo <= o.hi
+                    and o.lo <= r.hi]:
+            if (old.group, old.fan) == (r.group, r.fan):
+                self.ranges.remove(old)
+                r = Replicated(r.mem, min(r.lo, old.lo), max(r.hi, old.hi), r.group, r.fan)
+            elif old.meets(r.mem, r.lo, r.hi):
+                self.materialize(old.mem, old.lo, old.hi)
+        self.ranges.append(r)
+
+    def touch(self, touches: Callable[[], Touches], start: int, end: int) -> None:
+        """Instructions [start, end) of a program whose access table `touches()` gives are about to
+        run unaware of replicas: write out what they touch."""
+        if not self.ranges:
+            return
+        t = touches()
+        a, b = np.searchsorted(t.row, [start, end])
+        if a == b:
+            return
+        mem, lo, hi = t.mem[a:b], t.lo[a:b], t.hi[a:b]
+        for r in list(self.ranges):
+            if np.any((mem == r.mem) & (lo < r.hi) & (r.lo < hi)):
+                self.materialize(r.mem, r.lo, r.hi)
+
+
+def written_range(p: MachineParams, row: np.ndarray, group: int) -> Replicated:
+    """The words an XFER mab_broadcast writes in its lower memory (every child the same range)."""
+    lm, um, n = int(row[isa.X_LO_MEM]), int(row[isa.X_UP_MEM]), int(row[isa.X_N])
+    wpl = p.words_per_lw
+    lo = int(row[isa.X_LO_ADDR]) * (wpl if p.mem_lw_addressed[lm] else 1)
+    fan = int(p.mem_instances[lm]) // int(p.mem_instances[um])
+    return Replicated(lm, lo, lo + wpl * (n // group), group, fan)
