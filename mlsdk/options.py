@@ -14,7 +14,8 @@ USED = {
                    "pfloat32 (mnsim's name) runs them in pseudo-single: float32 operands whose low mantissa bits "
                    "the MAU ignores (formats.pfloat32), at the YAML's units.MAU.matrix.pfloat32 rate",
     "simulation_mode": "both (default) moves data and times it; timing only times the run (outputs hold no "
-                       "values; reports work); functional is run as both for now (values and cycles)",
+                       "values; reports work); functional only moves data (values, no cycles: reports count its "
+                       "calls, which leave the hand-over analysis out)",
 }
 IGNORED = {
     "option_json": "preset of PFN's codegen (O0..O4, debug); mnsim has one planner",
@@ -66,12 +67,8 @@ def forced_simulation_mode(mode: str | None) -> Iterator[None]:
 
 
 def simulation_mode(options: dict | None) -> str:
-    """How calls of the function are simulated: 'both' or 'timing' (see USED)."""
+    """How calls of the function are simulated: 'both', 'timing' or 'functional' (see USED)."""
     mode = _forced[-1] if _forced else (options or {}).get("simulation_mode", "both")
     if mode not in SIMULATION_MODES:
         raise OptionError(f"options['simulation_mode'] is {mode!r}; expected one of {', '.join(SIMULATION_MODES)}")
-    if mode == "functional":
-        warnings.warn("simulation_mode 'functional' runs as 'both' in this mnsim (values and cycles); a run "
-                      "without timing is not available yet", stacklevel=3)
-        return "both"
     return mode

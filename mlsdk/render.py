@@ -37,6 +37,9 @@ def tables(report: Report) -> list:
         (r.chip, "bold"), f" at {r.clock_hz / 1e6:g} MHz: ",
         (f"{r.total_cycles:,} cycles", "bold"), f" ({r.time_us:,.2f} us) in {len(r.runs)} device runs")
     out: list = [head]
+    if r.untimed_calls:
+        out.append(Text("not timed (simulation_mode='functional'), so not counted here: " + ", ".join(
+            f"{n} call{'s' if n > 1 else ''} of {f}" for f, n in r.untimed_calls.items())))
 
     runs = Table(title="device runs, in order", title_justify="left")
     for col in ("kind", "what", "cycles", "us", "share"):
@@ -144,6 +147,8 @@ def csv_text(report: Report) -> str:
             w.writerow(["phases", f"{ph.function}:{ph.phase}", metric, getattr(ph, metric)])
     if r.resident_bytes:
         w.writerow(["summary", "", "resident_bytes", r.resident_bytes])
+    for function, n in r.untimed_calls.items():
+        w.writerow(["untimed_calls", function, "calls", n])
     for b in r.bindings:
         w.writerow(["bindings", b.consumer, "path", b.path])
         w.writerow(["bindings", b.consumer, "producer", b.producer or ""])

@@ -148,6 +148,7 @@ class Report:
     resident_bytes: int = 0  # device memory of registered tensors (parameters, buffers, optimizer state)
     chains: list[ChainRow] = field(default_factory=list)
     handovers: list[HandoverRow] = field(default_factory=list)
+    untimed_calls: dict[str, int] = field(default_factory=dict)  # function -> calls in functional mode (not counted)
 
     @property
     def time_us(self) -> float:
@@ -178,7 +179,8 @@ class Report:
                       [BindingRow(**b) for b in d["bindings"]], [tuple(c) for c in d["compiles"]],
                       d["timeline_slice_cycles"], {k: list(v) for k, v in d["timeline"].items()}, d.get("source", ""),
                       [PhaseRow(**p) for p in d.get("phases", [])], d.get("resident_bytes", 0),
-                      [ChainRow(**c) for c in d.get("chains", [])], [HandoverRow(**h) for h in d.get("handovers", [])])
+                      [ChainRow(**c) for c in d.get("chains", [])], [HandoverRow(**h) for h in d.get("handovers", [])],
+                      dict(d.get("untimed_calls", {})))
 
     def save(self, path: str | os.PathLike) -> None:
         with open(path, "w") as f:
@@ -224,6 +226,10 @@ def build(sessions: Iterable[Session], source: str = "") -> Report:
     report.chains = _chains(chains(calls))
     report.handovers = _handovers([h for s in sessions for h in s.handovers])
     report.compiles = [(name, round(seconds, 4)) for s in sessions for name, seconds in s.compiles]
+    for s in sessions:
+        for function, n in s.untimed_calls.items():
+            key = name(s, function)
+            report.untimed_calls[key] = report.untimed_calls.get(key, 0) + n
     report.timeline_slice_cycles, report.timeline = _timeline(runs, report.total_cycles)
     return report
 

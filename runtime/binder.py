@@ -21,7 +21,7 @@ from compiler.iospec import IOSpec
 
 from .conversions import Conversions
 from .device import BOTH, TIMING, Device, DeviceBuffer, spec_placement
-from .session import BINDING, Binding, Run
+from .session import BINDING, Binding, Run, cycles
 from .value import DeviceValue
 
 RELOCATION, UPLOAD_PATH, CONVERSION, HOST = "relocation", "upload", "conversion", "host"
@@ -53,7 +53,7 @@ class Binder:
             self.device.free(buf)
             raise
         self._record(Run(BINDING, f"upload {consumer}.{input_name}", stats))
-        return Bound(buf, Binding(consumer, input_name, UPLOAD_PATH, stats.total_cycles, spec.size_bytes), True)
+        return Bound(buf, Binding(consumer, input_name, UPLOAD_PATH, cycles(stats), spec.size_bytes), True)
 
     def bind_value(self, consumer: str, input_name: str, value: DeviceValue, spec: IOSpec, need: int,
                    mode: str = BOTH) -> Bound:
@@ -71,7 +71,7 @@ class Binder:
             self.device.free(buf)
             raise
         self._record(Run(BINDING, f"convert {where}", stats, self.conversions.program(value.spec, spec).program.labels))
-        return Bound(buf, Binding(consumer, input_name, CONVERSION, stats.total_cycles, spec.size_bytes, producer), True)
+        return Bound(buf, Binding(consumer, input_name, CONVERSION, cycles(stats), spec.size_bytes, producer), True)
 
     def _host_round_trip(self, consumer: str, input_name: str, value: DeviceValue, spec: IOSpec, need: int,
                          where: str, mode: str) -> Bound:
@@ -86,5 +86,5 @@ class Binder:
             raise
         self._record(Run(BINDING, f"host round trip {where} (download)", down))
         self._record(Run(BINDING, f"host round trip {where} (upload)", up))
-        return Bound(buf, Binding(consumer, input_name, HOST, down.total_cycles + up.total_cycles, spec.size_bytes,
-                                  value.producer), True)
+        both = None if down is None or up is None else down.total_cycles + up.total_cycles
+        return Bound(buf, Binding(consumer, input_name, HOST, both, spec.size_bytes, value.producer), True)

@@ -29,7 +29,8 @@ from compiler.transfer.host import host_transfer
 
 from .errors import DeviceError, InputError
 
-TIMING, BOTH = "timing", "both"  # simulation modes (sim.RunMode): timing only, or data and timing
+TIMING, BOTH, FUNCTIONAL = "timing", "both", "functional"  # simulation modes (sim.RunMode): timing only, data
+# and timing, data only (a run in functional mode returns no RunStats)
 
 
 @dataclass(eq=False)
@@ -145,9 +146,10 @@ class Device:
 
     @locked
     def upload(self, buf: DeviceBuffer, values: torch.Tensor | np.ndarray, *, dtype: str | None = None,
-               name: str = "tensor", mode: str = BOTH) -> RunStats:
+               name: str = "tensor", mode: str = BOTH) -> RunStats | None:
         """Host tensor -> device buffer, over the host link. `values` may already be raw bits.
-        In timing mode only the transfer is timed; the buffer then holds no values."""
+        In timing mode only the transfer is timed; the buffer then holds no values. In functional
+        mode nothing is timed (None)."""
         placement = buf.placement
         image = self.host_image(placement)
         if mode != TIMING:
@@ -160,9 +162,9 @@ class Device:
 
     @locked
     def download(self, buf: DeviceBuffer, dtype: str, shape: tuple[int, ...], what: str = "a tensor",
-                 mode: str = BOTH) -> tuple[torch.Tensor | None, RunStats]:
+                 mode: str = BOTH) -> tuple[torch.Tensor | None, RunStats | None]:
         """Device buffer -> host tensor of the logical `dtype` and `shape`, over the host link.
-        In timing mode only the transfer is timed (no tensor)."""
+        In timing mode only the transfer is timed (no tensor), in functional mode not at all."""
         if mode == TIMING:
             stats = self.machine.run(self.transfer_program(buf.placement, upload=False),
                                      host=[self.host_image(buf.placement)], bases={"tensor": buf.address}, mode=TIMING)
@@ -173,7 +175,7 @@ class Device:
         placement = buf.placement
         image = self.host_image(placement)
         program = self.transfer_program(placement, upload=False)
-        stats = self.machine.run(program, host=[image], bases={"tensor": buf.address})
+        stats = self.machine.run(program, host=[image], bases={"tensor": buf.address}, mode=mode)
         bits = gather(placement, image)  # a new array, which the tensor may keep
         return from_bits(np.ascontiguousarray(bits), dtype, self.hw, owned=True).reshape(shape), stats
 
@@ -209,10 +211,10 @@ class Device:
 
     @locked
     def call(self, loaded: Loaded, inputs: dict[str, DeviceBuffer], into: dict[str, DeviceBuffer] | None = None,
-             mode: str = BOTH) -> tuple[dict[str, DeviceBuffer], RunStats]:
+             mode: str = BOTH) -> tuple[dict[str, DeviceBuffer], RunStats | None]:
         """Run a loaded program on bound input buffers; outputs get fresh buffers, except those
         named in `into` (a donated input's buffer, written in place). Outputs hold values when
-        the run moved data and every input held values."""
+        the run moved data and every input held values. No RunStats in functional mode."""
         compiled = loaded.compiled
         bases = dict(loaded.bases)
         for name, symbol in compiled.input_symbols.items():

@@ -78,7 +78,10 @@ class Runtime:
         return self.device
 
     def record(self, run: Run) -> None:
-        """Every device run goes through here: into the session, then to the observers (traces)."""
+        """Every device run goes through here: into the session, then to the observers (traces).
+        A run in functional mode has no stats and is not kept (it has no place on the clock)."""
+        if run.stats is None:
+            return
         run.stats = self._shared(run.stats)
         self.session.runs.append(run)
         for observer in self.observers:
@@ -152,7 +155,8 @@ class Runtime:
                     temporary.append(b.buffer)
                 if isinstance(value, DeviceValue):
                     sources[name] = Source(VALUE, value.spec, value.origin, b.binding.cycles)
-                    if value.origin is not None:
+                    if value.origin is not None and value.origin.call.call.stats is not None:  # (a producer
+                        # call in functional mode has no cycles to compare a hand-over with)
                         handed.append((len(bindings) - 1, value))
                 else:
                     sources[name] = Source(HOST, cycles=b.binding.cycles)
@@ -171,12 +175,17 @@ class Runtime:
                 device.free(buf)
         for name, out in compiled.updates.items():  # the state the step leaves: its one device copy
             self.resident.replace(exe.resident[name], outputs.pop(out), compiled.inputs[name])
-        stats = self._shared(stats)
-        self.record(Run(CALL, exe.name, stats, compiled.program.labels))  # (its stats shared with earlier calls)
+        timed = stats is not None
+        if timed:
+            stats = self._shared(stats)
+            self.record(Run(CALL, exe.name, stats, compiled.program.labels))  # (its stats shared with earlier calls)
         self.session.resident_bytes = self.resident.resident_bytes()
         call = Call(exe.name, stats, compiled.program.labels, bindings, self.session.runs[first_run:],
                     compiled.phases, index=len(self.session.calls), function_id=exe.id)
-        self.session.calls.append(call)
+        if timed:
+            self.session.calls.append(call)
+        else:  # counted, not timed: reports say how many calls they leave out
+            self.session.untimed_calls[exe.name] = self.session.untimed_calls.get(exe.name, 0) + 1
         context = CallContext(exe, call, sources)
         result = {}
         for name in exe.output_specs:  # owned first: whatever happens next, they are freed with their proxies
@@ -184,7 +193,7 @@ class Runtime:
                                 f"{exe.name}.{name}", Origin(exe, name, context), owner=self.label,
                                 device_id=id(self.device))
             result[name] = self.own(value)
-        if handed:
+        if handed and timed:
             try:
                 self._measure(context, handed)
             except Exception as e:  # noqa: BLE001 - the call ran and its values stand; only its figures are missing

@@ -18,6 +18,8 @@ from typing import Iterator
 
 from sim import RunStats
 
+from .errors import DeviceError
+
 Labels = list[tuple[int, int, str]]
 
 # Run kinds. Call inputs are "binding" runs; "upload"/"download"/"load" are the other transfers.
@@ -31,6 +33,11 @@ class Run:
     what: str  # function name, "function.input", "registered name", ...
     stats: RunStats
     labels: Labels = field(default_factory=list)
+
+
+def cycles(stats: RunStats | None) -> int | None:
+    """A run's cycles; None for a run in functional mode (simulation_mode='functional': not timed)."""
+    return None if stats is None else stats.total_cycles
 
 
 @dataclass
@@ -82,7 +89,7 @@ class Binding:
     function: str
     input: str
     path: str  # upload | relocation | conversion | host
-    cycles: int
+    cycles: int | None  # None: the call ran in functional mode (not timed)
     bytes: int
     producer: str | None = None  # "function.output" of the proxy bound here
     handover: Handover | None = None  # when the proxy is another call's output (shared by its uses)
@@ -95,7 +102,7 @@ class Binding:
 @dataclass
 class Call:
     function: str
-    stats: RunStats
+    stats: RunStats | None  # None: a call in functional mode, which Session.calls does not hold
     labels: Labels
     bindings: list[Binding]
     runs: list[Run] = field(default_factory=list)  # this call's binding runs, then the program
@@ -108,12 +115,19 @@ class Call:
     @property
     def cycles(self) -> int:
         """The program's cycles."""
-        return self.stats.total_cycles
+        return self._timed().total_cycles
 
     @property
     def cycles_with_bindings(self) -> int:
         """The program and its input bindings (uploads, conversions): what a chain counts."""
-        return self.stats.total_cycles + sum(b.cycles for b in self.bindings)
+        return self._timed().total_cycles + sum(b.cycles for b in self.bindings)
+
+    def _timed(self) -> RunStats:
+        if self.stats is None:
+            raise DeviceError(f"this call of {self.function} ran in functional mode (simulation_mode='functional'): "
+                              "its values were computed, its cycles were not; compile with simulation_mode 'both' or "
+                              "'timing' to time it")
+        return self.stats
 
 
 @dataclass
@@ -147,6 +161,7 @@ class Session:
     resident_bytes: int = 0  # device memory of the Context's registered tensors, after the last call
     label: str = ""  # the Context's, e.g. "Context #2 on mncore2:auto"
     layouts: dict[str, str] = field(default_factory=dict)  # "function.in.x" / "function.out.y" -> DRAM layout
+    untimed_calls: dict[str, int] = field(default_factory=dict)  # function -> calls in functional mode (no cycles)
 
     @property
     def bindings(self) -> list[Binding]:

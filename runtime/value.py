@@ -71,7 +71,7 @@ class Source:
     kind: str
     spec: IOSpec | None = None  # the layout it was in (device values and registered copies)
     origin: Origin | None = None
-    cycles: int = 0  # what binding it cost as run
+    cycles: int | None = 0  # what binding it cost as run (None: in functional mode)
     fresh: bool = False  # a registered tensor uploaded for this call (it had no device copy before)
 
 

@@ -1,5 +1,6 @@
 """options={"simulation_mode": "timing"}: calls are timed, not computed. Reports and cycles are
-those of a full run; outputs hold no values, and reading one says so."""
+those of a full run; outputs hold no values, and reading one says so. "functional": calls are
+computed, not timed; reports count them apart."""
 
 from __future__ import annotations
 
@@ -54,6 +55,44 @@ def test_simulation_mode_values_are_checked():
     with pytest.raises(mlsdk.OptionError, match=r"simulation_mode'\] is 'fast'; expected one of both, timing, "
                                                 r"functional"):
         ctx.compile(scores, {"q": Q, "k": K}, None, options={"simulation_mode": "fast"})
-    with pytest.warns(UserWarning, match="'functional' runs as 'both'"):
-        fn = ctx.compile(scores, {"q": Q, "k": K}, None, options={"simulation_mode": "functional"})
-    assert torch.allclose(fn({"q": Q, "k": K})["s"].cpu(), Q @ K.T, atol=1e-5)
+
+
+def test_functional_mode_computes_the_values_of_a_full_run_without_timing_anything(monkeypatch):
+    ctx = Context(MNDevice("mini:auto"))
+    full = ctx.compile(scores, {"q": Q, "k": K}, None)
+    fast = ctx.compile(scores, {"q": Q, "k": K}, None, options={"simulation_mode": "functional"})
+    expected = full({"q": Q, "k": K})["s"].cpu()
+    before = ctx.report().total_cycles
+    monkeypatch.setattr("sim.Machine.time", lambda *a: pytest.fail("functional mode timed a program"))
+    out = fast({"q": Q, "k": K})["s"]
+    monkeypatch.undo()
+    assert torch.equal(out.cpu(), expected)
+    with pytest.raises(mlsdk.DeviceError, match=r"this call of scores#2 ran in functional mode .* its cycles were not"):
+        fast.last_call.cycles
+    assert fast.last_call.bindings[0].cycles is None
+    report = ctx.report()
+    assert report.untimed_calls == {"scores#2": 1}
+    assert report.total_cycles == before + report.runs[-1].cycles, "the call counts nothing; its output's download does"
+    assert [(r.kind, r.what) for r in report.runs[-3:]] == [("call", "scores"), ("download", "scores.s"), ("download", "scores#2.s")]
+    assert "not timed (simulation_mode='functional'), so not counted here: 1 call of scores#2" in _text(report)
+    assert type(report).from_json(report.to_json()).untimed_calls == {"scores#2": 1}
+
+
+def test_a_hand_over_from_a_functional_call_is_not_measured():
+    ctx = Context(MNDevice("mini:auto"))
+    consumer = ctx.compile(softmax, {"s": Q @ K.T}, None)
+    producer = ctx.compile(scores, {"q": Q, "k": K}, None, options={"simulation_mode": "functional"})
+    probs = consumer(producer({"q": Q, "k": K}))["p"]
+    assert torch.allclose(probs.cpu(), torch.softmax(Q @ K.T, dim=-1), atol=1e-5)
+    assert consumer.last_call.cycles > 0 and not ctx.report().handovers
+
+
+def _text(report) -> str:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from mlsdk.render import text
+    out = StringIO()
+    text(report, Console(file=out, width=200))
+    return out.getvalue()
