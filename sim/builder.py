@@ -181,10 +181,12 @@ class ProgramBuilder:
 
     def mv_block(self, mode: str, src_mem: str, src_addr: Address | list[Address], src_offsets: np.ndarray,
                  dst_mem: str, dst_addr: Address, dst_offsets: np.ndarray, n_lw: np.ndarray, *, tag: int,
-                 src_inst: np.ndarray | int, dst_inst: np.ndarray | int, src_which: np.ndarray | None = None) -> None:
+                 src_inst: np.ndarray | int, dst_inst: np.ndarray | int, src_which: np.ndarray | None = None,
+                 dst_local: np.ndarray | int = 0) -> None:
         """Many individual MVs at once (a gather's runs): row k moves n_lw[k] long words from
         src_addr + src_offsets[k] to dst_addr + dst_offsets[k]. With a list of source bases,
-        row k reads from src_addr[src_which[k]]. Same encoding as `mv`."""
+        row k reads from src_addr[src_which[k]]. Same encoding as `mv` (`dst_local`: the
+        destination's instance in each Group, for MVs in every Group)."""
         k = len(n_lw)
         if k == 0:
             return
@@ -193,6 +195,7 @@ class ProgramBuilder:
         block[:, isa.MV_MODE] = Mode[mode]
         block[:, isa.MV_SRC_MEM], block[:, isa.MV_DST_MEM] = self._mem(src_mem), self._mem(dst_mem)
         block[:, isa.MV_SRC_INST], block[:, isa.MV_DST_INST] = src_inst, dst_inst
+        block[:, isa.MV_DST_LOCAL] = dst_local
         block[:, isa.MV_N], block[:, isa.MV_TAG] = n_lw, tag
         block[:, isa.MV_RED], block[:, isa.MV_DTYPE] = Red["none"], DType["float32"]
         block[:, isa.MV_SCOPE] = Scope["group"]

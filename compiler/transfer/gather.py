@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim import ProgramBuilder, Sym
+from sim import ALL_GROUPS, ProgramBuilder, Sym
 
 from ..errors import LayoutError
 from ..layout import Placement
@@ -156,8 +156,9 @@ def emit_pieces(b: ProgramBuilder, sources: LwSources, pieces: list[tuple[int, i
     """MV the sources of destination long words [first, last) of each (dst Group, first, last, L2BM
     instance) piece into that L2BM (destination long word first + k lands at l2_addr + k), as
     one block of MVs: each piece's runs in destination order, the Data Engines' MVs in turn
-    (`engines_in_turn`). `src` lists the source buffers of a merged gather. Returns the MVs
-    emitted."""
+    (`engines_in_turn`). A run that every Group makes alike, each from its own DRAM, is one MV
+    in every Group at once (the hardware's parallel individual MV; `in_every_group`). `src`
+    lists the source buffers of a merged gather. Returns the MVs emitted."""
     srcs = src if isinstance(src, list) else [src]
     if not pieces:
         return 0
@@ -169,12 +170,40 @@ def emit_pieces(b: ProgramBuilder, sources: LwSources, pieces: list[tuple[int, i
     if zeros is None and zero.any():
         raise LayoutError("this gather needs zeros but no zero buffer was given")
     bases = srcs + ([zeros] if zeros is not None else [])
-    order = engines_in_turn(l2_instance[piece] // b.params.instances_per_group(b.params.memory_id(L2BM)))
+    per_group = b.params.instances_per_group(b.params.memory_id(L2BM))
+    dst_group, local = np.divmod(l2_instance[piece], per_group)
     src_inst = np.where(zero, group_of[piece], group)
-    b.mv_block("individual", DRAM, bases, np.where(zero, 0, address)[order], L2BM, l2_addr,
-               (dst - first[piece])[order], n[order], tag=tag, src_inst=src_inst[order],
-               dst_inst=l2_instance[piece][order], src_which=np.where(zero, len(srcs), buffer)[order])
-    return len(n)
+    address, offset, which = np.where(zero, 0, address), dst - first[piece], np.where(zero, len(srcs), buffer)
+    every, alone = in_every_group(b.params.n_groups, dst_group, src_inst == dst_group,
+                                  np.stack([offset, address, n, which, local], 1))
+    if len(every):
+        b.mv_block("individual", DRAM, bases, address[every], L2BM, l2_addr, offset[every], n[every], tag=tag,
+                   src_inst=ALL_GROUPS, dst_inst=ALL_GROUPS, src_which=which[every], dst_local=local[every])
+    order = alone[engines_in_turn(dst_group[alone])]
+    b.mv_block("individual", DRAM, bases, address[order], L2BM, l2_addr, offset[order], n[order], tag=tag,
+               src_inst=src_inst[order], dst_inst=l2_instance[piece][order], src_which=which[order])
+    return len(every) + len(order)
+
+
+def in_every_group(n_groups: int, group: np.ndarray, own: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which of a block's MVs (row k in Group `group[k]`, reading its own Group's DRAM where
+    `own[k]`, moving what `key[k]` says: offsets, size, buffer, L2BM) are made alike by every
+    Group: (the first of each such set, in order; every other MV, in order). One MV in every
+    Group does the same on each Data Engine, with a quarter of the instructions to issue (and to
+    simulate: MNIST's training step had 40,594 MVs, 16,417 of them in one weight update)."""
+    rows = np.flatnonzero(own)
+    if not 0 < n_groups < 63 or len(rows) == 0:  # (Groups as bits of an int64)
+        return rows[:0], np.arange(len(group))
+    _, kind, count = np.unique(key[rows], axis=0, return_inverse=True, return_counts=True)
+    kind = kind.ravel()
+    groups_of = np.zeros(len(count), dtype=np.int64)
+    np.bitwise_or.at(groups_of, kind, np.int64(1) << group[rows])
+    shared = (count == n_groups) & (groups_of == (1 << n_groups) - 1)  # once in each Group
+    merged = rows[shared[kind]]
+    first = merged[np.unique(kind[shared[kind]], return_index=True)[1]]
+    alone = np.ones(len(group), dtype=bool)
+    alone[merged] = False
+    return np.sort(first), np.flatnonzero(alone)
 
 
 def engines_in_turn(engine: np.ndarray) -> np.ndarray:
@@ -209,6 +238,9 @@ def emit_convert(b: ProgramBuilder, sources: LwSources, *, dst: Address, src: Ad
                     l2_addr=l2_addr, tag=fill)  # the Groups' runs in turn, so their engines work together
         if busy:
             b.wait(fill)
+        if len(busy) == sources.groups == params.n_groups:  # one MV in every Group at once
+            b.mv("individual", L2BM, l2_addr, DRAM, dst + first, last - first, tag=drain)
+            continue
         for g in busy:
             b.mv("individual", L2BM, l2_addr, DRAM, dst + first, last - first, tag=drain, src_inst=g * l2_per_group,
                  dst_inst=g)

@@ -40,7 +40,7 @@ def test_conversion_between_distributions(mncore2):
     assert stats.instructions["MV"] > 8  # runs from every Group into every Group
     same, s2 = convert(mncore2, A, A, x)
     np.testing.assert_array_equal(same, x)
-    assert s2.instructions["MV"] == 2 * 4  # one run in and one block out per Group
+    assert s2.instructions["MV"] == 2  # one run in and one block out, each an MV in every Group at once
     assert s2.total_cycles < stats.total_cycles
 
 
@@ -163,7 +163,8 @@ def test_a_gathers_mvs_keep_every_groups_data_engine_busy(mncore2, monkeypatch):
     the next MV once the oldest is done, so run j of a Group finishes at (j div Q + 1)(L + d) +
     (j mod Q) d while Q d <= L + d. After the last run, one write-back per Group: its latency
     plus 2,048 long words at 16 per cycle. In Group order (each Group's runs after the last's),
-    the stream stalled on Group 0's full queue while the others idled."""
+    the stream stalled on Group 0's full queue while the others idled. Every Group's runs are
+    alike, so each is one MV in every Group at once: the same cycles from a quarter of the MVs."""
     import compiler.transfer.gather as gather_module
     from compiler.chain import Chain
 
@@ -181,9 +182,30 @@ def test_a_gathers_mvs_keep_every_groups_data_engine_busy(mncore2, monkeypatch):
     assert queue * d <= latency + d
     last = runs - 1
     fill = (last // queue + 1) * (latency + d) + (last % queue) * d
-    assert stats.instructions["MV"] == 4 * runs + 4
+    assert stats.instructions["MV"] == runs + 1
     assert stats.total_cycles == fill + up.latency_cycles + group_lw / write.src_lw_per_cycle  # 1,310
+    monkeypatch.setattr(gather_module, "in_every_group", lambda n_groups, group, own, key: (
+        np.zeros(0, dtype=np.int64), np.arange(len(group))))  # each Group's MVs apart
+    y, apart = convert(mncore2, src, dst, x)
+    np.testing.assert_array_equal(y, x)
+    assert apart.instructions["MV"] == 4 * runs + 1 and apart.total_cycles == stats.total_cycles
     monkeypatch.setattr(gather_module, "engines_in_turn", lambda engine: np.argsort(engine, kind="stable"))
     y, group_order = convert(mncore2, src, dst, x)
     np.testing.assert_array_equal(y, x)
     assert group_order.total_cycles > 2 * stats.total_cycles  # 3,794
+
+
+def test_mvs_merge_into_one_in_every_group_only_when_every_group_makes_them_alike_from_its_own_dram():
+    from compiler.transfer.gather import in_every_group
+
+    group = np.array([0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 3])
+    own = np.array([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1], dtype=bool)  # row 10 reads another Group's DRAM
+    key = np.array([[0, 5, 8, 0, 0]] * 4  # alike in all four Groups: one MV
+                   + [[8, 9, 8, 0, 0]] * 3  # missing in Group 3
+                   + [[16, 1, 4, 0, 0]] * 4  # Group 3's reads another Group's DRAM
+                   + [[24, 2, 4, 0, 1]])  # Group 3 alone
+    every, alone = in_every_group(4, group, own, key)
+    assert every.tolist() == [0]
+    assert alone.tolist() == list(range(4, 12))
+    one_group = in_every_group(1, np.zeros(3, dtype=np.int64), np.ones(3, dtype=bool), key[[0, 4, 11]])
+    assert one_group[0].tolist() == [0, 1, 2] and one_group[1].tolist() == []
