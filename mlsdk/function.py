@@ -68,7 +68,8 @@ class CompiledFunction:
 
     @property
     def last_cycles(self) -> int | None:
-        """Simulated cycles of this function's latest call (its program), None before the first."""
+        """Simulated cycles of this function's latest call (its program), None before the first;
+        DeviceError when that call ran in functional mode (simulation_mode='functional')."""
         call = self.last_call
         return call.cycles if call is not None else None
 

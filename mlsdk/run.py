@@ -30,7 +30,7 @@ class ScriptRun:
         """One report per simulated chip the script used (pfvm:cpu sessions have no cycles)."""
         by_chip: dict[str, list[Session]] = {}
         for s in self.sessions:
-            if s.chip != "pfvm" and s.runs:
+            if s.chip != "pfvm" and (s.runs or s.untimed_calls):
                 by_chip.setdefault(s.chip, []).append(s)
         name = os.path.basename(self.script)
         return [build(group, source=name) for group in by_chip.values()]

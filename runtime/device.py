@@ -29,8 +29,8 @@ from compiler.transfer.host import host_transfer
 
 from .errors import DeviceError, InputError
 
-TIMING, BOTH, FUNCTIONAL = "timing", "both", "functional"  # simulation modes (sim.RunMode): timing only, data
-# and timing, data only (a run in functional mode returns no RunStats)
+TIMING, BOTH = "timing", "both"  # simulation modes (sim.RunMode): timing only, or data and timing; a run in
+# the third, "functional" (data only), returns no RunStats
 
 
 @dataclass(eq=False)

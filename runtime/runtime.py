@@ -181,7 +181,7 @@ class Runtime:
             self.record(Run(CALL, exe.name, stats, compiled.program.labels))  # (its stats shared with earlier calls)
         self.session.resident_bytes = self.resident.resident_bytes()
         call = Call(exe.name, stats, compiled.program.labels, bindings, self.session.runs[first_run:],
-                    compiled.phases, index=len(self.session.calls), function_id=exe.id)
+                    compiled.phases, index=len(self.session.calls) if timed else -1, function_id=exe.id)
         if timed:
             self.session.calls.append(call)
         else:  # counted, not timed: reports say how many calls they leave out

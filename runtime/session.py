@@ -109,7 +109,7 @@ class Call:
     phases: Labels = field(default_factory=list)  # forward / backward / optimizer ranges of the program
     chain: int | None = None  # index of the hand-over chain this call belongs to (None: no hand-over)
     unconstrained_cycles: int | None = None  # this call with its bindings, every function unconstrained
-    index: int = 0  # position in the session's calls
+    index: int = 0  # position in the session's calls (-1: a call in functional mode, which it does not hold)
     function_id: int = 0  # which compiled function (names may repeat)
 
     @property

@@ -50,11 +50,14 @@ class Machine:
 
     @property
     def memories(self) -> list[np.ndarray]:
-        """Every memory, whole (replicas a run left pending written out), one array per kind."""
+        """Every memory, whole (replicas a run left pending written out), one array per kind.
+        The arrays are whole as of this call: the next run may leave copies pending in them
+        again (sim.replicas), so ask again after a run rather than keep them."""
         self.replicas.materialize_all()
         return self._rows
 
     def memory(self, name: str) -> np.ndarray:
+        """One memory kind, [instances, words], whole as of this call (see `memories`)."""
         return self.memories[self.params.memory_id(name)]
 
     def grow(self, name: str, words: int) -> None:
@@ -92,14 +95,14 @@ class Machine:
             bound = program.bound(bases or {}, self.hw.fingerprint)
             if program.stepped is None:
                 program.stepped = functional.stepped_rows(program.code)
-            stepped, timed, derived = program.stepped, program.timed, program.derived
+            stepped, timed = program.stepped, program.timed
         else:
             bound = Bound((), np.ascontiguousarray(program, np.int64))
             if not validated:
                 validate(self.params, bound.code, [len(h) for h in host])
-            stepped, timed, derived = None, {}, None
+            stepped, timed = None, {}
         if mode in ("both", "functional"):
-            self._execute(bound, host, stepped, derived)
+            self._execute(bound, host, stepped)
         if mode == "functional":
             return None
         if self.hw.fingerprint not in timed:
@@ -126,7 +129,7 @@ class Machine:
         """Cycles of a (validated) instruction array, from the YAML numbers only."""
         return time_code(self.params, code)
 
-    def _execute(self, bound: Bound, host: list[np.ndarray], stepped: list[int] | None, derived: dict | None) -> None:
+    def _execute(self, bound: Bound, host: list[np.ndarray], stepped: list[int] | None) -> None:
         p = self.params
         if bound.tops is None:
             bound.tops = max_addresses(p, bound.code)
@@ -134,7 +137,7 @@ class Machine:
             if p.memory_names[m] == DRAM:
                 self.grow(DRAM, top)
         functional.execute(p, self._rows, bound.code, {Op.HOST_DMA: lambda row: self._host_dma(row, host)}, stepped,
-                           derived, self.replicas)
+                           bound.derived, self.replicas)
 
     def _host_dma(self, row: np.ndarray, host: list[np.ndarray]) -> None:
         p = self.params

@@ -118,8 +118,9 @@ def matmul(p: MachineParams, memories: list[np.ndarray], row: np.ndarray, replic
 def _sharing(p: MachineParams, row: np.ndarray, shapes: dict, replicas: Replicas, dtype: DType,
              how: str) -> dict[int, int]:
     """MABs per copy of each operand held replicated over the MABs of an upper instance (sim.replicas),
-    by operand field; what this product cannot read so is written out first. C is written, so
-    its replicas are too; BLAS reads one replicated operand beside an own one only materialised."""
+    by operand field. Whatever else a range meets is written out first: C (written), an operand
+    a range holds only in part or over other groups than the MABs, and, for BLAS, a replicated
+    operand beside an own one (BLAS reads replicas only when both operands are)."""
     words = {}
     for f, (rows, cols) in shapes.items():
         per_word = 1 if f == isa.MM_C_MEM else p.elements_per_word(dtype)
@@ -131,6 +132,8 @@ def _sharing(p: MachineParams, row: np.ndarray, shapes: dict, replicas: Replicas
         r = replicas.holding(*words[f])
         if r is not None and r.group == p.pes_per_mab:
             share[f] = r.fan // r.group
+        else:
+            replicas.materialize(*words[f])
     if len(share) < 2 or len(set(share.values())) > 1:
         if how != LOOP:
             for f in list(share):

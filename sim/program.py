@@ -23,6 +23,7 @@ class Bound:
     key: tuple
     code: np.ndarray
     tops: dict[int, int] | None = None
+    derived: dict = field(default_factory=dict)  # other tables of the bound code (sim.replicas' accesses)
 
 
 @dataclass
@@ -36,11 +37,9 @@ class Program:
     # What runs derive from the code alone, kept for the next run: the latest binding (a loop calls
     # a program on the same buffers; one kept, so programs run on fresh buffers each time hold no
     # extra copies), the timing per chip (cycles depend neither on the data nor on the addresses)
-    # and the rows sim.functional dispatches one at a time. Nothing in them depends on relocated
-    # addresses (those are DRAM's).
+    # and the rows sim.functional dispatches one at a time.
     timed: dict = field(default_factory=dict, repr=False, compare=False)
     stepped: list[int] | None = field(default=None, repr=False, compare=False)
-    derived: dict = field(default_factory=dict, repr=False, compare=False)  # other tables of the code (sim.replicas)
     _last: Bound | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 

@@ -110,12 +110,12 @@ class Replicas:
             self.materialize(r.mem, r.lo, r.hi)
 
     def overwritten(self, r: Replicated) -> None:
-        """Record `r`, whose words were just written in group 0 only. A range of the same kind that
-        meets or adjoins it joins it (in the union every group still holds what group 0 holds); a
-        range of another kind is written out first where it meets `r` (its words outside `r`
-        stand, and inside `r` group 0 now holds what every group holds)."""
-        for old in [o for o in self.ranges if o.meets(r.mem, r.lo, r.hi) or o.mem == r.mem and r.lo <= o.hi
-                    and o.lo <= r.hi]:
+        """Record `r`, whose words are about to be written in group 0 only (recorded first, so a
+        write cut short leaves every group reading the same words). A range of the same kind that
+        meets or adjoins it joins it (in the union every group holds what group 0 holds); a range
+        of another kind that meets it is written out first (its words outside `r` stand; inside
+        `r`, group 0 will hold what every group holds)."""
+        for old in [o for o in self.ranges if o.mem == r.mem and r.lo <= o.hi and o.lo <= r.hi]:  # meets or adjoins
             if (old.group, old.fan) == (r.group, r.fan):
                 self.ranges.remove(old)
                 r = Replicated(r.mem, min(r.lo, old.lo), max(r.hi, old.hi), r.group, r.fan)

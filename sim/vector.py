@@ -161,10 +161,24 @@ def _operand(views: list[np.ndarray], field: int, row: np.ndarray, n_pe: int, dt
     return views[m], addr, so, si
 
 
+def _read_only_used(row: np.ndarray, op: int) -> np.ndarray:
+    """The row with the operands `op` does not read made immediate zeros: the loops index every
+    operand, and the validator does not check the fields of one the op ignores (indices are
+    unsigned, sim.index: a stray field would read far outside the memory)."""
+    unused = [f for k, f in enumerate((isa.V_A, isa.V_B, isa.V_C)) if k >= isa.arity(VOp(op)) and row[f] != IMM]
+    if not unused:
+        return row
+    row = row.copy()
+    for f in unused:
+        row[f:f + FIELDS] = (IMM, 0, 0, 0)
+    return row
+
+
 def run_vop(row: np.ndarray, f32: list[np.ndarray], u16: list[np.ndarray], i32: list[np.ndarray], n_pe: int,
             fmt: np.ndarray) -> None:
     """One VOP on every PE. `f32`, `u16` and `i32` are the memories viewed as float32, half words
     and int32."""
+    row = _read_only_used(row, int(row[isa.V_OP]))
     op, dtype = int(row[isa.V_OP]), int(row[isa.V_DTYPE])
     src_dtype = int(row[isa.V_SRC_DTYPE]) if op == VOp.cvt else dtype
     shape = (n_pe, int(row[isa.V_N_OUTER]), int(row[isa.V_N_INNER]))

@@ -96,3 +96,15 @@ def _text(report) -> str:
     out = StringIO()
     text(report, Console(file=out, width=200))
     return out.getvalue()
+
+
+def test_a_script_whose_calls_all_ran_in_functional_mode_is_reported(tmp_path):
+    from mlsdk.run import run_script
+    script = tmp_path / "fast.py"
+    script.write_text("import torch\nfrom mlsdk import Context, MNDevice\n"
+                      "ctx = Context(MNDevice('mini:auto'))\n"
+                      "f = ctx.compile(lambda d: {'y': d['x'] * 2}, {'x': torch.ones(8, 8)}, None,\n"
+                      "                options={'simulation_mode': 'functional'})\n"
+                      "for _ in range(3):\n    f({'x': torch.ones(8, 8)})\n")
+    (report,) = run_script(str(script), []).reports()
+    assert report.untimed_calls == {"lambda@fast.py:4": 3} and not [r for r in report.runs if r.kind == "call"]

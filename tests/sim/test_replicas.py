@@ -139,3 +139,19 @@ def test_a_product_of_replicated_operands_by_either_way(mini, monkeypatch, short
     _one_by_one(reference, program)
     for name in ("GRF0", "GRF1", "LM0", "LM1"):
         np.testing.assert_array_equal(whole.memory(name), reference.memory(name), err_msg=name)
+
+
+@pytest.mark.parametrize("short_slice", [mau.SHORT_SLICE, 0])  # the loop; BLAS
+def test_a_product_reading_across_the_edge_of_a_replicated_range_reads_every_mabs_words(mini, monkeypatch,
+                                                                                         short_slice):
+    """A's words 12..19 of every PE: 12..15 replicated by the broadcast, 16..19 each PE's own."""
+    monkeypatch.setattr(mau, "SHORT_SLICE", short_slice)
+    pes = mini.fanout("MAB", "PE")
+    b = sim.ProgramBuilder(sim.MachineParams.from_hw(mini))
+    b.xfer("mab_broadcast", "down", "L1BM", 0, "LM0", 0, pes * 8)  # words 0..15 of every PE
+    b.matmul("float32", 1, 8 * pes, pes, ("LM0", 12, 8), ("LM1", 0, pes), ("GRF1", 0, 1))
+    program = b.build()
+    whole, reference = _machine("mini", seed=4), _machine("mini", seed=4)
+    whole.run(program, mode="functional")
+    _one_by_one(reference, program)
+    np.testing.assert_array_equal(whole.memory("GRF1"), reference.memory("GRF1"))
