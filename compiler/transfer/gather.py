@@ -190,20 +190,29 @@ def in_every_group(n_groups: int, group: np.ndarray, own: np.ndarray, key: np.nd
     `own[k]`, moving what `key[k]` says: offsets, size, buffer, L2BM) are made alike by every
     Group: (the first of each such set, in order; every other MV, in order). One MV in every
     Group does the same on each Data Engine, with a quarter of the instructions to issue (and to
-    simulate: MNIST's training step had 40,594 MVs, 16,417 of them in one weight update)."""
+    simulate: MNIST's training step had 40,594 MVs, 16,417 of them in one weight update).
+
+    Usually every Group's MVs are the same list (a layout split evenly over the Groups): that is
+    checked first, in one comparison; otherwise rows are matched by sorting."""
+    everything = np.arange(len(group))
     rows = np.flatnonzero(own)
     if not 0 < n_groups < 63 or len(rows) == 0:  # (Groups as bits of an int64)
-        return rows[:0], np.arange(len(group))
-    _, kind, count = np.unique(key[rows], axis=0, return_inverse=True, return_counts=True)
-    kind = kind.ravel()
-    groups_of = np.zeros(len(count), dtype=np.int64)
-    np.bitwise_or.at(groups_of, kind, np.int64(1) << group[rows])
-    shared = (count == n_groups) & (groups_of == (1 << n_groups) - 1)  # once in each Group
-    merged = rows[shared[kind]]
-    first = merged[np.unique(kind[shared[kind]], return_index=True)[1]]
+        return rows[:0], everything
+    mine = [rows[group[rows] == g] for g in range(n_groups)]
+    if len(rows) == len(group) and all(len(m) == len(mine[0]) for m in mine) \
+            and all(np.array_equal(key[m], key[mine[0]]) for m in mine[1:]):
+        return mine[0], rows[:0]
+    order = rows[np.lexsort((group[rows], *key[rows].T[::-1]))]  # by key, then Group
+    k, g = key[order], group[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (k[1:] != k[:-1]).any(1)  # where a run of equal keys starts
+    starts = np.flatnonzero(new)
+    length = np.diff(np.append(starts, len(order)))
+    sets = starts[length == n_groups][:, None] + np.arange(n_groups)  # positions in `order` of each candidate
+    sets = sets[(g[sets] == np.arange(n_groups)).all(1)]  # once in each Group
     alone = np.ones(len(group), dtype=bool)
-    alone[merged] = False
-    return np.sort(first), np.flatnonzero(alone)
+    alone[order[sets.ravel()]] = False
+    return np.sort(order[sets[:, 0]]), everything[alone]  # each set's Group-0 row
 
 
 def engines_in_turn(engine: np.ndarray) -> np.ndarray:
