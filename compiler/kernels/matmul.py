@@ -375,17 +375,23 @@ def _cost(cg: EmitContext, t: Tiling, work: Work) -> float:
 
 def pareto(items: list, vector) -> list:
     """The items whose vectors no other item's is at most in every component (and below in one),
-    the first of equal vectors only, in their order. Pairwise in numpy: a product has thousands
-    of feasible tilings."""
+    the first of equal vectors only, in their order.
+
+    A product has thousands of feasible tilings, so not pairwise (an n x n table: 0.95 s for an
+    embedding's one-hot product): in lexicographic order, an item's dominators and equals all come
+    before it, so each item is checked against the front found so far only."""
     if not items:
         return []
     v = np.array([vector(x) for x in items], dtype=np.float64)
-    no_more = (v[None, :, :] <= v[:, None, :]).all(2)  # [i, j]: j is at most i everywhere
-    differs = (v[None, :, :] != v[:, None, :]).any(2)
-    dominated = (no_more & differs).any(1)
-    first = np.zeros(len(items), dtype=bool)
-    first[np.unique(v, axis=0, return_index=True)[1]] = True  # the first of each distinct vector
-    return [x for x, keep in zip(items, ~dominated & first) if keep]
+    order = np.lexsort((np.arange(len(v)), *v.T[::-1]))  # by the components in turn, then first come
+    front = np.empty((len(v), v.shape[1]))
+    kept: list[int] = []
+    for i in order.tolist():
+        if kept and (front[:len(kept)] <= v[i]).all(1).any():  # an earlier one is at most it everywhere
+            continue
+        front[len(kept)] = v[i]
+        kept.append(i)
+    return [items[i] for i in sorted(kept)]
 
 
 def _l2_per_group_used(t: Tiling, chain: Chain) -> int:
