@@ -57,12 +57,14 @@ def accesses(p: MachineParams, code: np.ndarray) -> tuple[np.ndarray, np.ndarray
     op = code[:, 0]
     writes = np.full((n, WRITE_FIELDS), -1, dtype=np.int64)
     reads = np.full((n, MAX_READS, READ_FIELDS), -1, dtype=np.int64)
-    half = DType.float16
-    per_word = p.elements_per_word(half)
-
     def words(first, last, dtype):
-        halves = dtype == half
-        return np.where(halves, first // per_word, first), np.where(halves, last // per_word, last)
+        """Element ranges of each row's dtype as word ranges."""
+        lo, hi = np.array(first, copy=True), np.array(last, copy=True)
+        for dt in np.unique(dtype).tolist():
+            if dt in (DType.float16, DType.float64):
+                mine = dtype == dt
+                lo[mine], hi[mine] = p.word_span(DType(dt), lo[mine], hi[mine])
+        return lo, hi
 
     rows = np.flatnonzero(op == Op.VOP)
     if len(rows):
@@ -104,7 +106,7 @@ def accesses(p: MachineParams, code: np.ndarray) -> tuple[np.ndarray, np.ndarray
     if len(rows):
         c = code[rows]
         for k, (name, base, n_rows, cols) in enumerate(matmul_operands(c, p.pes_per_mab)):
-            d = np.full(len(c), DType.float32) if name == "C" else c[:, isa.MM_DTYPE]  # C accumulates in float32
+            d = p.mm_acc[c[:, isa.MM_DTYPE]] if name == "C" else c[:, isa.MM_DTYPE]  # C: the mode's accumulator
             first = c[:, base + 1]
             lo, hi = words(first, first + (n_rows - 1) * c[:, base + 2] + cols - 1, d)
             access = np.stack([c[:, base], lo, hi, np.full(len(c), -1)], 1)

@@ -65,10 +65,12 @@ def i32_bits(x: int | float) -> int:
 
 def imm_bits(x: int | float | None, dtype: DType) -> int:
     """The address field of an immediate operand of `dtype` (see `isa.IMM`): int32 bits for an
-    int32 operand, float32 bits otherwise; None (an operand the op does not read) is 0. (Not
-    `x or 0`: that turns -0.0 into +0.0, and x / -0.0 into +inf.)"""
+    int32 operand, float64 bits for a float64 one, float32 bits otherwise; None (an operand the op
+    does not read) is 0. (Not `x or 0`: that turns -0.0 into +0.0, and x / -0.0 into +inf.)"""
     if x is None:
         x = 0
+    if dtype == DType.float64:
+        return int(np.array([float(x)], dtype=np.float64).view(np.int64)[0])
     return i32_bits(x) if dtype == DType.int32 else f32_bits(float(x))
 
 

@@ -44,11 +44,13 @@ def execute(p: MachineParams, memories: list[np.ndarray], code: np.ndarray, hand
     `replicas` are those of `memories` the caller keeps between runs; without, the run leaves
     every word written out."""
     mems = tuple(memories)
-    views = {}  # the memories as float32, half words and int32, made on first use
+    views = {}  # the memories as float32, half words, int32 and float64, made on first use
 
-    def view(dtype: type) -> list[np.ndarray]:
+    def view(dtype: type) -> list[np.ndarray | None]:
+        """The memories as `dtype` (a memory of an odd number of words has no float64 view)."""
         if dtype not in views:
-            views[dtype] = [m.view(dtype) for m in mems]
+            wide = max(1, np.dtype(dtype).itemsize // mems[0].itemsize)
+            views[dtype] = [m.view(dtype) if m.shape[1] % wide == 0 else None for m in mems]
         return views[dtype]
 
     n_pe = int(p.mem_instances[p.pe_memories[0]])
@@ -92,7 +94,7 @@ def _dispatch(p: MachineParams, memories: list[np.ndarray], row: np.ndarray, op:
               view: Callable[[type], list[np.ndarray]], n_pe: int, wpl: int) -> None:
     """Run one instruction that neither moves nor knows of replicas."""
     if op == Op.VOP:
-        run_vop(row, view(np.float32), view(np.uint16), view(np.int32), n_pe, p.fmt)
+        run_vop(row, view(np.float32), view(np.uint16), view(np.int32), lambda: view(np.float64), n_pe, p.fmt)
     elif op == Op.MV:
         mv_reduce(row, memories, p.mem_instances, p.mem_lw_addressed, p.n_groups, p.fmt)
     elif op == Op.XFER:

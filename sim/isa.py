@@ -6,8 +6,9 @@ steps (a vector op over an address range, a transfer of n long words in one mode
 product over tiles), so simulation cost grows with instructions, not with PEs or cycles.
 
 Units of addresses: long words (LW) for LW-addressed memories (DRAM, PDM, L2BM, L1BM), words for
-word-addressed ones (LM0, LM1, GRF0, GRF1) as in the hardware; VOP operands count elements of
-their dtype (word for float32 and int32, half word for float16). Instance fields are global instance
+word-addressed ones (LM0, LM1, GRF0, GRF1) as in the hardware; VOP and MATMUL operands count
+elements of their dtype (word for float32 and int32, half word for float16, two words for float64,
+the first at an even word). Instance fields are global instance
 indices of the memory's level; -1 means "in every Group at once" (with the local index within
 the Group in the matching *_local field).
 
@@ -51,10 +52,11 @@ FIELDS = 24
 # the PE-stream instruction before it (one VLIW word; see "the issue model" below).
 F_WITH_PREVIOUS = FIELDS - 1
 ALL_GROUPS = -1  # an instance field meaning: the same transfer in every Group at once
-# A VOP operand memory meaning: an immediate, its 32 bits in the address field, in the operand's
-# dtype: int32 bits (two's complement) for an int32 operand, float32 bits for every other (a half
-# operand's immediate is a float32, encoded to half where used). The operand's dtype is the VOP's,
-# except for operand a of a cvt, which has the source dtype.
+# A VOP operand memory meaning: an immediate, its bits in the address field, in the operand's
+# dtype: int32 bits (two's complement) for an int32 operand, the 64 bits of a float64 for a
+# float64 one, float32 bits for every other (a half operand's immediate is a float32, encoded to
+# half where used). The operand's dtype is the VOP's, except for operand a of a cvt, which has
+# the source dtype.
 IMM = -1
 
 
@@ -97,6 +99,7 @@ class DType(IntEnum):
     float16 = 1  # MN-Core half, 1-6-9
     int32 = 2
     pfloat32 = 3  # pseudo-single: float32 words whose low mantissa bits the MAU ignores; MATMUL operands only
+    float64 = 4  # IEEE double (MN-Core 2's 1-11-52): two words, the low half first; VOP and MATMUL operands
 
 
 class Scope(IntEnum):

@@ -71,12 +71,15 @@ def matmul(p: MachineParams, memories: list[np.ndarray], row: np.ndarray, replic
     how = form(m, k, n, pes)
     share = _sharing(p, row, shapes, replicas, dtype, how) if replicas else {}
 
+    wide = np.float64 if DType(int(p.mm_acc[dtype])) == DType.float64 else np.float32  # C's (and float64's) type
+
     def operand(mem_f: int) -> tuple[np.ndarray, int, int]:
-        """(the PE rows as float32 [PE, words], address, row pitch) of an operand: the memory itself
-        for float32 words, a decoded copy [PE, rows x columns] for halves and pseudo-singles."""
+        """(the PE rows as [PE, elements], address, row pitch) of an operand: the memory itself
+        for float32 and float64 elements (and C), a decoded copy [PE, rows x columns] for halves
+        and pseudo-singles."""
         mem, addr, pitch = memories[int(row[mem_f])], int(row[mem_f + 1]), int(row[mem_f + 2])
-        if mem_f == isa.MM_C_MEM or dtype == DType.float32:
-            return mem.view(np.float32), addr, pitch
+        if mem_f == isa.MM_C_MEM or dtype in (DType.float32, DType.float64):
+            return mem.view(wide), addr, pitch
         rows, cols = shapes[mem_f]
         view = mem.view(np.uint16) if dtype == DType.float16 else mem.view(np.float32)
         words = as_strided(view.reshape(-1)[addr:], shape=(view.shape[0], rows, cols),
@@ -106,7 +109,7 @@ def matmul(p: MachineParams, memories: list[np.ndarray], row: np.ndarray, replic
     def units(first: int, last: int) -> None:
         if how == LOOP:
             _products(*a, a_share, *b, b_share, trans, *c, pes, m, kp, n, accumulate, every, first * every,
-                      last * every)
+                      last * every, np.zeros(m * n, wide), np.zeros(kp * n, b[0].dtype))
         else:
             _blas(*blocks, accumulate, how == IN_PLACE, first, last)
 
@@ -123,9 +126,10 @@ def _sharing(p: MachineParams, row: np.ndarray, shapes: dict, replicas: Replicas
     operand beside an own one (BLAS reads replicas only when both operands are)."""
     words = {}
     for f, (rows, cols) in shapes.items():
-        per_word = 1 if f == isa.MM_C_MEM else p.elements_per_word(dtype)
         addr, pitch = int(row[f + 1]), int(row[f + 2])
-        words[f] = (int(row[f]), addr // per_word, (addr + (rows - 1) * pitch + cols - 1) // per_word + 1)
+        first, last = p.word_span(DType(int(p.mm_acc[dtype])) if f == isa.MM_C_MEM else dtype, addr,
+                                  addr + (rows - 1) * pitch + cols - 1)
+        words[f] = (int(row[f]), first, last + 1)
     replicas.materialize(*words[isa.MM_C_MEM])
     share = {}
     for f in (isa.MM_A_MEM, isa.MM_B_MEM):
@@ -177,17 +181,16 @@ def _blas(a: np.ndarray, b: np.ndarray, c: np.ndarray, accumulate: bool, in_plac
 
 @njit(cache=True, nogil=True)
 def _products(a, a0, ap, a_share, b, b0, bp, b_share, trans, c, c0, cp, pes, m, kp, n, accumulate, every, first,
-              last):
-    """MABs [first, last): each MAB's M x N tile summed over its PEs' K-slices, in float32, then
-    written (or added) into each PE's columns of C. a, b and c are the PE rows [PE, words] with
-    each operand's address and row pitch; B is N x K/PE when `trans`, and then each PE's slice is
-    first turned K x N. An operand replicated over `share` MABs is read from the first of them;
-    a tile is computed on every `every`-th MAB and serves the ones up to the next. The innermost
-    loop runs along N, unit stride in the tile and the slice, so it vectorises (a dot product
-    along K per element measured slower: a chain of dependent adds)."""
+              last, tile, slice_):
+    """MABs [first, last): each MAB's M x N tile (`tile`, in C's type: float32, or float64 for a
+    float64 product) summed over its PEs' K-slices, then written (or added) into each PE's columns
+    of C. a, b and c are the PE rows [PE, elements] with each operand's address and row pitch; B
+    is N x K/PE when `trans`, and then each PE's slice is first turned K x N (into `slice_`). An
+    operand replicated over `share` MABs is read from the first of them; the tile is computed on
+    every `every`-th MAB and serves the ones up to the next. The innermost loop runs along N, unit
+    stride in the tile and the slice, so it vectorises (a dot product along K per element measured
+    slower: a chain of dependent adds)."""
     npe = n // pes
-    tile = np.zeros(m * n, dtype=np.float32)
-    slice_ = np.zeros(kp * n, dtype=np.float32)  # a transposed B's K-slice, turned K x N
     for mab in range(first, last):
         if mab % every == 0:
             tile[:] = 0

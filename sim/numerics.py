@@ -17,6 +17,11 @@ How mnsim deviates from the hardware, exactly:
   its vectorised loop, which it takes from 16 elements on, answers +0.0.
   Functions torch computes from a decomposition (gelu, for one) give that decomposition's
   signed zero: gelu(-0.0) is -0.0, where torch's CPU kernel returns +0.0.
+* float64 (the VOPs of units with a float64 vector mode in the YAML: the MAU's on MN-Core 2,
+  not the ALU's; cvt to and from float32; MATMUL, accumulating in float64) is IEEE double with
+  round-to-nearest, special values as for float32. `apply` computes every float op in the
+  operands' type, so the element functions are to float64 accuracy there (libm; torch's own
+  float64 kernels may differ in the last bit, its sqrt on this machine's CPU too).
 * A NaN encoded to half becomes +inf (the format has no NaN).
 * exp, expm1, log, log1p, sin, cos, tanh, sigmoid, erf, reciprocal, rsqrt, sqrt, pow, floor_div
   and rem are computed to float32 accuracy (floor_div and rem exactly as torch computes them);
@@ -200,50 +205,47 @@ def _codec(e_bits: int, m_bits: int) -> HalfCodec:
     return HalfCodec(e_bits, m_bits)
 
 
-_EXP_OVERFLOW = math.log(float(np.finfo(np.float32).max))  # exp beyond this is inf in float32
-
-
 @njit(cache=True)
 def _erf(x: float) -> float:
     return math.erf(x)
 
 
 @njit(cache=True)
-def _ieee_div(a: np.float32, b: np.float32) -> np.float32:
+def _ieee_div(a, b, T):
     """a / b with IEEE results for a zero divisor (numba would raise): +-inf, or NaN for 0 / 0."""
     if b != 0:
-        return np.float32(a / b)
+        return T(a / b)
     if a != a or a == 0:
-        return np.float32(np.nan)
-    return np.float32(np.copysign(np.inf, a) * np.copysign(1.0, b))
+        return T(np.nan)
+    return T(np.copysign(np.inf, a) * np.copysign(1.0, b))
 
 
 @njit(cache=True)
-def _floor_div(a: np.float32, b: np.float32) -> np.float32:
-    """floor(a / b) step for step as torch's div_floor_floating, in float32: the quotient of
+def _floor_div(a, b, T):
+    """floor(a / b) step for step as torch's div_floor_floating, in `T`: the quotient of
     a - fmod(a, b), corrected to the floor, so that it agrees with torch.remainder."""
     if b == 0:
-        return _ieee_div(a, b)
-    mod = np.float32(np.fmod(a, b))
-    div = np.float32(np.float32(a - mod) / b)
+        return _ieee_div(a, b, T)
+    mod = T(np.fmod(a, b))
+    div = T(T(a - mod) / b)
     if mod != 0 and (b < 0) != (mod < 0):
-        div = np.float32(div - np.float32(1.0))
+        div = T(div - T(1.0))
     if div == 0:
-        return np.float32(np.copysign(0.0, np.float32(a / b)))
-    q = np.float32(np.floor(div))
-    if np.float32(div - q) > np.float32(0.5):
-        q = np.float32(q + np.float32(1.0))
+        return T(np.copysign(0.0, T(a / b)))
+    q = T(np.floor(div))
+    if T(div - q) > T(0.5):
+        q = T(q + T(1.0))
     return q
 
 
 @njit(cache=True)
-def _rem(a: np.float32, b: np.float32) -> np.float32:
+def _rem(a, b, T):
     """a mod b with the sign of b, as torch.remainder: fmod, moved by b when the signs differ."""
     if b == 0:
-        return np.float32(np.nan)
-    mod = np.float32(np.fmod(a, b))
+        return T(np.nan)
+    mod = T(np.fmod(a, b))
     if mod != 0 and (b < 0) != (mod < 0):
-        mod = np.float32(mod + b)
+        mod = T(mod + b)
     return mod
 
 
@@ -261,109 +263,110 @@ def nan_min(a, b):
 
 
 @njit(cache=True)
-def _truth(x: bool) -> np.float32:
-    return np.float32(1.0) if x else np.float32(0.0)
+def _truth(x: bool, T):
+    return T(1.0) if x else T(0.0)
 
 
 @njit(cache=True)
-def apply(op: int, a: np.float32, b: np.float32, c: np.float32) -> np.float32:
-    """One element of a VOP, in float32 (half operands are decoded before and encoded after)."""
+def apply(op: int, a, b, c, T):
+    """One element of a VOP in the float type `T` (np.float32, or np.float64 for float64 operands;
+    half operands are decoded to float32 before and encoded after): every result is rounded to T."""
     if op == VOp.copy or op == VOp.cvt:
         return a
     if op == VOp.add:
-        return np.float32(a + b)
+        return T(a + b)
     if op == VOp.sub:
-        return np.float32(a - b)
+        return T(a - b)
     if op == VOp.mul:
-        return np.float32(a * b)
+        return T(a * b)
     if op == VOp.div:
-        return _ieee_div(a, b)
+        return _ieee_div(a, b, T)
     if op == VOp.fma:
-        return np.float32(np.float32(a * b) + c)
+        return T(T(a * b) + c)
     if op == VOp.neg:
-        return np.float32(-a)
+        return T(-a)
     if op == VOp.max:
         return nan_max(a, b)
     if op == VOp.min:
         return nan_min(a, b)
     if op == VOp.relu:
-        return np.float32(0.0) if a < 0 else a  # keeps NaN and -0.0, as torch.relu
+        return T(0.0) if a < 0 else a  # keeps NaN and -0.0, as torch.relu
     if op == VOp.abs:
-        return np.float32(abs(a))
+        return T(abs(a))
     if op == VOp.cmp_lt:
-        return np.float32(1.0) if a < b else np.float32(0.0)
+        return T(1.0) if a < b else T(0.0)
     if op == VOp.cmp_le:
-        return np.float32(1.0) if a <= b else np.float32(0.0)
+        return T(1.0) if a <= b else T(0.0)
     if op == VOp.cmp_gt:
-        return np.float32(1.0) if a > b else np.float32(0.0)
+        return T(1.0) if a > b else T(0.0)
     if op == VOp.cmp_ge:
-        return np.float32(1.0) if a >= b else np.float32(0.0)
+        return T(1.0) if a >= b else T(0.0)
     if op == VOp.cmp_eq:
-        return np.float32(1.0) if a == b else np.float32(0.0)
+        return T(1.0) if a == b else T(0.0)
     if op == VOp.cmp_ne:
-        return np.float32(1.0) if a != b else np.float32(0.0)
+        return T(1.0) if a != b else T(0.0)
     if op == VOp.select:
         return b if a != 0 else c
     if op == VOp.floor:
-        return np.float32(np.floor(a))  # not math.floor: an int64 in numba, wrong beyond 2^63 and for inf
+        return T(np.floor(a))  # not math.floor: an int64 in numba, wrong beyond 2^63 and for inf
     if op == VOp.reciprocal:
-        return np.float32(1.0) / a if a != 0 else np.float32(np.copysign(np.inf, a))
+        return T(1.0) / a if a != 0 else T(np.copysign(np.inf, a))
     if op == VOp.rsqrt:
         if a == 0:
-            return np.float32(np.copysign(np.inf, a))  # rsqrt(-0.0) is -inf, as 1 / sqrt(-0.0)
-        return np.float32(1.0 / math.sqrt(a)) if a > 0 else np.float32(np.nan)
+            return T(np.copysign(np.inf, a))  # rsqrt(-0.0) is -inf, as 1 / sqrt(-0.0)
+        return T(1.0 / math.sqrt(a)) if a > 0 else T(np.nan)
     if op == VOp.sqrt:
-        return np.float32(math.sqrt(a)) if a >= 0 else np.float32(np.nan)
+        return T(math.sqrt(a)) if a >= 0 else T(np.nan)
     if op == VOp.exp:
-        return np.float32(np.inf) if a >= _EXP_OVERFLOW else np.float32(math.exp(float(a)))  # NaN stays NaN
+        return T(math.exp(float(a)))  # NaN stays NaN; beyond the type's range inf
     if op == VOp.log:
-        return np.float32(math.log(a)) if a > 0 else (np.float32(-np.inf) if a == 0 else np.float32(np.nan))
+        return T(math.log(a)) if a > 0 else (T(-np.inf) if a == 0 else T(np.nan))
     if op == VOp.tanh:
-        return np.float32(math.tanh(a))
+        return T(math.tanh(a))
     if op == VOp.sigmoid:
         if a >= 0:
-            return np.float32(1.0 / (1.0 + math.exp(-a)))
+            return T(1.0 / (1.0 + math.exp(-a)))
         z = math.exp(a)
-        return np.float32(z / (1.0 + z))
+        return T(z / (1.0 + z))
     if op == VOp.erf:
-        return np.float32(_erf(float(a)))
+        return T(_erf(float(a)))
     if op == VOp.pow:
-        return np.float32(float(a) ** float(b)) if (a > 0 or b == math.floor(b)) else np.float32(np.nan)
-    return _apply_more(op, a, b, c)
+        return T(float(a) ** float(b)) if (a > 0 or b == math.floor(b)) else T(np.nan)
+    return _apply_more(op, a, b, c, T)
 
 
 @njit(cache=True)
-def _apply_more(op: int, a: np.float32, b: np.float32, c: np.float32) -> np.float32:
+def _apply_more(op: int, a, b, c, T):
     """The float ops added after the first set (VOp 29 on), kept apart so `apply` stays short."""
     if op == VOp.sin:
-        return np.float32(math.sin(float(a))) if abs(a) < np.inf else np.float32(np.nan)
+        return T(math.sin(float(a))) if abs(a) < np.inf else T(np.nan)
     if op == VOp.cos:
-        return np.float32(math.cos(float(a))) if abs(a) < np.inf else np.float32(np.nan)
+        return T(math.cos(float(a))) if abs(a) < np.inf else T(np.nan)
     if op == VOp.log1p:
         if a > -1:
-            return np.float32(math.log1p(float(a)))
-        return np.float32(-np.inf) if a == -1 else np.float32(np.nan)
+            return T(math.log1p(float(a)))
+        return T(-np.inf) if a == -1 else T(np.nan)
     if op == VOp.expm1:
-        return np.float32(np.inf) if a >= _EXP_OVERFLOW else np.float32(math.expm1(float(a)))
+        return T(math.expm1(float(a)))
     if op == VOp.ceil:
-        return np.float32(np.ceil(a))
+        return T(np.ceil(a))
     if op == VOp.trunc:
-        return np.float32(np.trunc(a))
+        return T(np.trunc(a))
     if op == VOp.round:
-        return np.float32(np.rint(a))  # half to even
+        return T(np.rint(a))  # half to even
     if op == VOp.sign:
-        return np.float32(1.0) if a > 0 else (np.float32(-1.0) if a < 0 else np.float32(0.0))
+        return T(1.0) if a > 0 else (T(-1.0) if a < 0 else T(0.0))
     if op == VOp.floor_div:
-        return _floor_div(a, b)
+        return _floor_div(a, b, T)
     if op == VOp.rem:
-        return _rem(a, b)
+        return _rem(a, b, T)
     if op == VOp.and_:
-        return _truth(a != 0 and b != 0)
+        return _truth(a != 0 and b != 0, T)
     if op == VOp.or_:
-        return _truth(a != 0 or b != 0)
+        return _truth(a != 0 or b != 0, T)
     if op == VOp.xor:
-        return _truth((a != 0) != (b != 0))
-    return np.float32(np.nan)
+        return _truth((a != 0) != (b != 0), T)
+    return T(np.nan)
 
 
 @njit(cache=True)

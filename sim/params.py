@@ -25,7 +25,9 @@ WORD_MASK = (1 << WORD_BITS) - 1
 # `fmt`, passed to the kernels, holds the numbers from the YAML that data patterns depend on.
 FMT_WPL, FMT_HALF_E, FMT_HALF_M = 0, 1, 2  # words per long word, half exponent and mantissa bits
 ENGINES = ("data_engine", "pe_stream", "host_link")
-DTYPE_FORMAT = {DType.float32: "float32", DType.float16: "float16", DType.int32: "int32", DType.pfloat32: "pfloat32"}
+DTYPE_FORMAT = {DType.float32: "float32", DType.float16: "float16", DType.int32: "int32", DType.pfloat32: "pfloat32",
+                DType.float64: "float64"}
+_ACC_DTYPE = {"float32": DType.float32, "float64": DType.float64}  # a matrix mode's `acc` as C's DType
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,6 +63,7 @@ class MachineParams:
     mm_rows: np.ndarray  # [DType] MAU matrix rows (0 = dtype not offered)
     mm_cols: np.ndarray
     mm_load_rows: np.ndarray
+    mm_acc: np.ndarray  # [DType] the DType of a MATMUL's C: its matrix mode's `acc` (float32; float64 for float64)
     mab_level: int  # level of the MAU
     pes_per_mab: int
     # engines
@@ -85,7 +88,22 @@ class MachineParams:
     mm_slot: int = -1
 
     def elements_per_word(self, dtype: DType) -> int:
+        """Elements of `dtype` in one word (2 for half); a float64 element spans two words, so
+        for it this is 0: word ranges of element ranges come from `word_span`."""
         return WORD_BITS // self.hw.formats[DTYPE_FORMAT[dtype]].bits
+
+    def words_per_element(self, dtype: DType) -> int:
+        """Words one element of `dtype` fills (2 for float64; 1 for the formats a word holds)."""
+        return max(1, self.hw.formats[DTYPE_FORMAT[dtype]].bits // WORD_BITS)
+
+    def word_span(self, dtype: DType, first, last):
+        """The first and last word that elements first..last of `dtype` occupy (numbers or numpy
+        arrays of element indices)."""
+        wide = self.words_per_element(dtype)
+        if wide > 1:
+            return first * wide, last * wide + wide - 1
+        per = self.elements_per_word(dtype)
+        return first // per, last // per
 
     @staticmethod
     def from_hw(hw: HwDesc) -> "MachineParams":
@@ -150,12 +168,14 @@ def _from_hw(hw: HwDesc) -> MachineParams:
     mm_rows = np.zeros(len(DType), dtype=np.int64)
     mm_cols = np.zeros(len(DType), dtype=np.int64)
     mm_load = np.ones(len(DType), dtype=np.int64)
+    mm_acc = np.full(len(DType), int(DType.float32), dtype=np.int64)
     mab_level = levels.index(mau.level) if mau else len(levels) - 1
     if mau:
         for dt in DType:
             m = mau.matrix.get(DTYPE_FORMAT[dt])
             if m is not None:
                 mm_rows[dt], mm_cols[dt], mm_load[dt] = m.rows, m.cols, m.load_rows_per_cycle
+                mm_acc[dt] = _ACC_DTYPE.get(m.acc, DType.float32)
     host_in = hw.transfer("host", hw.host_link.memory)
     host_out = hw.transfer(hw.host_link.memory, "host")
     host_mem = mem_id[hw.host_link.memory]
@@ -172,7 +192,7 @@ def _from_hw(hw: HwDesc) -> MachineParams:
         mode_offered=offered, mode_src_rate=src_rate, mode_dst_rate=dst_rate, mode_cross_rate=cross,
         mode_unit=unit, mode_chunk=chunk, step_cycles=hw.step_cycles,
         vop_dtype_issues=vop_dtype_issues, vop_lanes=vop_lanes,
-        mm_rows=mm_rows, mm_cols=mm_cols, mm_load_rows=mm_load, mab_level=mab_level,
+        mm_rows=mm_rows, mm_cols=mm_cols, mm_load_rows=mm_load, mm_acc=mm_acc, mab_level=mab_level,
         pes_per_mab=hw.fanout(mau.level, hw.leaf_level) if mau else 1,
         queue_depth=hw.data_engine.queue_depth, tags=hw.data_engine.tags,
         host_path_in=path_names.index(host_in[0]) if host_in else -1,

@@ -70,12 +70,21 @@ class _Checker:
             raise self.fail(i, f"path {self.p.path_names[p]} does not offer mode {mode.name}; it offers {', '.join(offered)}")
         return p
 
-    def storage_dtype(self, i: int, value: int) -> DType:
-        """The dtype of a transfer (what a reducing one adds): one that memories hold."""
+    def storage_dtype(self, i: int, value: int, per_element: bool) -> DType:
+        """The dtype of a transfer (what a reducing one adds, what a transposing one moves between
+        PEs, `per_element`): one that memories hold, and not float64 for those (not modelled)."""
         dtype = self.enum(i, DType, value, "dtype")
         if dtype == DType.pfloat32:
             raise self.fail(i, "pfloat32 (pseudo-single) exists only as MATMUL operands; memories hold float32")
+        if dtype == DType.float64 and per_element:
+            raise self.fail(i, "float64 elements are not reduced or transposed by transfers in mnsim (a transfer "
+                               "of other modes moves their words whatever the dtype)")
         return dtype
+
+    def elements(self, m: int, dtype: DType) -> int:
+        """How many elements of `dtype` memory m holds per instance."""
+        per_word = self.p.elements_per_word(dtype)
+        return int(self.p.mem_words[m]) * per_word if per_word else int(self.p.mem_words[m]) // self.p.words_per_element(dtype)
 
     def tag(self, i: int, tag: int) -> None:
         if not 1 <= tag <= self.p.tags:
@@ -107,7 +116,7 @@ class _Checker:
             raise self.fail(i, f"path {self.p.path_names[p]} is not driven by the Data Engine; use XFER or HOST_DMA")
         scope = self.enum(i, Scope, row[isa.MV_SCOPE], "scope")
         self.enum(i, Red, row[isa.MV_RED], "reduction")
-        self.storage_dtype(i, row[isa.MV_DTYPE])
+        self.storage_dtype(i, row[isa.MV_DTYPE], row[isa.MV_MODE] == Mode.reduce)
         si, di = int(row[isa.MV_SRC_INST]), int(row[isa.MV_DST_INST])
         self.instance(i, sm, si, int(row[isa.MV_SRC_LOCAL]), "source")
         self.instance(i, dm, di, int(row[isa.MV_DST_LOCAL]), "destination")
@@ -166,7 +175,7 @@ class _Checker:
         if self.p.path_engine[p] != 1:
             raise self.fail(i, f"path {self.p.path_names[p]} is not driven by the PE stream; use MV")
         self.enum(i, Red, row[isa.X_RED], "reduction")
-        dtype = self.storage_dtype(i, row[isa.X_DTYPE])
+        dtype = self.storage_dtype(i, row[isa.X_DTYPE], mode in (Mode.reduce, Mode.transpose))
         if mode == Mode.reduce and row[isa.X_RED] == Red.none:
             raise self.fail(i, "a reduce XFER needs a reduction op (add, max, min)")
         n = int(row[isa.X_N])
@@ -225,9 +234,8 @@ class _Checker:
             if so < 0 or si < 0:
                 raise self.fail(i, "VOP strides must not be negative")
             dt = src_dtype if k == 1 else dtype
-            per_word = self.p.elements_per_word(dt)
             last = addr + (no - 1) * so + (ni - 1) * si
-            cap = int(self.p.mem_words[m]) * per_word
+            cap = self.elements(m, dt)
             if addr < 0 or last >= cap:
                 raise self.fail(i, f"operand {'dst a b c'.split()[k]} elements {addr}..{last} are outside "
                                    f"{self.p.memory_names[m]} (0..{cap - 1} {dt.name} elements)")
@@ -267,6 +275,9 @@ class _Checker:
             if dt == DType.int32 and op not in isa.INT32_OPS:
                 ops = ", ".join(isa.OP_NAME[o] for o in sorted(isa.INT32_OPS))
                 raise self.fail(i, f"PE op {name} is not defined on int32; the int32 ops are {ops}")
+        if DType.float64 in (src_dtype, dtype) and src_dtype != dtype and DType.float32 not in (src_dtype, dtype):
+            raise self.fail(i, f"cvt between {src_dtype.name} and {dtype.name} is not modelled: float64 converts to "
+                               "and from float32 (convert through it)")
 
     def _matmul(self, i, row):
         dtype = self.enum(i, DType, row[isa.MM_DTYPE], "dtype")
@@ -277,10 +288,10 @@ class _Checker:
         if m <= 0 or k <= 0 or n <= 0 or k % pes or n % pes:
             raise self.fail(i, f"M, K, N must be positive and K, N multiples of the {pes} PEs of a MAB (K is split "
                                f"over them in A and B, N in C)")
-        per_word = self.p.elements_per_word(dtype)
-        shapes = [(name, base, int(rows), int(cols), 1 if name == "C" else per_word)  # C is float32
+        acc = DType(int(self.p.mm_acc[dtype]))  # C's dtype: the matrix mode's accumulator (float32, float64)
+        shapes = [(name, base, int(rows), int(cols), acc if name == "C" else dtype)
                   for name, base, rows, cols in matmul_operands(row, pes)]
-        for name, base, rows, cols, pw in shapes:
+        for name, base, rows, cols, dt in shapes:
             mem = self.memory(i, int(row[base]), name)
             if mem not in self.p.pe_memories:
                 raise self.fail(i, f"MATMUL operand {name} must be in a PE memory, not {self.p.memory_names[mem]}")
@@ -288,7 +299,7 @@ class _Checker:
             if pitch < cols and rows > 1:
                 raise self.fail(i, f"operand {name}: row pitch {pitch} is smaller than a row ({cols} elements)")
             last = addr + (rows - 1) * pitch + cols - 1
-            cap = int(self.p.mem_words[mem]) * pw
+            cap = self.elements(mem, dt)
             if addr < 0 or last >= cap:
                 raise self.fail(i, f"operand {name} elements {addr}..{last} are outside {self.p.memory_names[mem]} (0..{cap - 1})")
         read = ("A", "B", "C") if row[isa.MM_FLAGS] & isa.MM_ACCUMULATE else ("A", "B")

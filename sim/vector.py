@@ -10,6 +10,8 @@ of them, about 40 s, before the first result).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from numba import njit
 
@@ -46,13 +48,14 @@ def _fast(op, zero, a, b, c):
     return a  # copy (and cvt between int32 words)
 
 
-def _make_loop(op: VOp, arity: int, is_int: bool = False):
-    """The element loop of one op: operands beyond the op's arity are not read, so unit-stride
-    loops vectorise. Its closure holds only numbers: numba keys its disk cache by a hash of the
-    pickled closure, and a closure over a jitted function pickles differently in every process,
-    so such loops were compiled again each time (0.6 s each). Each loop is named after its op."""
+def _make_loop(op: VOp, arity: int, element: type = np.float32):
+    """The element loop of one op on `element`s (np.float32, np.int32, np.float64): operands
+    beyond the op's arity are not read, so unit-stride loops vectorise. Its closure holds only
+    numbers: numba keys its disk cache by a hash of the pickled closure, and a closure over a
+    jitted function pickles differently in every process, so such loops were compiled again each
+    time (0.6 s each). Each loop is named after its op and element."""
     op_code = int(op)
-    zero = np.int32(0) if is_int else np.float32(0.0)  # stands in for the operands not read
+    zero = element(0)  # stands in for the operands not read
 
     def loop(n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi):
         unit = dsi == 1 and asi == 1 and (arity < 2 or bsi == 1) and (arity < 3 or csi == 1)
@@ -70,24 +73,36 @@ def _make_loop(op: VOp, arity: int, is_int: bool = False):
                         z = c[pe, at(cc + j * csi)] if arity >= 3 else zero
                         d[pe, at(dd + j * dsi)] = _fast(op_code, zero, a[pe, at(aa + j * asi)], y, z)
 
-    loop.__name__ = loop.__qualname__ = f"loop_{op.name}_{'int32' if is_int else 'float32'}"
+    loop.__name__ = loop.__qualname__ = f"loop_{op.name}_{np.dtype(element).name}"
     return njit(cache=True)(loop)
 
 
 _ARITY = {VOp.copy: 1, VOp.add: 2, VOp.sub: 2, VOp.mul: 2, VOp.fma: 3, VOp.max: 2, VOp.relu: 1}
 _F32_LOOPS = {op: _make_loop(op, arity) for op, arity in _ARITY.items()}
-_I32_LOOPS = {op: _make_loop(op, _ARITY[op], is_int=True) for op in (VOp.copy, VOp.add, VOp.sub)}
+_F64_LOOPS = {op: _make_loop(op, arity, np.float64) for op, arity in _ARITY.items()}
+_I32_LOOPS = {op: _make_loop(op, _ARITY[op], np.int32) for op in (VOp.copy, VOp.add, VOp.sub)}
 _I32_LOOPS[VOp.cvt] = _I32_LOOPS[VOp.copy]  # cvt int32 -> int32 copies the words
 
 
 @njit(cache=True)
-def _loop_any(op, n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi):
+def _loop_any(op, n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi, T):
+    """Any float op, element by element through `numerics.apply`, in the float type T of the arrays."""
     for pe in range(n_pe):
         for i in range(n_outer):
             dd, aa, bb, cc = d0 + i * dso, a0 + i * aso, b0 + i * bso, c0 + i * cso
             for j in range(n_inner):
                 d[pe, at(dd + j * dsi)] = apply(op, a[pe, at(aa + j * asi)], b[pe, at(bb + j * bsi)],
-                                              c[pe, at(cc + j * csi)])
+                                              c[pe, at(cc + j * csi)], T)
+
+
+@njit(cache=True)
+def _cvt_float(n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, T):
+    """cvt between float32 and float64: each element rounded to the destination's type T (to
+    nearest even; float64 -> float32 overflows to +-inf, as torch's .float())."""
+    for pe in range(n_pe):
+        for i in range(n_outer):
+            for j in range(n_inner):
+                d[pe, at(d0 + i * dso + j * dsi)] = T(a[pe, at(a0 + i * aso + j * asi)])
 
 
 @njit(cache=True)
@@ -141,7 +156,7 @@ def _vop_half(op, n_pe, n_outer, n_inner, dst_half, src_half, d16, d32, d0, dso,
                     x = a32[pe, a0 + i * aso + j * asi]
                 y = bi if b_imm else half_to_f32(b16[pe, b0 + i * bso + j * bsi], he, hm)
                 z = ci if c_imm else half_to_f32(c16[pe, c0 + i * cso + j * csi], he, hm)
-                r = apply(op, x, y, z)
+                r = apply(op, x, y, z, np.float32)
                 idx = d0 + i * dso + j * dsi
                 if dst_half:
                     d16[pe, idx] = half_from_f32_bits(np.array([r], dtype=np.float32).view(np.uint32)[0], he, hm)
@@ -157,7 +172,8 @@ def _operand(views: list[np.ndarray], field: int, row: np.ndarray, n_pe: int, dt
     read at stride 0, so the loops do not branch on it (its bits are the operand's dtype)."""
     m, addr, so, si = (int(x) for x in row[field:field + FIELDS])
     if m == IMM:
-        return np.full((n_pe, 1), np.uint32(addr & 0xFFFFFFFF)).view(dtype), 0, 0, 0
+        bits = np.int64(addr) if np.dtype(dtype).itemsize == 8 else np.uint32(addr & 0xFFFFFFFF)
+        return np.full((n_pe, 1), bits).view(dtype), 0, 0, 0
     return views[m], addr, so, si
 
 
@@ -174,17 +190,19 @@ def _read_only_used(row: np.ndarray, op: int) -> np.ndarray:
     return row
 
 
-def run_vop(row: np.ndarray, f32: list[np.ndarray], u16: list[np.ndarray], i32: list[np.ndarray], n_pe: int,
-            fmt: np.ndarray) -> None:
+def run_vop(row: np.ndarray, f32: list[np.ndarray], u16: list[np.ndarray], i32: list[np.ndarray],
+            f64: Callable[[], list[np.ndarray | None]], n_pe: int, fmt: np.ndarray) -> None:
     """One VOP on every PE. `f32`, `u16` and `i32` are the memories viewed as float32, half words
-    and int32."""
+    and int32; `f64()` gives them as float64 (the PE memories; made on first use)."""
     row = _read_only_used(row, int(row[isa.V_OP]))
     op, dtype = int(row[isa.V_OP]), int(row[isa.V_DTYPE])
     src_dtype = int(row[isa.V_SRC_DTYPE]) if op == VOp.cvt else dtype
     shape = (n_pe, int(row[isa.V_N_OUTER]), int(row[isa.V_N_INNER]))
     dm, d0, dso, dsi = (int(x) for x in row[isa.V_DST:isa.V_DST + FIELDS])
     he, hm = int(fmt[FMT_HALF_E]), int(fmt[FMT_HALF_M])
-    if dtype == DType.int32 and src_dtype == DType.int32:
+    if DType.float64 in (dtype, src_dtype):
+        _run_f64(row, op, dtype, src_dtype, shape, f32, f64(), n_pe)
+    elif dtype == DType.int32 and src_dtype == DType.int32:
         a, b, c = (_operand(i32, f, row, n_pe, np.int32) for f in (isa.V_A, isa.V_B, isa.V_C))
         dst = (i32[dm], d0, dso, dsi)
         if op in _I32_LOOPS:
@@ -204,7 +222,7 @@ def run_vop(row: np.ndarray, f32: list[np.ndarray], u16: list[np.ndarray], i32: 
         if op in _F32_LOOPS:
             _F32_LOOPS[op](*shape, *dst, *a, *b, *c)
         else:
-            _loop_any(op, *shape, *dst, *a, *b, *c)
+            _loop_any(op, *shape, *dst, *a, *b, *c, np.float32)
     else:
         (am, a0, aso, asi), (bm, b0, bso, bsi), (cm, c0, cso, csi) = (
             (int(x) for x in row[f:f + FIELDS]) for f in (isa.V_A, isa.V_B, isa.V_C))
@@ -212,3 +230,21 @@ def run_vop(row: np.ndarray, f32: list[np.ndarray], u16: list[np.ndarray], i32: 
         _vop_half(op, *shape, dtype == DType.float16, src_dtype == DType.float16, u16[dm], f32[dm], d0, dso, dsi,
                   u16[ka], f32[ka], am == IMM, a0, aso, asi, u16[kb], bm == IMM, b0, bso, bsi,
                   u16[kc], cm == IMM, c0, cso, csi, he, hm)
+
+
+def _run_f64(row: np.ndarray, op: int, dtype: int, src_dtype: int, shape: tuple, f32: list[np.ndarray],
+             f64: list[np.ndarray | None], n_pe: int) -> None:
+    """A VOP with a float64 side: float64 arithmetic, or a cvt between float32 and float64 (the
+    validator refuses the other pairs)."""
+    dm, d0, dso, dsi = (int(x) for x in row[isa.V_DST:isa.V_DST + FIELDS])
+    if dtype == src_dtype:
+        a, b, c = (_operand(f64, f, row, n_pe, np.float64) for f in (isa.V_A, isa.V_B, isa.V_C))
+        dst = (f64[dm], d0, dso, dsi)
+        if op in _F64_LOOPS:
+            _F64_LOOPS[op](*shape, *dst, *a, *b, *c)
+        else:
+            _loop_any(op, *shape, *dst, *a, *b, *c, np.float64)
+    elif dtype == DType.float64:  # cvt float32 -> float64
+        _cvt_float(*shape, f64[dm], d0, dso, dsi, *_operand(f32, isa.V_A, row, n_pe, np.float32), np.float64)
+    else:  # cvt float64 -> float32
+        _cvt_float(*shape, f32[dm], d0, dso, dsi, *_operand(f64, isa.V_A, row, n_pe, np.float64), np.float32)

@@ -77,8 +77,13 @@ def test_each_path_reaches_its_hw_show_figure(chip, transfer, mode):
     assert achieved == pytest.approx(figure.bytes_per_s, rel=WITHIN), (n, moving)
 
 
+def _words(hw, dtype: str, elements: int) -> int:
+    """Words that `elements` elements of `dtype` fill."""
+    return -(-elements * hw.formats[dtype].bits // 32)
+
+
 @pytest.mark.parametrize("chip", CHIPS)
-@pytest.mark.parametrize("dtype", ["float32", "pfloat32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "pfloat32", "float16", "float64"])
 def test_the_mau_reaches_its_matrix_peak(chip, dtype):
     """A MATMUL of many row tiles on every MAB at once: FLOP/s against `hw show`'s peak."""
     hw = hwdesc.load(chip)
@@ -87,8 +92,8 @@ def test_the_mau_reaches_its_matrix_peak(chip, dtype):
     pes = hw.fanout("MAB", "PE")
     k, n = mode.cols * pes, mode.rows * pes
     rows = 32  # C fits beside B in mini's 4 KiB LM1
-    per_word = 32 // hw.formats[dtype].bits
-    c_at = -(-(k // pes) * n // per_word // 8) * 8  # C (float32) after B in LM1, in words
+    c_words = -(-_words(hw, dtype, (k // pes) * n) // 8) * 8  # C after B in LM1, at a multiple of 8 words
+    c_at = c_words * 32 // hw.formats[mode.acc].bits  # in elements of C (the mode's accumulator)
     b = sim.ProgramBuilder(m.params)
     b.matmul(dtype, rows, k, n, ("LM0", 0, k // pes), ("LM1", 0, n), ("LM1", c_at, n // pes))
     stats = m.run(b.build(), mode="timing")
@@ -98,15 +103,14 @@ def test_the_mau_reaches_its_matrix_peak(chip, dtype):
 
 @pytest.mark.parametrize("chip", CHIPS)
 @pytest.mark.parametrize("op, dtype", [("add", "float32"), ("add", "float16"), ("max", "float32"),
-                                       ("add", "int32")])
+                                       ("add", "int32"), ("add", "float64")])
 def test_vector_ops_reach_their_vector_peak(chip, op, dtype):
     """One VOP over a whole LM: elements per second against the unit's vector lanes in `hw show`."""
     hw = hwdesc.load(chip)
     m = sim.Machine(hw)
     cost = hw.pe_ops[op].cost(dtype)
     unit = hw.units[cost.unit]
-    per_word = 32 // hw.formats[dtype].bits
-    n = hw.memory_words("LM1") * per_word
+    n = hw.memory_words("LM1") * 32 // hw.formats[dtype].bits
     b = sim.ProgramBuilder(m.params)
     b.vop(op, dtype, 1, n, ("LM0", 0, 0, 1), ("LM1", 0, 0, 1), ("LM1", 0, 0, 1))
     stats = m.run(b.build(), mode="timing")
