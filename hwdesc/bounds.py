@@ -30,6 +30,13 @@ MAX_HAZARD_STEPS = 16
 """The hazard check looks this many steps back from each reader (mncore2's largest gap is 3)."""
 LAZY_MEMORIES = ("DRAM",)
 """Grown to the highest address a program touches, so their capacity costs no host memory."""
+HOST_FORMATS = {"float32": (32, 8, 23), "float64": (64, 11, 52), "int32": (32, 0, 31)}
+"""Formats the simulator computes in the host's own types (numpy's float32 and float64, int32 in
+two's complement): (bits, exponent bits, mantissa bits) they must have. Half and pseudo-single
+are mnsim's own codecs and take the YAML's widths."""
+MIN_TAGS = 10
+"""mnsim's programs use completion tags 1..10 (compiler.kernels.context.TAGS, and the host
+transfers' 7..10, compiler.transfer.host); kernels' pipelines use what lies above."""
 
 
 def check_bounds(hw: HwDesc) -> list[Problem]:
@@ -74,8 +81,44 @@ def check_bounds(hw: HwDesc) -> list[Problem]:
             problems += [(path, f"{issues} issues per lane group is above the bound {most}: a VOP over "
                                 f"2^{MAX_LANE_GROUPS.bit_length() - 1} lane groups would overflow the int64 "
                                 f"cycle counters") for path, issues in costs if issues > most]
+    for name, (bits, exponent, mantissa) in HOST_FORMATS.items():
+        fmt = hw.formats.get(name)
+        for key, got, want in (("bits", fmt and fmt.bits, bits), ("exponent_bits", fmt and fmt.exponent_bits, exponent),
+                               ("mantissa_bits", fmt and fmt.mantissa_bits, mantissa)):
+            if fmt is not None and got != want:
+                problems.append((("formats", name, key), f"{got} is not supported: mnsim computes {name} in the "
+                                                         f"host's {bits}-bit type, 1-{exponent}-{mantissa}"))
+    if hw.data_engine.tags < MIN_TAGS:
+        problems.append((("data_engine", "tags"), f"{hw.data_engine.tags} is below the bound {MIN_TAGS}: mnsim's "
+                                                  f"programs use completion tags 1..{MIN_TAGS}"))
+    for name, t in hw.transfers.items():
+        if t.engine == "pe_stream" and t.latency_cycles:
+            problems.append((("transfers", name, "latency_cycles"),
+                             f"{t.latency_cycles} is not supported: the PE stream is lock-step, so its transfers "
+                             f"have no latency of their own (the gaps before a reader are the YAML's hazards)"))
+    problems += _inverse_chunks(hw)
     for name, gap in hw.hazards.items():
         if gap > MAX_HAZARD_STEPS:
             problems.append((("hazards", name), f"{gap} steps is above the bound {MAX_HAZARD_STEPS}: the hazard "
                                                 f"check looks back at most {MAX_HAZARD_STEPS} steps"))
     return problems
+
+
+def _inverse_chunks(hw: HwDesc) -> list[Problem]:
+    """A collect must take back the chunks its path's distribute dealt: the compiler reads
+    one chunk for both directions of a hop (a layout staged down is collected back up by it)."""
+    problems: list[Problem] = []
+    for name, up in hw.transfers.items():
+        collect = up.modes.get("collect")
+        if collect is None:
+            continue
+        for down_name, down in hw.transfers.items():
+            deal = down.modes.get("distribute")
+            if deal is not None and set(down.src) == set(up.dst) and set(down.dst) == set(up.src) \
+                    and (collect.chunk_lw or 1) != (deal.chunk_lw or 1):
+                problems.append((("transfers", name, "modes", "collect", "chunk_lw"),
+                                 f"{collect.chunk_lw or 1} is not supported: a collect takes back the chunks of "
+                                 f"its path's distribute (transfers.{down_name}.modes.distribute.chunk_lw: "
+                                 f"{deal.chunk_lw or 1}), as mnsim's compiler assumes"))
+    return problems
+

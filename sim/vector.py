@@ -172,7 +172,8 @@ def _operand(views: list[np.ndarray], field: int, row: np.ndarray, n_pe: int, dt
     read at stride 0, so the loops do not branch on it (its bits are the operand's dtype)."""
     m, addr, so, si = (int(x) for x in row[field:field + FIELDS])
     if m == IMM:
-        bits = np.int64(addr) if np.dtype(dtype).itemsize == 8 else np.uint32(addr & 0xFFFFFFFF)
+        wide = np.dtype(dtype).itemsize > np.dtype(np.uint32).itemsize  # a float64: all 64 bits of the field
+        bits = np.int64(addr) if wide else np.uint32(addr & 0xFFFFFFFF)
         return np.full((n_pe, 1), bits).view(dtype), 0, 0, 0
     return views[m], addr, so, si
 

@@ -60,6 +60,40 @@ from tests.hwdesc.test_errors import load_error, write
           MREG:
             faces: 3  # <-
         """, "memories.MREG.faces", "3 faces do not split 128 address units evenly"),
+    ("single", """
+        formats:
+          float32:
+            mantissa_bits: 22  # <-
+        """, "formats.float32.mantissa_bits", "22 is not supported: mnsim computes float32 in the host's 32-bit type, "
+                                              "1-8-23"),
+    ("double", """
+        formats:
+          float64:
+            exponent_bits: 5  # <-
+        """, "formats.float64.exponent_bits", "5 is not supported: mnsim computes float64 in the host's 64-bit type"),
+    ("int", """
+        formats:
+          int32:
+            mantissa_bits: 15  # <-
+        """, "formats.int32.mantissa_bits", "15 is not supported: mnsim computes int32 in the host's 32-bit type"),
+    ("tags", """
+        data_engine:
+          tags: 8  # <-
+        """, "data_engine.tags", "8 is below the bound 10: mnsim's programs use completion tags 1..10"),
+    ("stream_latency", """
+        transfers:
+          l2bm_to_l1bm:
+            latency_cycles: 5  # <-
+        """, "transfers.l2bm_to_l1bm.latency_cycles", "5 is not supported: the PE stream is lock-step"),
+    ("collect_chunk", """
+        transfers:
+          l1bm_to_l2bm:
+            modes:
+              collect:
+                chunk_lw: 16  # <-
+        """, "transfers.l1bm_to_l2bm.modes.collect.chunk_lw",
+     r"16 is not supported: a collect takes back the chunks of its path's distribute "
+     r"\(transfers.l2bm_to_l1bm.modes.distribute.chunk_lw: 8\)"),
     ("unknown_hazard", """
         hazards:
           lm_write_to_raed: 2  # <-
