@@ -12,7 +12,9 @@ from .errors import OptionError
 USED = {
     "float_dtype": "float keeps float32; mixed runs matrix products in half (1-6-9) with float32 accumulation; "
                    "pfloat32 (mnsim's name) runs them in pseudo-single: float32 operands whose low mantissa bits "
-                   "the MAU ignores (formats.pfloat32), at the YAML's units.MAU.matrix.pfloat32 rate",
+                   "the MAU ignores (formats.pfloat32), at the YAML's units.MAU.matrix.pfloat32 rate; float64 "
+                   "(mnsim's name) converts their float32 operands to float64 in LM and multiplies and "
+                   "accumulates in float64 at units.MAU.matrix.float64's rate, results rounded to float32",
     "simulation_mode": "both (default) moves data and times it; timing only times the run (outputs hold no "
                        "values; reports work); functional only moves data (values, no cycles: reports count its "
                        "calls, which leave the hand-over analysis out)",
@@ -30,7 +32,7 @@ IGNORED = {
     "out_onnx": "dump of the exported ONNX",
     "num_threads": "compiler threads",
 }
-FLOAT_DTYPES = ("float", "mixed", "pfloat32")
+FLOAT_DTYPES = ("float", "mixed", "pfloat32", "float64")
 SIMULATION_MODES = ("both", "timing", "functional")
 
 

@@ -302,7 +302,8 @@ def plan(node: Node, planner) -> list[Kernel]:
     found = tilings(planner.ctx, p, batched=False, trans_b=False, half=half, staged_in_float32=half and not half_in,
                     out_half=device_dtype(node.out) == "float16",
                     in_bytes=planner.hw.element_bytes("float16" if half_in else "float32"), a_runs=runs,
-                    pseudo=planner.options.get("float_dtype") == "pfloat32")
+                    pseudo=planner.options.get("float_dtype") == "pfloat32",
+                    float64=planner.options.get("float_dtype") == "float64")
     return [ConvKernel(node, t, planner.ctx) for t in found]
 
 

@@ -69,6 +69,9 @@ class Tiling:
     trans_b: bool
     half: bool  # the MAU multiplies in half (float16 operands, float32 accumulation)
     pseudo: bool = False  # float32 operands multiplied as pseudo-single (options float_dtype "pfloat32")
+    # float32 operands converted to float64 in LM and multiplied there, accumulating in float64 (options
+    # float_dtype "float64"); C is rounded to float32 for its upload
+    float64: bool = False
     # With the PE memories holding two steps' operands (`_double_regions`), a step's transfers to
     # the PEs issue beside the MATMUL of the step before: OVERLAP_ALL in every step of a round but
     # the first; OVERLAP_EARLY in all but the first and the last, so that the last MATMUL but one
@@ -80,7 +83,19 @@ class Tiling:
     @property
     def mau_dtype(self) -> str:
         """The MATMUL's format (units.MAU.matrix.<format>): its rate and its operand precision."""
-        return "float16" if self.half else "pfloat32" if self.pseudo else "float32"
+        return "float16" if self.half else "pfloat32" if self.pseudo else "float64" if self.float64 else "float32"
+
+    def converts_in(self, staged_in_float32: bool) -> bool:
+        """Whether the operands are staged as float32 and converted in LM for the MAU (mixed, float64)."""
+        return self.float64 or (self.half and staged_in_float32)
+
+    def words(self, elements: int) -> int:
+        """Words of `elements` MAU operand elements (half: two a word; float64: two words each)."""
+        return elements // 2 if self.half else 2 * elements if self.float64 else elements
+
+    def element_at(self, word: int) -> int:
+        """The MATMUL address (in operand elements) of a region at `word` (even for float64)."""
+        return 2 * word if self.half else word // 2 if self.float64 else word
 
     def tiles(self, role: str, axes: tuple[str, ...] | None = None) -> int:
         return prod(k.n for k in self.takes if k.role == role and (axes is None or k.axis in axes))
@@ -148,27 +163,30 @@ def layouts(t: Tiling, p: Problem, chain: Chain, epl_in: int, epl_out: int, batc
 @dataclass(frozen=True)
 class Regions:
     """Where one step's operands and result live in every PE: (memory, word) of A and B as the
-    MAU reads them, C (the float32 accumulator), and when needed float32 staging for A and B
-    (converted to half in LM) and C's half copy for upload."""
+    MAU reads them, C (the accumulator: float32, float64 for a float64 product), and when needed
+    float32 staging for A and B (converted to half or float64 in LM) and C's copy for upload (half
+    for a half output, float32 from a float64 accumulator)."""
 
     a: tuple[str, int]
     b: tuple[str, int]
     c: tuple[str, int]
     a32: tuple[str, int] | None
     b32: tuple[str, int] | None
-    c16: tuple[str, int] | None
+    c_up: tuple[str, int] | None
 
 
 def _regions(cg: EmitContext, t: Tiling, convert_in: bool, out_half: bool) -> Regions:
     """The PE-memory regions of a tiling, largest first so that they pack; the accumulator
     prefers the GRFs. Raises CompileError when they do not fit."""
-    per_word = 2 if t.half else 1
-    c_words = t.mt * (t.nt // cg.params.pes_per_mab)
-    wanted = {"a": t.mt * t.kp // per_word, "b": t.kp * t.nt // per_word, "c": c_words}
+    c_elements = t.mt * (t.nt // cg.params.pes_per_mab)
+    c_words = 2 * c_elements if t.float64 else c_elements
+    wanted = {"a": t.words(t.mt * t.kp), "b": t.words(t.kp * t.nt), "c": c_words}
     if convert_in:
         wanted.update(a32=t.mt * t.kp, b32=t.kp * t.nt)
     if out_half:
-        wanted["c16"] = c_words // 2 + 1
+        wanted["c_up"] = c_elements // 2 + 1
+    elif t.float64:
+        wanted["c_up"] = c_elements
     arena = Arena(cg.hw)
     got = {}
     together = ("a", "b", "c")  # one MATMUL reads A, B and (accumulating) C: each memory once
@@ -176,7 +194,7 @@ def _regions(cg: EmitContext, t: Tiling, convert_in: bool, out_half: bool) -> Re
         prefer = ("GRF0", "GRF1", "LM0", "LM1") if name == "c" else ("LM0", "LM1", "GRF0", "GRF1")
         avoid = {got[o][0] for o in together if o in got and o != name} if name in together else set()
         got[name] = arena.alloc(wanted[name], prefer=prefer, avoid=avoid, strict=True)
-    return Regions(got["a"], got["b"], got["c"], got.get("a32"), got.get("b32"), got.get("c16"))
+    return Regions(got["a"], got["b"], got["c"], got.get("a32"), got.get("b32"), got.get("c_up"))
 
 
 def _fits(cg: EmitContext, t: Tiling, convert_in: bool, out_half: bool) -> bool:
@@ -195,8 +213,9 @@ def _double_regions(cg: EmitContext, t: Tiling, out_half: bool) -> tuple[Regions
     write ports (read at one range while the other is written), C in a fourth memory. None when
     no such placement fits (or the operands are converted in LM: their float32 staging would need
     doubling too)."""
-    per_word = 2 if t.half else 1
-    words = {"a": t.mt * t.kp // per_word, "b": t.kp * t.nt // per_word}
+    if t.float64:
+        return None
+    words = {"a": t.words(t.mt * t.kp), "b": t.words(t.kp * t.nt)}
     c_words = t.mt * (t.nt // cg.params.pes_per_mab)
     memories = cg.chain.scratch
     two_ported = [m for m in memories if cg.hw.memories[m].ports != "1RW"]
@@ -215,10 +234,10 @@ def _double_regions(cg: EmitContext, t: Tiling, out_half: bool) -> tuple[Regions
                            (kept, 0): arena.alloc(words[kept], prefer=(shared,), strict=True),
                            (kept, 1): arena.alloc(words[kept], prefer=(shared,), strict=True),
                            "c": arena.alloc(c_words, prefer=(c_mem,), strict=True)}
-                    c16 = arena.alloc(c_words // 2 + 1) if out_half else None
+                    c_up = arena.alloc(c_words // 2 + 1) if out_half else None
                 except CompileError:
                     continue
-                return tuple(Regions(got["a", s], got["b", s], got["c"], None, None, c16) for s in (0, 1))
+                return tuple(Regions(got["a", s], got["b", s], got["c"], None, None, c_up) for s in (0, 1))
     return None
 
 
@@ -323,9 +342,10 @@ def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_
         modes[chain.l1_to_pe, pe_mode][1] += pe
     mode = hw.units[chain.matrix_unit].matrix[t.mau_dtype]
     mm = ceil(t.mt / mode.rows) * ceil(t.kp * params.pes_per_mab / mode.cols) * max(t.nt, ceil(mode.rows / mode.load_rows_per_cycle))
-    if staged_in_float32 and t.half:  # float32 staged, converted to half in LM: VOP work on the MAU
-        lanes = min(params.vop_lanes[VOp.cvt, DType.float32], params.vop_lanes[VOp.cvt, DType.float16])
-        issues = max(params.vop_dtype_issues[VOp.cvt, DType.float16], params.vop_dtype_issues[VOp.cvt, DType.float32])
+    if t.converts_in(staged_in_float32):  # float32 staged, converted to half or float64 in LM: VOP work
+        other = DType.float64 if t.float64 else DType.float16
+        lanes = min(params.vop_lanes[VOp.cvt, DType.float32], params.vop_lanes[VOp.cvt, other])
+        issues = max(params.vop_dtype_issues[VOp.cvt, other], params.vop_dtype_issues[VOp.cvt, DType.float32])
         mm += ceil((t.mt * t.kp + t.kp * t.nt) / lanes) * issues * hw.step_cycles  # as sim.timing costs a cvt
     steps = t.batch_local * t.rounds * t.chunks
     c_lw = t.mt * t.tiles("m", (chain.l1_axis, chain.unit_axis)) * t.nt * t.tiles("n", (chain.l1_axis, chain.unit_axis)) \
@@ -425,22 +445,23 @@ def _axis_options(axis: str, size: int, roles: tuple[str, ...], chain: Chain) ->
 
 def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool,
             in_bytes: int, out_half: bool = False, a_runs: float | None = None, limit: int = CANDIDATES,
-            pseudo: bool = False) -> list[Tiling]:
+            pseudo: bool = False, float64: bool = False) -> list[Tiling]:
     """The tilings that fit the PE memories and whose product has a storable image, the most
     promising first (by the work each step does, see `_cost`); the planner times the first few.
     The same product is asked for often (candidates, consumers' wishes): the answer is cached."""
-    pseudo = pseudo and not half
+    pseudo, float64 = pseudo and not half, float64 and not half and not out_half
     modes = cg.hw.units[cg.chain.matrix_unit].matrix
-    if pseudo and "pfloat32" not in modes:
-        raise CompileError(f"float_dtype 'pfloat32' multiplies in pseudo-single, but {cg.hw.name} has no "
-                           f"units.{cg.chain.matrix_unit}.matrix.pfloat32 (its matrix formats: {', '.join(modes)})")
+    for wanted, option, what in ((pseudo, "pfloat32", "pseudo-single"), (float64, "float64", "float64")):
+        if wanted and option not in modes:
+            raise CompileError(f"float_dtype {option!r} multiplies in {what}, but {cg.hw.name} has no "
+                               f"units.{cg.chain.matrix_unit}.matrix.{option} (its matrix formats: {', '.join(modes)})")
     return list(_tilings(cg.hw, p, batched, trans_b, half, staged_in_float32, in_bytes, out_half,
-                         None if a_runs is None else float(np.float32(a_runs)), limit, pseudo))
+                         None if a_runs is None else float(np.float32(a_runs)), limit, pseudo, float64))
 
 
 @lru_cache(maxsize=256)
 def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool, in_bytes: int,
-             out_half: bool, a_runs: float | None, limit: int, pseudo: bool) -> tuple[Tiling, ...]:
+             out_half: bool, a_runs: float | None, limit: int, pseudo: bool, float64: bool) -> tuple[Tiling, ...]:
     cg = EmitContext(hw)
     chain = Chain.of(cg.hw)
     axes = [a for a in cg.hw.axes if a != chain.pe_axis]
@@ -458,12 +479,12 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
         """`_fits`, which depends on the tile's sizes alone (many assignments share them)."""
         key = (t.mt, t.kp, t.nt)
         if key not in fit_cache:
-            fit_cache[key] = _fits(cg, t, staged_in_float32 and half, out_half)
+            fit_cache[key] = _fits(cg, t, t.converts_in(staged_in_float32), out_half)
         return fit_cache[key]
 
     def overlapping(t: Tiling) -> bool:
         """Whether a step's transfers to the PEs can issue beside the step before's MATMUL."""
-        if t.chunks == 1 or (staged_in_float32 and half):
+        if t.chunks == 1 or t.converts_in(staged_in_float32):
             return False
         key = (t.mt, t.kp, t.nt)
         if key not in double_cache:
@@ -477,7 +498,7 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
                 n = _take(remaining[role], size, exact=role == "batch")
                 remaining[role] = ceil(remaining[role] / n)
                 takes.append(Take(axis, role, n, stride))
-        t0 = Tiling(tuple(takes), 1, 1, 1, 1, 1, 1, trans_b, half, pseudo)
+        t0 = Tiling(tuple(takes), 1, 1, 1, 1, 1, 1, trans_b, half, pseudo, float64=float64)
         if t0.tiles("k") > 1 and not t0.places("c", chain.l2_axis):
             continue  # partial sums are added by an MV reduce into C's image, which must place L2B
         nb, nm, nn = t0.tiles("batch"), t0.tiles("m"), t0.tiles("n")
@@ -490,7 +511,7 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
             # the fewest rounds whose row tile fits (fewer rounds are always at least as good;
             # a smaller tile never needs more memory): bisect on the rounds
             tiling = lambda rounds: Tiling(tuple(takes), bl, rounds, ceil(m_tile / rounds), chunks, kp, nt,  # noqa
-                                           trans_b, half, pseudo)
+                                           trans_b, half, pseudo, float64=float64)
             fits = lambda rounds: fitted(tiling(rounds))  # noqa: E731
             if m_tile == 0 or not fits(m_tile):
                 continue
@@ -588,16 +609,16 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
     mm_dtype = t.mau_dtype
     la, lb, lc = layouts_for(cg, t, p, batched, half_in)
     lc_out = lc if out_dtype == "float32" else layouts_for(cg, t, p, batched, half_in, out_dtype)[2]
-    per_word = 2 if t.half else 1
-    c_words = t.mt * (t.nt // pes)
-    convert_in = t.half and not half_in  # float32 in DRAM, half in the MAU: stage float32, convert in LM
+    c_elements = t.mt * (t.nt // pes)
+    # float32 in DRAM, half or float64 in the MAU: stage float32, convert in LM
+    convert_in = t.float64 or (t.half and not half_in)
     out_half = out_dtype == "float16"
     feed = _Feed(cg, (a, b), (la, lb))
     double = _double_regions(cg, t, out_half) if t.overlap and feed.pipelined else None
     sets = double or (_regions(cg, t, convert_in, out_half),)
     (mem_c, word_c) = sets[0].c
-    if out_half:
-        mem_h, word_h = sets[0].c16
+    if out_half or t.float64:
+        mem_up, word_up = sets[0].c_up
     hazard = cg.hw.hazards["lm_write_to_read"]
     mau_rows = cg.hw.units[cg.chain.matrix_unit].matrix[mm_dtype].rows
     epl = cg.hw.elements_per_lw("float16" if t.half else "float32")
@@ -610,7 +631,8 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
         """The MATMUL of one step, or of its rows [first, first + size) (axis "m") or its K per PE
         [first, first + size) (axis "k")."""
         (mem_a, word_a), (mem_b, word_b) = regs.a, regs.b
-        a_addr, b_addr, c_addr, m, kp = word_a * per_word, word_b * per_word, word_c, t.mt, t.kp
+        a_addr, b_addr, m, kp = t.element_at(word_a), t.element_at(word_b), t.mt, t.kp
+        c_addr = word_c // 2 if t.float64 else word_c  # C's elements: float64 ones for a float64 product
         if axis == "m":
             m, a_addr, c_addr = size, a_addr + first * t.kp, c_addr + first * (t.nt // pes)
         else:
@@ -661,10 +683,10 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
             if convert_in:
                 (mem_a, word_a), (mem_b, word_b) = regs.a, regs.b
                 into_a, into_b = into(i)
-                cg.b.vop("cvt", "float16", 1, t.mt * t.kp, (mem_a, 2 * word_a, 0, 1), (into_a[0], into_a[1], 0, 1),
-                         src_dtype="float32")
-                cg.b.vop("cvt", "float16", 1, t.kp * t.nt, (mem_b, 2 * word_b, 0, 1), (into_b[0], into_b[1], 0, 1),
-                         src_dtype="float32")
+                cg.b.vop("cvt", mm_dtype, 1, t.mt * t.kp, (mem_a, t.element_at(word_a), 0, 1),
+                         (into_a[0], into_a[1], 0, 1), src_dtype="float32")
+                cg.b.vop("cvt", mm_dtype, 1, t.kp * t.nt, (mem_b, t.element_at(word_b), 0, 1),
+                         (into_b[0], into_b[1], 0, 1), src_dtype="float32")
                 cg.b.nop(hazard)
             if k + 1 < t.chunks:  # the next chunk of this round is in L2BM or on its way: its first hop beside
                 feed.with_next_hop(i + 1, into(i + 1), lambda: product(regs, k > 0))
@@ -672,11 +694,12 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
         product(regs, k > 0)
         cg.b.nop(hazard)
         partial = t.tiles("k") > 1
-        if out_half:
-            cg.b.vop("cvt", "float16", 1, c_words, (mem_h, 2 * word_h, 0, 1), (mem_c, word_c, 0, 1),
-                     src_dtype="float32")
+        if out_half or t.float64:  # C converted for its upload: to half, or from float64 to float32
+            up = out_dtype if out_half else "float32"
+            cg.b.vop("cvt", up, 1, c_elements, (mem_up, 2 * word_up if out_half else word_up, 0, 1),
+                     (mem_c, word_c // 2 if t.float64 else word_c, 0, 1), src_dtype=t.mau_dtype if t.float64 else "float32")
             cg.b.nop(hazard)
-            cg.upload(cg.lm_placement(lc_out, out_dtype), out_ref, memory=mem_h, word=word_h,
+            cg.upload(cg.lm_placement(lc_out, out_dtype), out_ref, memory=mem_up, word=word_up,
                       slice_index=bl * t.rounds + r, reduce=partial)
         else:
             cg.upload(cg.lm_placement(lc, "float32"), out_ref, memory=mem_c, word=word_c,
@@ -847,7 +870,8 @@ def _tilings_for(node: Node, planner, trans_b: bool) -> list[Tiling]:
     return tilings(planner.ctx, p, batched=batched, trans_b=trans_b, half=half, staged_in_float32=half and not half_in,
                    out_half=device_dtype(node.out) == "float16",
                    in_bytes=planner.hw.element_bytes("float16" if half_in else "float32"),
-                   pseudo=planner.options.get("float_dtype") == "pfloat32" and inexact)
+                   pseudo=planner.options.get("float_dtype") == "pfloat32" and inexact,
+                   float64=planner.options.get("float_dtype") == "float64" and inexact)
 
 
 def plan(node: Node, planner) -> list[Kernel]:
