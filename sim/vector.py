@@ -218,12 +218,7 @@ def run_vop(row: np.ndarray, f32: list[np.ndarray], u16: list[np.ndarray], i32: 
         from_half = src_dtype == DType.float16 and row[isa.V_A] != IMM
         _cvt_to_i32(*shape, from_half, i32[dm], d0, dso, dsi, u16[max(int(row[isa.V_A]), 0)], *a, he, hm)
     elif dtype == DType.float32 and src_dtype == DType.float32:
-        a, b, c = (_operand(f32, f, row, n_pe, np.float32) for f in (isa.V_A, isa.V_B, isa.V_C))
-        dst = (f32[dm], d0, dso, dsi)
-        if op in _F32_LOOPS:
-            _F32_LOOPS[op](*shape, *dst, *a, *b, *c)
-        else:
-            _loop_any(op, *shape, *dst, *a, *b, *c, np.float32)
+        _float_op(row, op, shape, f32, n_pe, np.float32, _F32_LOOPS)
     else:
         (am, a0, aso, asi), (bm, b0, bso, bsi), (cm, c0, cso, csi) = (
             (int(x) for x in row[f:f + FIELDS]) for f in (isa.V_A, isa.V_B, isa.V_C))
@@ -239,13 +234,21 @@ def _run_f64(row: np.ndarray, op: int, dtype: int, src_dtype: int, shape: tuple,
     validator refuses the other pairs)."""
     dm, d0, dso, dsi = (int(x) for x in row[isa.V_DST:isa.V_DST + FIELDS])
     if dtype == src_dtype:
-        a, b, c = (_operand(f64, f, row, n_pe, np.float64) for f in (isa.V_A, isa.V_B, isa.V_C))
-        dst = (f64[dm], d0, dso, dsi)
-        if op in _F64_LOOPS:
-            _F64_LOOPS[op](*shape, *dst, *a, *b, *c)
-        else:
-            _loop_any(op, *shape, *dst, *a, *b, *c, np.float64)
+        _float_op(row, op, shape, f64, n_pe, np.float64, _F64_LOOPS)
     elif dtype == DType.float64:  # cvt float32 -> float64
         _cvt_float(*shape, f64[dm], d0, dso, dsi, *_operand(f32, isa.V_A, row, n_pe, np.float32), np.float64)
     else:  # cvt float64 -> float32
         _cvt_float(*shape, f32[dm], d0, dso, dsi, *_operand(f64, isa.V_A, row, n_pe, np.float64), np.float32)
+
+
+def _float_op(row: np.ndarray, op: int, shape: tuple, views: list[np.ndarray], n_pe: int, element: type,
+              loops: dict) -> None:
+    """A VOP whose operands and result are all `element`s (float32 or float64): a loop of its
+    own for the common ops, else `numerics.apply` element by element."""
+    a, b, c = (_operand(views, f, row, n_pe, element) for f in (isa.V_A, isa.V_B, isa.V_C))
+    dm, d0, dso, dsi = (int(x) for x in row[isa.V_DST:isa.V_DST + FIELDS])
+    dst = (views[dm], d0, dso, dsi)
+    if op in loops:
+        loops[op](*shape, *dst, *a, *b, *c)
+    else:
+        _loop_any(op, *shape, *dst, *a, *b, *c, element)
