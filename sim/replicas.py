@@ -46,7 +46,8 @@ class Replicated:
 
 @dataclass(frozen=True)
 class Touches:
-    """Every access of a program to a replicable memory, in words, ordered by instruction."""
+    """Every access of a program to a memory, in words, ordered by instruction (a chip may offer
+    mab_broadcast on another path than MN-Core 2's L1BM -> PE one, so no memory is left out)."""
 
     row: np.ndarray
     mem: np.ndarray
@@ -62,7 +63,7 @@ class Touches:
                                 _mv_side(p, code, isa.MV_DST_MEM, isa.MV_DST_ADDR)], axis=1)
         rows = np.repeat(np.arange(len(code)), table.shape[1])
         flat = table.reshape(-1, 3)
-        keep = np.isin(flat[:, MEM], p.pe_memories)
+        keep = flat[:, MEM] >= 0
         mem, first, last = flat[keep, MEM], flat[keep, FIRST], flat[keep, LAST]
         unit = np.where(p.mem_lw_addressed[mem], p.words_per_lw, 1)
         return cls(rows[keep], mem, first * unit, (last + 1) * unit)
