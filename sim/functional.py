@@ -80,7 +80,7 @@ def execute(p: MachineParams, memories: list[np.ndarray], code: np.ndarray, hand
                 elif op == Op.XFER and row[isa.X_MODE] == Mode.mab_broadcast:
                     group = int(p.path_group[p.path_of[int(row[isa.X_UP_MEM]), int(row[isa.X_LO_MEM])]])
                     replicas.overwritten(written_range(p, row, group))  # first: a write cut short stays consistent
-                    mab_broadcast(row, memories, p.mem_instances, p.mem_lw_addressed, group, wpl, first_group_only=True)
+                    mab_broadcast(row, memories, p.mem_instances, p.mem_lw_addressed, group, wpl)
                 else:
                     replicas.touch(touches, i, i + 1)
                     _dispatch(p, memories, row, op, handlers, view, n_pe, wpl)

@@ -189,21 +189,20 @@ _LW_ITEM = {1: np.uint32, 2: np.uint64}  # long words of one and two 32-bit word
 
 
 def mab_broadcast(row: np.ndarray, mems: list[np.ndarray], mem_instances: np.ndarray, lw_addressed: np.ndarray,
-                  group: int, wpl: int, first_group_only: bool = False) -> None:
+                  group: int, wpl: int) -> None:
     """XFER mab_broadcast: upper long word q goes to member q mod group, at q div group, of every
-    group of children. Each member's words are gathered once into contiguous runs, which numpy
-    then writes into every group at memory speed (16 copies of every word on MN-Core 2's L1B), or
-    into group 0 alone when the caller keeps the rest as replicas (sim.replicas)."""
+    group of children. Written into group 0 of every upper instance only: the caller records the
+    range, and the other groups hold their copies as replicas (sim.replicas), written out when an
+    instruction needs them."""
     upper, children, rounds = member_groups(row, mems, mem_instances, lw_addressed, group, wpl)
-    groups = slice(0, 1 if first_group_only else None)
     lw = _LW_ITEM.get(wpl)
     if lw is not None:  # a long word is one machine word: numpy deals them out in one strided copy
         members = upper.view(lw).reshape(upper.shape[0], rounds, group).transpose(0, 2, 1)  # [upper, member, round]
-        children.view(lw)[:, groups] = members[:, None]
+        children.view(lw)[:, :1] = members[:, None]
         return
     runs = np.empty((upper.shape[0], group, wpl * rounds), dtype=upper.dtype)
     _member_runs(upper, group, wpl, runs)
-    children[:, groups] = runs[:, None]
+    children[:, :1] = runs[:, None]
 
 
 @njit(cache=True)

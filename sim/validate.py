@@ -17,7 +17,7 @@ from .errors import SimError
 from .isa import ALL_GROUPS, IMM, DType, Dir, Mode, Op, Red, Scope, VOp, arity
 from .accesses import matmul_operands
 from .disasm import disassemble
-from .params import DTYPE_FORMAT, HOST, MachineParams
+from .params import DTYPE_FORMAT, HOST, WORD_BITS, MachineParams
 
 
 class _Checker:
@@ -83,8 +83,7 @@ class _Checker:
 
     def elements(self, m: int, dtype: DType) -> int:
         """How many elements of `dtype` memory m holds per instance."""
-        per_word = self.p.elements_per_word(dtype)
-        return int(self.p.mem_words[m]) * per_word if per_word else int(self.p.mem_words[m]) // self.p.words_per_element(dtype)
+        return int(self.p.mem_words[m]) * WORD_BITS // self.p.hw.formats[DTYPE_FORMAT[dtype]].bits
 
     def tag(self, i: int, tag: int) -> None:
         if not 1 <= tag <= self.p.tags:

@@ -53,7 +53,6 @@ ALLOWED = {
     ("compiler/transfer/staging.py", 64): "lru_cache size",
     ("compiler/transfer/host.py", 256): "lru_cache size",
     ("compiler/transfer/gather.py", 5): "fields of a run record (dst, group, src, n, buffer)",
-    ("compiler/transfer/gather.py", 63): "Groups held as the bits of an int64 when MVs are merged (host representation)",
     ("compiler/transfer/gather.py", 16): "bytes of an element map's digest (a compile-time cache key)",
     ("compiler/transfer/gather.py", 256): "conversions kept for reuse (compile-time cache size)",
     ("compiler/transfer/staging.py", 2048): "stagings kept for reuse (compile-time cache size)",

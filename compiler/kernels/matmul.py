@@ -617,6 +617,7 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
     double = _double_regions(cg, t, out_half) if t.overlap and feed.pipelined else None
     sets = double or (_regions(cg, t, convert_in, out_half),)
     (mem_c, word_c) = sets[0].c
+    c_at = word_c // 2 if t.float64 else word_c  # C's address in its elements (float64 for a float64 product)
     if out_half or t.float64:
         mem_up, word_up = sets[0].c_up
     hazard = cg.hw.hazards["lm_write_to_read"]
@@ -631,8 +632,7 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
         """The MATMUL of one step, or of its rows [first, first + size) (axis "m") or its K per PE
         [first, first + size) (axis "k")."""
         (mem_a, word_a), (mem_b, word_b) = regs.a, regs.b
-        a_addr, b_addr, m, kp = t.element_at(word_a), t.element_at(word_b), t.mt, t.kp
-        c_addr = word_c // 2 if t.float64 else word_c  # C's elements: float64 ones for a float64 product
+        a_addr, b_addr, c_addr, m, kp = t.element_at(word_a), t.element_at(word_b), c_at, t.mt, t.kp
         if axis == "m":
             m, a_addr, c_addr = size, a_addr + first * t.kp, c_addr + first * (t.nt // pes)
         else:
@@ -695,9 +695,9 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
         cg.b.nop(hazard)
         partial = t.tiles("k") > 1
         if out_half or t.float64:  # C converted for its upload: to half, or from float64 to float32
-            up = out_dtype if out_half else "float32"
-            cg.b.vop("cvt", up, 1, c_elements, (mem_up, 2 * word_up if out_half else word_up, 0, 1),
-                     (mem_c, word_c // 2 if t.float64 else word_c, 0, 1), src_dtype=t.mau_dtype if t.float64 else "float32")
+            up, up_at = (out_dtype, 2 * word_up) if out_half else ("float32", word_up)
+            cg.b.vop("cvt", up, 1, c_elements, (mem_up, up_at, 0, 1), (mem_c, c_at, 0, 1),
+                     src_dtype="float64" if t.float64 else "float32")
             cg.b.nop(hazard)
             cg.upload(cg.lm_placement(lc_out, out_dtype), out_ref, memory=mem_up, word=word_up,
                       slice_index=bl * t.rounds + r, reduce=partial)

@@ -196,7 +196,7 @@ def in_every_group(n_groups: int, group: np.ndarray, own: np.ndarray, key: np.nd
     checked first, in one comparison; otherwise rows are matched by sorting."""
     everything = np.arange(len(group))
     rows = np.flatnonzero(own)
-    if not 0 < n_groups < 63 or len(rows) == 0:  # (Groups as bits of an int64)
+    if n_groups == 0 or len(rows) == 0:
         return rows[:0], everything
     mine = [rows[group[rows] == g] for g in range(n_groups)]
     if len(rows) == len(group) and all(len(m) == len(mine[0]) for m in mine) \
