@@ -21,7 +21,9 @@ from ..kernels.context import Buffer, Ref
 class Step:
     kernel: Kernel
     refs: dict[Value, Ref]  # what the kernel reads and writes
-    cycles: int
+    # None while the planner has not timed it: a candidate's relayouts are timed only as long as
+    # the candidate can still win (Planner.price)
+    cycles: int | None
     reads: tuple[Value, ...] = ()  # the values whose buffers it reads (for lifetimes)
     writes: tuple[Value, ...] = ()
 

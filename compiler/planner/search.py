@@ -135,7 +135,8 @@ class Planner:
     def tentative(self, v: Value, wanted: Layout | None) -> tuple[Ref, list[tuple[Value, Ref]], list[Step]]:
         """Where `v` would be if a kernel that wants it in LM layout `wanted` read it now, the
         values that would be placed for that (graph inputs, constants, pending views), and the
-        steps that would make it (a view its base's layout cannot express is gathered)."""
+        steps that would make it (a view its base's layout cannot express is gathered), not yet
+        timed (`price`)."""
         if v in self.refs:
             return self.refs[v], [], []
         if v in self.provisional:  # placed by an earlier operand of the same candidate
@@ -151,7 +152,7 @@ class Planner:
             kernel = self.movement_kernel(p.node, {p.node.out: layout}, {p.base: base_ref})
             ref = Ref(self.symbol_for(v), stage(self.ctx.lm_placement(layout, device_dtype(v))).dram, layout)
             refs = {p.base: base_ref, v: ref}
-            return ref, placed + [(v, ref)], steps + [Step(kernel, refs, self.time(kernel, refs), (p.base,), (v,))]
+            return ref, placed + [(v, ref)], steps + [Step(kernel, refs, None, (p.base,), (v,))]
         if v.kind in ("input", "const"):
             layout = wanted if wanted is not None and self._stageable(wanted, v) else self.default_layout(v)
             ref = Ref(self.symbol_for(v), stage(self.ctx.lm_placement(layout, device_dtype(v))).dram, layout)
@@ -188,6 +189,7 @@ class Planner:
         """Steps that make inputs of a chosen kernel (relayouts, gathered views): their outputs get
         buffers."""
         for step in steps:
+            self.price(step)
             for out in step.writes:
                 ref = step.refs[out]
                 self.buffers[ref.symbol] = Buffer(ref.symbol, "temp", ref.placement, out.name, None, ref.lm)
@@ -224,7 +226,8 @@ class Planner:
     def prepare(self, kernel: Kernel, allow_relay: bool = True
                 ) -> tuple[dict[Value, Ref], list[Step], list[tuple[Value, Ref]]]:
         """The refs a candidate would read and write, the relayout steps its inputs would need, and
-        the values it would place. Without `allow_relay`, a candidate that needs one is refused."""
+        the values it would place. Without `allow_relay`, a candidate that needs one is refused.
+        The steps are not timed yet (`price`): most candidates lose before their relayouts matter."""
         self.provisional = {}
         try:
             return self._prepare(kernel, allow_relay)
@@ -243,7 +246,7 @@ class Planner:
             relayout = RelayoutKernel(v, layout, target=target, zero_pad=zero_pad)
             copy = Ref(f"temp:{v.name}@{len(self.steps)}.{len(pre)}", target, layout)
             step_refs = {v: ref, relayout.out: copy}
-            pre.append(Step(relayout, step_refs, self.time(relayout, step_refs), (v,), (relayout.out,)))
+            pre.append(Step(relayout, step_refs, None, (v,), (relayout.out,)))
             if zero_pad:
                 self.clean.add(copy.symbol)
             return copy
@@ -282,6 +285,22 @@ class Planner:
             ref = Ref(self.symbol_for(v), want, None)
             return ref, [(v, ref)], []
         return self.tentative(v, None)
+
+    def price(self, step: Step) -> int:
+        """A step's cycles, timed on first asking."""
+        if step.cycles is None:
+            step.cycles = self.time(step.kernel, step.refs)
+        return step.cycles
+
+    def priced_within(self, steps: list[Step], start: int, limit: int | None) -> int | None:
+        """`start` plus the steps' cycles, or None once the sum exceeds `limit`: a relayout of a
+        large tensor can take seconds to emit and time, and it cannot make a losing candidate win."""
+        total = start
+        for step in steps:
+            if limit is not None and total > limit:
+                return None
+            total += self.price(step)
+        return None if limit is not None and total > limit else total
 
     def time(self, kernel: Kernel, refs: dict[Value, Ref]) -> int:
         key = kernel.key(refs)
@@ -323,9 +342,9 @@ class Planner:
                     continue
                 alone = self.time(kernel, refs)
                 fastest = alone if fastest is None else min(fastest, alone)
-                cycles = sum(s.cycles for s in pre) + alone
-                if best is not None and cycles > best[0][0]:
-                    continue  # slower before its relayouts are priced (they only add): cannot win
+                cycles = self.priced_within(pre, alone, best[0][0] if best is not None else None)
+                if cycles is None:
+                    continue  # slower before all its relayouts are priced (they only add): cannot win
                 cycles += self.meet_cycles(kernel, refs)
             except NeedsRelay:
                 continue

@@ -144,3 +144,30 @@ def test_small_mixed_precision_conv_estimates_stay_within_the_slack(mncore2, mon
     fn, inputs = cnn()  # its second conv reads the max-pool's output
     seen = estimates_against_timing(fn, inputs, mncore2, monkeypatch, {"float_dtype": "mixed"})
     assert all(estimate <= search.ESTIMATE_SLACK * cycles for _, estimate, cycles in seen)
+
+
+def test_relayouts_of_a_losing_candidate_are_not_timed(mini, monkeypatch):
+    """A candidate's relayouts are timed only while it can still win (Planner.priced_within): an
+    embedding's one-hot product offers tilings that each need its large operand relaid, and most
+    lose before all their relayouts are priced. The program is the one that pricing every
+    relayout picks, for fewer relayouts timed."""
+    from collections import Counter
+
+    from compiler.planner import search
+    fn = lambda d: {"y": F.embedding(d["ids"], d["w"])}  # noqa: E731
+    inputs = {"ids": torch.randint(0, 2000, (1, 16), generator=torch.Generator().manual_seed(0)),
+              "w": torch.randn(2000, 32)}
+    timed_relayouts = Counter()
+    timing = search.Planner.time
+
+    def counting(planner, kernel, refs):
+        timed_relayouts[type(kernel).__name__ == "RelayoutKernel"] += 1
+        return timing(planner, kernel, refs)
+    monkeypatch.setattr(search.Planner, "time", counting)
+    lazy = cycles(fn, inputs, mini)
+    lazily_timed = timed_relayouts[True]
+    timed_relayouts.clear()
+    monkeypatch.setattr(search.Planner, "priced_within",
+                        lambda planner, steps, start, limit: start + sum(planner.price(s) for s in steps))
+    assert cycles(fn, inputs, mini) == lazy
+    assert lazily_timed < timed_relayouts[True], (lazily_timed, timed_relayouts[True])
