@@ -71,6 +71,7 @@ ALLOWED = {
     ("compiler/kernels/context.py", 6): "completion-tag number (software convention)",
     ("compiler/kernels/loops.py", 4096): "planner budget: unrolling beyond this means a pathological layout pairing",
     ("compiler/kernels/matmul.py", 32): "undominated tilings per product the planner times (compile-time budget)",
+    ("compiler/kernels/matmul.py", 4): "tilings whose operand layouts a product offers its producers (compile-time budget)",
     ("compiler/kernels/matmul.py", 256): "lru_cache size",
     ("compiler/planner/rewrite.py", 4): "when a reduction is split: reduced elements per PE (planner heuristic)",
     ("compiler/planner/rewrite.py", 8): "when a reduction is split: PEs per kept element (planner heuristic)",

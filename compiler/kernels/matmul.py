@@ -43,6 +43,7 @@ from .context import FIRST_FREE_TAG, Arena, EmitContext, Ref
 
 ROLES = ("batch", "m", "n")
 NO_OVERLAP, OVERLAP_ALL, OVERLAP_EARLY = 0, 1, 2  # Tiling.overlap
+WISHED_TILINGS = 4  # tilings whose operand layouts a producer is offered (compile-time budget)
 CANDIDATES = 32  # at most this many undominated tilings per product are timed (compile-time budget)
 OPERAND_ROLES = {"a": ("batch", "m", "k"), "b": ("batch", "k", "n"), "c": ("batch", "m", "n")}
 
@@ -896,12 +897,19 @@ def _state_read_transposed(b: Value, planner) -> bool:
 
 
 def wishes(user: Node, v: Value, planner) -> list[Layout]:
-    """The operand layouts of the product's most promising tiling."""
+    """The operand layouts of the product's most promising tilings, best first: a producer that
+    cannot make the first (an operand it broadcasts would have to be staged in a way no transfer
+    mode feeds, as an embedding's index under its one-hot) may make another."""
     a, b = user.args
     try:
-        t = _tilings_for(user, planner, False)[0]
+        ranked = _tilings_for(user, planner, False)[:WISHED_TILINGS]
     except CompileError:
         return []
     p, batched = problem_of(user)
-    kernel = MatmulKernel(user, t, p, batched, planner.ctx)
-    return [layout for value, layout in ((a, kernel.la), (b, kernel.lb)) if value is v]
+    found: list[Layout] = []
+    for t in ranked:
+        kernel = MatmulKernel(user, t, p, batched, planner.ctx)
+        for value, layout in ((a, kernel.la), (b, kernel.lb)):
+            if value is v and layout not in found:
+                found.append(layout)
+    return found

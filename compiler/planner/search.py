@@ -77,7 +77,7 @@ class Planner:
         self.constraints = constraints
         self.output_wishes: dict[Value, Layout] = {}
         self.costs: dict[object, int] = {}
-        self.wish_cache: dict[Value, list[Layout]] = {}
+        self.wish_cache: dict[Value, list[list[Layout]]] = {}
         self.clean: set[str] = set()  # buffers whose padding is known to hold zeros
         self.provisional: dict[Value, Ref] = {}  # what the candidate being prepared has placed so far
 
@@ -375,8 +375,30 @@ class Planner:
             if wanted is not None and v in refs and not refs[v].placement.same_placement(wanted):
                 total += self.relayout_cycles(v, refs[v], wanted, lm)
             elif wanted is None and state is None and v in refs:
-                total += self.feed_cycles(v, refs[v])
+                total += self.feed_cycles(v, refs[v]) + self.wish_cycles(v, refs[v])
         return total
+
+    def wish_cycles(self, v: Value, ref: Ref) -> int:
+        """What a candidate's output costs its consumers beyond the layouts they wish for (0 when
+        it is stored as one of them): the timed copy into the cheapest wished layout's image. So a
+        producer weighs its own speed against its consumer's: an embedding's one-hot, computed in
+        the layout fastest for the comparison, left its product to gather it in single long words
+        (1.8 M cycles for a vocabulary of 4,000, against 0.1 M read as the product wishes)."""
+        wished = []
+        for layout in self.wishes(v):
+            try:
+                wished.append((stage(self.ctx.lm_placement(layout, device_dtype(v))).dram, layout))
+            except (CompileError, LayoutError):
+                continue
+        if not wished or any(ref.placement.same_placement(p) for p, _ in wished):
+            return 0
+        costs = []
+        for placement, layout in wished:
+            try:
+                costs.append(self.relayout_cycles(v, ref, placement, layout))
+            except (CompileError, LayoutError):
+                continue
+        return min(costs, default=0)
 
     def relayout_cycles(self, v: Value, ref: Ref, wanted: Placement, lm: Layout | None = None) -> int:
         """The timed copy of `v`, stored as `ref`, into `wanted` (the image of LM layout `lm`, when
@@ -456,18 +478,22 @@ class Planner:
         budget = self.budget(ElementwiseKernel.regions_of(group), ElementwiseKernel.read_together(group))
         found: list[Layout] = []
 
-        def add(layout: Layout | None) -> None:
-            if layout is None or layout.shape != shape or layout in found:
-                return
+        def add(layout: Layout | None) -> bool:
+            """Offer `layout` (time-sliced to the budget); whether the group can compute in it."""
+            if layout is None or layout.shape != shape:
+                return False
             from ..layout.spread import time_sliced
             sliced = time_sliced(layout, budget, self.hw.elements_per_lw(dtype))
-            if sliced is not None and self._uploadable(sliced, dtype) and sliced not in found:
+            if sliced is None or not self._uploadable(sliced, dtype):
+                return False
+            if sliced not in found:
                 found.append(sliced)
+            return all(self._operand_stageable(sliced, v) for v in group.inputs)
         for v in group.outputs:
             if v in self.output_wishes:
                 add(self.output_wishes[v])
-            for wish in self.wishes(v):
-                add(wish)
+            for ranked in self.wish_lists(v):  # each consumer's wishes, up to the first the group can make
+                any(add(wish) for wish in ranked)
         spread_inputs = []  # operands' broadcast layouts spread over the MABs: timed beyond the budget below
         for v in group.inputs:
             ref = self.refs.get(v)
@@ -519,14 +545,17 @@ class Planner:
             return False
 
     def wishes(self, v: Value) -> list[Layout]:
-        """LM layouts the consumers of `v` would like to read it in (cached)."""
+        """LM layouts the consumers of `v` would like to read it in."""
+        found: list[Layout] = []
+        for ranked in self.wish_lists(v):
+            found += [layout for layout in ranked if layout not in found]
+        return found
+
+    def wish_lists(self, v: Value) -> list[list[Layout]]:
+        """Per consumer of `v`, the LM layouts it would like to read it in, best first: a
+        producer offers the first it can compute in (cached)."""
         if v not in self.wish_cache:
-            found: list[Layout] = []
-            for user in self.users.get(v, []):
-                for layout in plan_wishes(user, v, self):
-                    if layout not in found:
-                        found.append(layout)
-            self.wish_cache[v] = found
+            self.wish_cache[v] = [ranked for user in self.users.get(v, []) if (ranked := plan_wishes(user, v, self))]
         return self.wish_cache[v]
 
     def plan_group(self, group: Group) -> None:
