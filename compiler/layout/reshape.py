@@ -2,8 +2,10 @@
 
 An unpadded layout is a list of mixed-radix digits of the flat (row-major) index, split into
 dimensions; a reshape splits the same digit list at other places, cutting a factor in two
-where a new dimension boundary falls inside it. Padded layouts, or boundaries that do not
-divide a factor, cannot be reshaped in place; the caller then gathers into a new layout.
+where a new dimension boundary falls inside it. A reshape that only adds or drops dimensions of
+size 1 keeps every other dimension's factors as they are, padded or not. Other reshapes of padded
+layouts, or boundaries that do not divide a factor, cannot be made in place; the caller then
+gathers into a new layout.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from .layout import ADDRESS, Factor, Layout
 
 
 def reshape_layout(layout: Layout, shape: tuple[int, ...]) -> Layout | None:
+    if [n for n in layout.shape if n != 1] == [n for n in shape if n != 1]:
+        return _unit_dims_changed(layout, shape)
     if layout.extents != layout.shape:
         return None
     digits = [f for dim in layout.dims for f in dim if f.size > 1]
@@ -34,7 +38,34 @@ def reshape_layout(layout: Layout, shape: tuple[int, ...]) -> Layout | None:
         dims.insert(0, dim or [Factor(1, ADDRESS, 1)])
     if digits:
         return None
-    # size-1 factors carried which axes the layout names (that decides broadcast): keep them
+    return _with_named_axes(layout, dims, shape)
+
+
+def _unit_dims_changed(layout: Layout, shape: tuple[int, ...]) -> Layout | None:
+    """`layout` read with dimensions of size 1 added or dropped (an embedding's (V, D) table read
+    as (1, V, D)): every other dimension keeps its factors, padding included. A size-1 dimension
+    whose factors span several positions (padded) must stay one; None when it cannot."""
+    old, dims = list(zip(layout.shape, layout.dims)), []
+    padded = lambda dim: any(f.size > 1 for f in dim)  # noqa: E731
+    i = 0
+    for n in shape:
+        while i < len(old) and old[i][0] == 1 and old[i][0] != n and not padded(old[i][1]):
+            i += 1  # a unit dimension dropped
+        if i < len(old) and old[i][0] == n:
+            dims.append(list(old[i][1]))
+            i += 1
+        elif n == 1:
+            dims.append([Factor(1, ADDRESS, 1)])  # a unit dimension added
+        else:
+            return None
+    if any(size != 1 or padded(dim) for size, dim in old[i:]):
+        return None
+    return _with_named_axes(layout, dims, shape)
+
+
+def _with_named_axes(layout: Layout, dims: list[list[Factor]], shape: tuple[int, ...]) -> Layout:
+    """The reshaped layout; size-1 factors carried which axes the layout names (that decides
+    broadcast): those the new dimensions lost are kept on the first."""
     named = {f.axis for dim in layout.dims for f in dim if f.axis is not None}
     kept = {f.axis for dim in dims for f in dim if f.axis is not None}
     extra = [Factor(1, axis, 1) for axis in sorted(named - kept, key=str)]

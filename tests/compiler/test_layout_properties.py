@@ -119,3 +119,41 @@ def test_digit_formulas_agree_with_every_element(chip, memory, data):
 def test_same_placement_compares_elements_not_text(mncore2, a, b, same):
     pa, pb = (Placement(parse(x), mncore2, "DRAM", "float32") for x in (a, b))
     assert pa.same_placement(pb) == pb.same_placement(pa) == same
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("memory", ["LM0", "DRAM"])
+@SETTINGS
+@given(data=st.data())
+def test_a_unit_dimension_added_or_dropped_reads_the_same_words(chip, memory, data):
+    """reshape_layout of any layout, padded or not, to its shape with a size-1 dimension added
+    (an embedding's (V, D) table read as (1, V, D)) places every element where it was; dropping
+    that dimension again does too."""
+    from compiler.layout.reshape import reshape_layout
+    hw = CHIPS[chip]
+    layout = data.draw(legal_layouts(hw, memory))
+    at = data.draw(st.integers(0, len(layout.shape)))
+    shape = layout.shape[:at] + (1,) + layout.shape[at:]
+    viewed = reshape_layout(layout, shape)
+    assert viewed is not None and viewed.shape == shape
+    back = reshape_layout(viewed, layout.shape)
+    assert back is not None
+    x = np.arange(1, layout.numel + 1, dtype=np.uint32).reshape(layout.shape)
+    p = Placement(layout, hw, memory, "float32")
+    want = np.zeros((p.instance_count, p.span_lw * 2), dtype=np.uint32)
+    scatter(p, x, want, 0)
+    for other in (viewed, back):
+        q = Placement(other, hw, memory, "float32")
+        assert (q.instance_count, q.span_lw, q.copies) == (p.instance_count, p.span_lw, p.copies)
+        got = np.zeros_like(want)
+        scatter(q, x.reshape(other.shape), got, 0)
+        assert np.array_equal(got, want)
+
+
+def test_a_padded_unit_dimension_is_not_dropped_in_place():
+    """A size-1 dimension whose factor spans several positions (padding) holds its element at
+    one of them: dropping it would move the others, so reshape_layout refuses (the caller gathers)."""
+    from compiler.layout.reshape import reshape_layout
+    layout = parse("(1, 8)/((2:8), (8:1))")
+    assert layout.extents != layout.shape
+    assert reshape_layout(layout, (8,)) is None
