@@ -74,9 +74,16 @@ def imm_bits(x: int | float | None, dtype: DType) -> int:
     return i32_bits(x) if dtype == DType.int32 else f32_bits(float(x))
 
 
+class InstructionLimit(SimError):
+    """A builder given a `limit` was asked for more instructions: raised as the block that crosses
+    it is emitted, before the program's memory is spent (the planner times candidate programs
+    under a budget once it has a cheaper one; compiler.planner.search)."""
+
+
 class ProgramBuilder:
-    def __init__(self, params: MachineParams) -> None:
+    def __init__(self, params: MachineParams, limit: int | None = None) -> None:
         self.params = params
+        self.limit = limit  # instructions this builder may hold (None: any number)
         self._blocks: list[np.ndarray] = []  # [k, FIELDS] instruction blocks, in order
         self._count = 0
         self._relocs: list[tuple[int, int, int]] = []
@@ -94,6 +101,7 @@ class ProgramBuilder:
         return self.params.memory_id(name)
 
     def _emit(self, op: Op, fields: dict[int, Address]) -> int:
+        self._check_limit(1)
         row = np.zeros((1, FIELDS), dtype=np.int64)
         row[0, 0] = op
         if self._bundle is not None and op in (Op.VOP, Op.XFER, Op.MATMUL):
@@ -109,6 +117,11 @@ class ProgramBuilder:
         self._blocks.append(row)
         self._count += 1
         return index
+
+    def _check_limit(self, more: int) -> None:
+        """Raise InstructionLimit if `more` instructions would pass the limit."""
+        if self.limit is not None and self._count + more > self.limit:
+            raise InstructionLimit(f"the program would pass its limit of {self.limit:,} instructions")
 
     def _symbol(self, name: str) -> int:
         return self._symbols.setdefault(name, len(self._symbols))
@@ -142,6 +155,7 @@ class ProgramBuilder:
         """Append instructions built elsewhere (rows without relocatable addresses): a kernel emits
         the same compute for every time slice once, then repeats it."""
         if len(code):
+            self._check_limit(len(code))
             self._blocks.append(np.ascontiguousarray(code, dtype=np.int64).reshape(-1, FIELDS))
             self._count += len(code)
 
@@ -192,6 +206,7 @@ class ProgramBuilder:
         k = len(n_lw)
         if k == 0:
             return
+        self._check_limit(k)  # before the block is allocated
         block = np.zeros((k, FIELDS), dtype=np.int64)
         block[:, 0] = Op.MV
         block[:, isa.MV_MODE] = Mode[mode]

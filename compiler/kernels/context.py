@@ -100,12 +100,12 @@ class Arena:
 
 
 class EmitContext:
-    def __init__(self, hw: HwDesc, options: dict | None = None) -> None:
+    def __init__(self, hw: HwDesc, options: dict | None = None, instruction_limit: int | None = None) -> None:
         self.hw = hw
         self.options = options or {}
         self.chain = Chain.of(hw)
         self.params = MachineParams.from_hw(hw)
-        self.b = ProgramBuilder(self.params)
+        self.b = ProgramBuilder(self.params, instruction_limit)
         self.buffers: dict[str, Buffer] = {}
         self.sources_cache: dict[tuple, LwSources] = {}
         l2, l1 = hw.memory_lw(self.chain.l2) // 2, hw.memory_lw(self.chain.l1) // 2

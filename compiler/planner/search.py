@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from hwdesc import HwDesc
+from sim.builder import InstructionLimit
 
 from ..errors import CompileError, LayoutError, SpecMismatchError, UnsupportedOpError
 from ..iospec import IOSpec
@@ -55,6 +56,15 @@ ROLE = {"input": "input", "const": "const", "node": "temp"}
 
 class NeedsRelay(Exception):
     """A candidate whose input would have to be relaid first (refused in the first round)."""
+
+
+class OverBudget(Exception):
+    """A candidate whose program passes TIMED_INSTRUCTIONS while a timed one exists."""
+# Once a candidate is timed, another whose program (a kernel, or one of its relayouts) passes this
+# many instructions is dropped instead of timed: the planner emits what it times, and a relayout of
+# a large tensor in single long words took 15 GB of host memory to build for a GPT-2 LM head
+# (50,257 x 768) that did not need it. A compile-time budget, not a hardware number.
+TIMED_INSTRUCTIONS = 1_000_000
 CANDIDATE_LAYOUTS = 6  # iteration / output layouts the planner times per node (compile-time budget)
 # A candidate whose own estimate exceeds this many times the fastest timed kernel is not timed:
 # kernels' estimates stay within this factor of their timing (tests/compiler/test_planner_properties.py
@@ -286,28 +296,32 @@ class Planner:
             return ref, [(v, ref)], []
         return self.tentative(v, None)
 
-    def price(self, step: Step) -> int:
-        """A step's cycles, timed on first asking."""
+    def price(self, step: Step, budget: int | None = None) -> int:
+        """A step's cycles, timed on first asking (OverBudget past `budget` instructions)."""
         if step.cycles is None:
-            step.cycles = self.time(step.kernel, step.refs)
+            step.cycles = self.time(step.kernel, step.refs, budget)
         return step.cycles
 
-    def priced_within(self, steps: list[Step], start: int, limit: int | None) -> int | None:
+    def priced_within(self, steps: list[Step], start: int, limit: int | None, budget: int | None = None) -> int | None:
         """`start` plus the steps' cycles, or None once the sum exceeds `limit`: a relayout of a
         large tensor can take seconds to emit and time, and it cannot make a losing candidate win."""
         total = start
         for step in steps:
             if limit is not None and total > limit:
                 return None
-            total += self.price(step)
+            total += self.price(step, budget)
         return None if limit is not None and total > limit else total
 
-    def time(self, kernel: Kernel, refs: dict[Value, Ref]) -> int:
+    def time(self, kernel: Kernel, refs: dict[Value, Ref], limit: int | None = None) -> int:
+        """The cycles of what `kernel` emits; OverBudget if that passes `limit` instructions."""
         key = kernel.key(refs)
         if key is not None and key in self.costs:
             return self.costs[key]
-        ctx = EmitContext(self.hw, self.options)
-        kernel.emit(ctx, refs)
+        ctx = EmitContext(self.hw, self.options, limit)
+        try:
+            kernel.emit(ctx, refs)
+        except InstructionLimit as e:
+            raise OverBudget(str(e)) from None
         cycles = cycles_of(ctx.params, ctx.b.build().code)
         if key is not None:
             self.costs[key] = cycles
@@ -329,24 +343,36 @@ class Planner:
         return kernel
 
     def _best(self, candidates: list[Kernel], allow_relay: bool) -> tuple[tuple | None, list[str]]:
+        """Candidates that read their inputs where they are are timed first: once one is, the others
+        are timed under TIMED_INSTRUCTIONS."""
         best = None
         fastest = None  # the fastest kernel timed, alone
         errors: list[str] = []
+        prepared = []
         for kernel in candidates:
             try:
-                refs, pre, placed = self.prepare(kernel, allow_relay)
+                prepared.append((kernel, *self.prepare(kernel, allow_relay)))
+            except NeedsRelay:
+                continue
+            except UnsupportedOpError:
+                raise
+            except (CompileError, LayoutError) as e:
+                errors.append(str(e))
+        for kernel, refs, pre, placed in sorted(prepared, key=lambda c: len(c[2]) > 0):
+            budget = TIMED_INSTRUCTIONS if best is not None else None
+            try:
                 if hasattr(kernel, "feasible") and not kernel.feasible(self.ctx, refs):
                     continue
                 estimate = kernel.estimate(refs)
                 if estimate is not None and fastest is not None and estimate > ESTIMATE_SLACK * fastest:
                     continue
-                alone = self.time(kernel, refs)
+                alone = self.time(kernel, refs, budget)
                 fastest = alone if fastest is None else min(fastest, alone)
-                cycles = self.priced_within(pre, alone, best[0][0] if best is not None else None)
+                cycles = self.priced_within(pre, alone, best[0][0] if best is not None else None, budget)
                 if cycles is None:
                     continue  # slower before all its relayouts are priced (they only add): cannot win
                 cycles += self.meet_cycles(kernel, refs)
-            except NeedsRelay:
+            except OverBudget:
                 continue
             except UnsupportedOpError:
                 raise
@@ -395,16 +421,18 @@ class Planner:
         costs = []
         for placement, layout in wished:
             try:
-                costs.append(self.relayout_cycles(v, ref, placement, layout))
-            except (CompileError, LayoutError):
-                continue
+                costs.append(self.relayout_cycles(v, ref, placement, layout, TIMED_INSTRUCTIONS))
+            except (CompileError, LayoutError, OverBudget):
+                continue  # (a copy too large to time: the consumer's own candidates price reading it)
         return min(costs, default=0)
 
-    def relayout_cycles(self, v: Value, ref: Ref, wanted: Placement, lm: Layout | None = None) -> int:
+    def relayout_cycles(self, v: Value, ref: Ref, wanted: Placement, lm: Layout | None = None,
+                        budget: int | None = None) -> int:
         """The timed copy of `v`, stored as `ref`, into `wanted` (the image of LM layout `lm`, when
-        known): the copy `copy_to` emits, so both share one timing."""
+        known): the copy `copy_to` emits, so both share one timing. OverBudget past `budget`
+        instructions."""
         copy = RelayoutKernel.copy(v, ref, wanted)
-        return self.time(copy, {v: ref, copy.out: Ref("output", wanted, lm)})
+        return self.time(copy, {v: ref, copy.out: Ref("output", wanted, lm)}, budget)
 
     def feed_cycles(self, v: Value, ref: Ref) -> int:
         """The relayout of `v` into the layout of the resident tensor whose update it feeds (0 when

@@ -38,6 +38,10 @@ Address = int | Sym
 
 _CACHE: "OrderedDict[tuple, LwSources | LaneMismatch]" = OrderedDict()
 CACHED_GATHERS = 256  # conversions kept (planning asks for the same ones repeatedly; compile-time cache)
+# and at most this many bytes of their runs: a large tensor's gather in single long words is tens of
+# millions of runs (1.8 GB for a transposed 50,257 x 768 table), and a count alone let a GPT-2's
+# compile keep 15 GB of them (host policy, like hostio's OFFSET_CACHE_BYTES)
+CACHED_GATHER_BYTES = 512 << 20
 
 
 def lw_sources(dst: "Placement | DimTerms", src: "Placement | DimTerms", index: np.ndarray | None = None
@@ -68,13 +72,19 @@ def lw_sources(dst: "Placement | DimTerms", src: "Placement | DimTerms", index: 
         except LaneMismatch as e:
             found = e
         _CACHE[key] = found
-        if len(_CACHE) > CACHED_GATHERS:
-            _CACHE.popitem(last=False)
+        while len(_CACHE) > 1 and (len(_CACHE) > CACHED_GATHERS or
+                                   sum(_nbytes(v) for v in _CACHE.values()) > CACHED_GATHER_BYTES):
+            _CACHE.popitem(last=False)  # the least recently used; the newest stays
     else:
         _CACHE.move_to_end(key)
     if isinstance(found, LaneMismatch):
         raise LaneMismatch(str(found))
     return found
+
+
+def _nbytes(found: "LwSources | LaneMismatch") -> int:
+    return 0 if isinstance(found, LaneMismatch) else sum(
+        a.nbytes for a in (found.dst_group, found.dst, found.n, found.src_group, found.src, found.buffer))
 
 
 def _digest(index: np.ndarray) -> tuple:

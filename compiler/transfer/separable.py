@@ -32,6 +32,15 @@ from .sources import LaneMismatch, LwSources
 
 Terms = tuple[np.ndarray, np.ndarray, np.ndarray]  # (Group, long word, lane) added by each index value
 PAIR = ("dst Group", "dst", "src Group", "src")  # the columns of a dimension's long-word pairs
+# A gather of more runs than this is refused (GatherTooLarge) rather than listed: its runs take
+# about 100 bytes each to build, and a GPT-2's tied 50,257 x 768 table read transposed was 77 M
+# runs, 15 GB of host memory, as one planner candidate. Such a gather is also tens of millions of
+# MVs on the chip. A compile-time budget, not a hardware number.
+MAX_GATHER_RUNS = 8_000_000
+
+
+class GatherTooLarge(LayoutError):
+    """A gather whose runs would pass MAX_GATHER_RUNS."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,7 +158,10 @@ def separable_sources(dst: "Placement | DimTerms", src: "Placement | DimTerms") 
     boxes = s.boxes if s.boxes is not None else ((None, (0, 0)),)
     parts = []
     for box, (add_group, add_lw) in boxes:
-        dst_group, dst_lw, src_group, src_lw, n = _box_runs(d, s, box)
+        try:
+            dst_group, dst_lw, src_group, src_lw, n = _box_runs(d, s, box)
+        except GatherTooLarge as e:
+            raise GatherTooLarge(f"{s.placement.layout}{_window(s)} into {d.placement.layout}: {e}") from None
         parts.append((dst_group, dst_lw, src_group + add_group, src_lw + add_lw, n))
     dst_group, dst_lw, src_group, src_lw, n = (np.concatenate(cols) for cols in zip(*parts))
     dst_lw, src_lw = dst_lw + d.base, src_lw + s.base
@@ -239,6 +251,9 @@ def _enumerate(pairs: list[np.ndarray]) -> tuple[np.ndarray, ...]:
     sizes = [len(r) for r in pairs]
     count = [len(seg[0]) * prod(s for j, s in enumerate(sizes) if j != k) for k, seg in enumerate(segments)]
     along = int(np.argmin(count))
+    if count[along] > MAX_GATHER_RUNS:
+        raise GatherTooLarge(f"a gather of {count[along]:,} runs (more than {MAX_GATHER_RUNS:,}); its layouts "
+                             f"keep too few long words adjacent")
     cols = [np.zeros(1, dtype=np.int64) for _ in PAIR]
     for k, rows in enumerate(pairs):
         if k != along:

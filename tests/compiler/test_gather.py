@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -209,3 +211,34 @@ def test_mvs_merge_into_one_in_every_group_only_when_every_group_makes_them_alik
     assert alone.tolist() == list(range(4, 12))
     one_group = in_every_group(1, np.zeros(3, dtype=np.int64), np.ones(3, dtype=bool), key[[0, 4, 11]])
     assert one_group[0].tolist() == [0, 1, 2] and one_group[1].tolist() == []
+
+
+def test_the_gather_cache_keeps_runs_up_to_its_byte_budget(mncore2, monkeypatch):
+    """Cached conversions are evicted, least recently used first, once their runs pass
+    CACHED_GATHER_BYTES (a large tensor's gather can be gigabytes of runs); the newest stays, and
+    an evicted one is computed again, the same."""
+    from compiler.transfer import gather as gathers
+    monkeypatch.setattr(gathers, "_CACHE", type(gathers._CACHE)())
+    a, b = (Placement(parse(t), mncore2, "DRAM", "float32") for t in (A, B))
+    first = lw_sources(b, a)
+    one = sum(x.nbytes for x in (first.dst_group, first.dst, first.n, first.src_group, first.src, first.buffer))
+    monkeypatch.setattr(gathers, "CACHED_GATHER_BYTES", one)
+    second = lw_sources(a, b)
+    assert len(gathers._CACHE) == 1 and lw_sources(a, b) is second  # the newest kept, the older evicted
+    again = lw_sources(b, a)
+    assert again is not first and np.array_equal(again.src, first.src) and np.array_equal(again.n, first.n)
+
+
+def test_a_gather_of_too_many_runs_is_refused_naming_its_layouts(mncore2, monkeypatch):
+    """A gather whose runs would pass MAX_GATHER_RUNS raises GatherTooLarge (a LayoutError, so the
+    planner drops the candidate that needs it) naming both layouts, before its runs are built."""
+    from compiler.transfer import gather as gathers
+    from compiler.transfer import separable
+    monkeypatch.setattr(gathers, "_CACHE", type(gathers._CACHE)())
+    a, b = (Placement(parse(t), mncore2, "DRAM", "float32") for t in (A, B))
+    runs = len(lw_sources(b, a).n)
+    gathers._CACHE.clear()
+    monkeypatch.setattr(separable, "MAX_GATHER_RUNS", runs - 1)
+    with pytest.raises(separable.GatherTooLarge, match=rf"{re.escape(str(a.layout))} into {re.escape(str(b.layout))}: "
+                                                       rf"a gather of [\d,]+ runs \(more than {runs - 1:,}\)"):
+        lw_sources(b, a)

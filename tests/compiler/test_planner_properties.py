@@ -9,6 +9,8 @@ program, which the simulator never times slower.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -106,11 +108,12 @@ def estimates_against_timing(fn, inputs, hw, monkeypatch, options=None) -> list[
     """(kernel kind, estimate, timed cycles) of every candidate the planner considers, none pruned."""
     from compiler.planner import search
     monkeypatch.setattr(search, "ESTIMATE_SLACK", float("inf"))
+    monkeypatch.setattr(search, "TIMED_INSTRUCTIONS", None)
     seen: list[tuple[str, int, int]] = []
     timed = search.Planner.time
 
-    def record(self, kernel, refs):
-        cycles = timed(self, kernel, refs)
+    def record(self, kernel, refs, limit=None):
+        cycles = timed(self, kernel, refs, limit)
         estimate = kernel.estimate(refs)
         if estimate is not None:
             seen.append((type(kernel).__name__, estimate, cycles))
@@ -151,8 +154,6 @@ def test_relayouts_of_a_losing_candidate_are_not_timed(mini, monkeypatch):
     embedding's one-hot product offers tilings that each need its large operand relaid, and most
     lose before all their relayouts are priced. The program is the one that pricing every
     relayout picks, for fewer relayouts timed."""
-    from collections import Counter
-
     from compiler.planner import search
     fn = lambda d: {"y": F.embedding(d["ids"], d["w"])}  # noqa: E731
     inputs = {"ids": torch.randint(0, 2000, (1, 16), generator=torch.Generator().manual_seed(0)),
@@ -160,14 +161,42 @@ def test_relayouts_of_a_losing_candidate_are_not_timed(mini, monkeypatch):
     timed_relayouts = Counter()
     timing = search.Planner.time
 
-    def counting(planner, kernel, refs):
+    def counting(planner, kernel, refs, limit=None):
         timed_relayouts[type(kernel).__name__ == "RelayoutKernel"] += 1
-        return timing(planner, kernel, refs)
+        return timing(planner, kernel, refs, limit)
     monkeypatch.setattr(search.Planner, "time", counting)
     lazy = cycles(fn, inputs, mini)
     lazily_timed = timed_relayouts[True]
     timed_relayouts.clear()
     monkeypatch.setattr(search.Planner, "priced_within",
-                        lambda planner, steps, start, limit: start + sum(planner.price(s) for s in steps))
+                        lambda planner, steps, start, limit, budget=None: start + sum(planner.price(s) for s in steps))
     assert cycles(fn, inputs, mini) == lazy
     assert lazily_timed < timed_relayouts[True], (lazily_timed, timed_relayouts[True])
+
+
+def test_once_a_candidate_is_timed_the_others_must_fit_the_instruction_budget(mini, monkeypatch):
+    """Candidates that read their inputs where they are are timed first; after one is, a candidate
+    whose program (or a relayout it needs) passes TIMED_INSTRUCTIONS is dropped, not emitted in
+    full. With a budget of no instructions at all, every choice keeps its first timed candidate:
+    fewer programs are timed, and the program still computes the function."""
+    from runtime import Device
+    from compiler.planner import search
+    torch.manual_seed(0)
+    w1, w2 = torch.randn(24, 40), torch.randn(10, 24)
+    fn = lambda d: {"y": torch.relu(d["x"] @ w1.T) @ w2.T}  # noqa: E731
+    inputs = {"x": torch.randn(16, 40)}
+    emitted = Counter()
+    timing = search.Planner.time
+
+    def counting(planner, kernel, refs, limit=None):
+        cycles = timing(planner, kernel, refs, limit)
+        emitted[limit is None] += 1
+        return cycles
+    monkeypatch.setattr(search.Planner, "time", counting)
+    compile_function(fn, inputs, mini)
+    unlimited = sum(emitted.values())
+    emitted.clear()
+    monkeypatch.setattr(search, "TIMED_INSTRUCTIONS", 0)
+    compiled = compile_function(fn, inputs, mini)
+    assert sum(emitted.values()) < unlimited, (emitted, unlimited)
+    torch.testing.assert_close(Device(mini).execute(compiled, inputs)["y"], fn(inputs)["y"], rtol=1e-5, atol=1e-5)

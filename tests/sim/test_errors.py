@@ -178,3 +178,21 @@ def test_repeated_rows_are_checked_once_yet_report_where_they_first_fail(mini):
     b = builder(m)
     rounds(b, False)
     assert m.run(b.build(), mode="timing").instructions["XFER"] == 6
+
+
+def test_a_builder_refuses_instructions_past_its_limit(mini):
+    """A builder with a limit raises InstructionLimit before it holds more instructions than that,
+    for single instructions and for a block of MVs alike, and keeps what it had (the planner
+    stops emitting a candidate it would not time)."""
+    from sim.builder import InstructionLimit
+    b = sim.ProgramBuilder(sim.Machine(mini).params, limit=3)
+    b.nop(1)
+    b.nop(1)
+    with pytest.raises(InstructionLimit, match="limit of 3 instructions"):
+        b.mv_block("individual", "DRAM", 0, np.arange(2), "L2BM", 0, np.arange(2), np.ones(2, dtype=np.int64),
+                   tag=1, src_inst=0, dst_inst=0)
+    assert len(b) == 2
+    b.nop(1)
+    with pytest.raises(InstructionLimit):
+        b.nop(1)
+    assert len(b) == 3 and len(b.build(hazards=False).code) == 3
