@@ -42,6 +42,7 @@ CACHED_GATHERS = 256  # conversions kept (planning asks for the same ones repeat
 # millions of runs (1.8 GB for a transposed 50,257 x 768 table), and a count alone let a GPT-2's
 # compile keep 15 GB of them (host policy, like hostio's OFFSET_CACHE_BYTES)
 CACHED_GATHER_BYTES = 512 << 20
+_cached_bytes = [0]  # the runs' bytes _CACHE holds, kept as entries come and go
 
 
 def lw_sources(dst: "Placement | DimTerms", src: "Placement | DimTerms", index: np.ndarray | None = None
@@ -72,9 +73,9 @@ def lw_sources(dst: "Placement | DimTerms", src: "Placement | DimTerms", index: 
         except LaneMismatch as e:
             found = e
         _CACHE[key] = found
-        while len(_CACHE) > 1 and (len(_CACHE) > CACHED_GATHERS or
-                                   sum(_nbytes(v) for v in _CACHE.values()) > CACHED_GATHER_BYTES):
-            _CACHE.popitem(last=False)  # the least recently used; the newest stays
+        _cached_bytes[0] += _nbytes(found)
+        while len(_CACHE) > 1 and (len(_CACHE) > CACHED_GATHERS or _cached_bytes[0] > CACHED_GATHER_BYTES):
+            _cached_bytes[0] -= _nbytes(_CACHE.popitem(last=False)[1])  # the least recently used; the newest stays
     else:
         _CACHE.move_to_end(key)
     if isinstance(found, LaneMismatch):

@@ -62,6 +62,7 @@ def test_an_element_map_gather_is_reused_only_for_the_same_map(mini, monkeypatch
 
     import compiler.transfer.gather as gather_module
     monkeypatch.setattr(gather_module, "_CACHE", OrderedDict())  # whatever earlier tests matched
+    monkeypatch.setattr(gather_module, "_cached_bytes", [0])
     src = Placement(parse("(6,8)/((6:4), (4:1, 2_W:1))"), mini, "DRAM", "float32")
     dst = Placement(parse("(5,8)/((5:4), (4:1, 2_W:1))"), mini, "DRAM", "float32")
     matched = []
@@ -219,12 +220,15 @@ def test_the_gather_cache_keeps_runs_up_to_its_byte_budget(mncore2, monkeypatch)
     an evicted one is computed again, the same."""
     from compiler.transfer import gather as gathers
     monkeypatch.setattr(gathers, "_CACHE", type(gathers._CACHE)())
+    monkeypatch.setattr(gathers, "_cached_bytes", [0])
     a, b = (Placement(parse(t), mncore2, "DRAM", "float32") for t in (A, B))
     first = lw_sources(b, a)
     one = sum(x.nbytes for x in (first.dst_group, first.dst, first.n, first.src_group, first.src, first.buffer))
     monkeypatch.setattr(gathers, "CACHED_GATHER_BYTES", one)
     second = lw_sources(a, b)
     assert len(gathers._CACHE) == 1 and lw_sources(a, b) is second  # the newest kept, the older evicted
+    assert gathers._cached_bytes[0] == sum(x.nbytes for x in (second.dst_group, second.dst, second.n,
+                                                               second.src_group, second.src, second.buffer))
     again = lw_sources(b, a)
     assert again is not first and np.array_equal(again.src, first.src) and np.array_equal(again.n, first.n)
 
@@ -235,6 +239,7 @@ def test_a_gather_of_too_many_runs_is_refused_naming_its_layouts(mncore2, monkey
     from compiler.transfer import gather as gathers
     from compiler.transfer import separable
     monkeypatch.setattr(gathers, "_CACHE", type(gathers._CACHE)())
+    monkeypatch.setattr(gathers, "_cached_bytes", [0])
     a, b = (Placement(parse(t), mncore2, "DRAM", "float32") for t in (A, B))
     runs = len(lw_sources(b, a).n)
     gathers._CACHE.clear()
