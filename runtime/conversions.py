@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from compiler.convert import Conversion, build_conversion
-from compiler.errors import CompileError
+from compiler.errors import CompileError, LayoutError
 from compiler.iospec import IOSpec
 
 from .device import BOTH, TIMING, Device, DeviceBuffer, spec_placement
@@ -93,7 +93,7 @@ class Conversions:
         if key not in self._timed:
             try:
                 self._timed[key] = self.device.machine.time(self.program(src, dst).program.code).total_cycles
-            except CompileError:
+            except (CompileError, LayoutError):  # (a gather too large to list: GatherTooLarge)
                 self._timed[key] = None
         return self._timed[key]
 
