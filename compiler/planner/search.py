@@ -200,6 +200,9 @@ class Planner:
         buffers."""
         for step in steps:
             self.price(step)
+            if getattr(step.kernel, "zero_pad", False):  # marked here, not when a candidate is prepared:
+                # relay buffers of candidates that lose can share a name with the winner's
+                self.clean.update(step.refs[out].symbol for out in step.writes)
             for out in step.writes:
                 ref = step.refs[out]
                 self.buffers[ref.symbol] = Buffer(ref.symbol, "temp", ref.placement, out.name, None, ref.lm)
@@ -257,9 +260,7 @@ class Planner:
             copy = Ref(f"temp:{v.name}@{len(self.steps)}.{len(pre)}", target, layout)
             step_refs = {v: ref, relayout.out: copy}
             pre.append(Step(relayout, step_refs, None, (v,), (relayout.out,)))
-            if zero_pad:
-                self.clean.add(copy.symbol)
-            return copy
+            return copy  # (its padding is known zero once committed: commit_steps)
 
         for v, layout in kernel.reads().items():
             ref, more, made = self.tentative(v, layout)
