@@ -60,6 +60,8 @@ class NeedsRelay(Exception):
 
 class OverBudget(Exception):
     """A candidate whose program passes TIMED_INSTRUCTIONS while a timed one exists."""
+
+
 # Once a candidate is timed, another whose program (a kernel, or one of its relayouts) passes this
 # many instructions is dropped instead of timed: the planner emits what it times, and a relayout of
 # a large tensor in single long words took 15 GB of host memory to build for a GPT-2 LM head

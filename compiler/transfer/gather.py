@@ -84,8 +84,7 @@ def lw_sources(dst: "Placement | DimTerms", src: "Placement | DimTerms", index: 
 
 
 def _nbytes(found: "LwSources | LaneMismatch") -> int:
-    return 0 if isinstance(found, LaneMismatch) else sum(
-        a.nbytes for a in (found.dst_group, found.dst, found.n, found.src_group, found.src, found.buffer))
+    return 0 if isinstance(found, LaneMismatch) else found.nbytes
 
 
 def _digest(index: np.ndarray) -> tuple:

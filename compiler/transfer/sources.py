@@ -152,6 +152,11 @@ class LwSources:
         return run_arrays_many(self, groups, np.zeros_like(groups), np.full_like(groups, self.span))
 
     @property
+    def nbytes(self) -> int:
+        """Host bytes of the run arrays (what a cache of gathers holds)."""
+        return sum(a.nbytes for a in (self.dst_group, self.dst, self.n, self.src_group, self.src, self.buffer))
+
+    @property
     def mv_count(self) -> int:
         """MVs of the whole gather, its runs joined across holes (`run_arrays`): a kernel that
         fetches it in slices issues at least this many."""
