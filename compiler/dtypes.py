@@ -13,4 +13,5 @@ DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bool: "bool"
           torch.int64: "int64"}  # torch dtype -> IOSpec dtype name
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
 DEVICE_DTYPE = {"float32": "float32", "float16": "float16", "bool": "float32", "int32": "int32", "int64": "int32"}
-INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1  # the range of torch's (and the IR's) int32
+INT32_BITS = 32
+INT32_MIN, INT32_MAX = -(2 ** (INT32_BITS - 1)), 2 ** (INT32_BITS - 1) - 1  # the range of torch's (and the IR's) int32

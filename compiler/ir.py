@@ -54,11 +54,12 @@ TORCH_OF = {"float32": torch.float32, "float16": torch.float16, "int32": torch.i
 UNARY = ("copy", "neg", "abs", "relu", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal",
          "sigmoid", "tanh", "erf", "sin", "cos", "floor", "ceil", "trunc", "round", "sign", "not", "cast")
 BINARY = ("add", "sub", "mul", "div", "floor_div", "rem", "pow", "max", "min",
-          "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "xor")
+          "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "xor", "bitand", "bitor", "bitxor", "shl", "shr")
 TERNARY = ("where",)
 EW_OPS = UNARY + BINARY + TERNARY
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
 LOGICAL = ("and", "or", "xor", "not")
+BITWISE = ("bitand", "bitor", "bitxor", "shl", "shr")  # on int32 words (two's complement), the result int32
 REDUCE_OPS = ("sum", "max", "min")
 MOVEMENT = ("reshape", "permute", "expand", "slice", "pad", "window", "cat", "split")
 KINDS = ("ew", "reduce", *MOVEMENT, "matmul", "conv", "iota", "full")
@@ -205,7 +206,9 @@ def _ew(op: str, xs: list[Any], dtype: str) -> torch.Tensor:
         "add": t.add, "sub": t.sub, "mul": t.mul, "div": t.div, "pow": t.pow, "max": t.maximum, "min": t.minimum,
         "floor_div": lambda a, b: t.div(a, b, rounding_mode="floor"), "rem": t.remainder,
         "lt": t.lt, "le": t.le, "gt": t.gt, "ge": t.ge, "eq": t.eq, "ne": t.ne,
-        "and": t.logical_and, "or": t.logical_or, "xor": t.logical_xor}
+        "and": t.logical_and, "or": t.logical_or, "xor": t.logical_xor,
+        "bitand": t.bitwise_and, "bitor": t.bitwise_or, "bitxor": t.bitwise_xor,
+        "shl": t.bitwise_left_shift, "shr": t.bitwise_right_shift}
     if op == "where":
         return t.where(xs[0], xs[1], xs[2])
     if op in unary:

@@ -153,6 +153,8 @@ class VOp(IntEnum):
     and_ = 39  # bitwise on int32; on floats nonzero is true and the result 1.0 or 0.0
     or_ = 40
     xor = 41
+    shl = 42  # int32 only: a << (b mod 32), the bits shifted out of the word dropped
+    shr = 43  # int32 only: a >> (b mod 32), arithmetic (the sign bit copied in): floor(a / 2^b)
 
 
 ARITY = {VOp.copy: 1, VOp.neg: 1, VOp.relu: 1, VOp.abs: 1, VOp.cvt: 1, VOp.floor: 1, VOp.reciprocal: 1,
@@ -167,7 +169,9 @@ COST_NAME = {op: ("cmp" if op.name.startswith("cmp_") else OP_NAME[op]) for op i
 # int32 besides. Every other op is floating point only.
 INT32_OPS = frozenset({VOp.copy, VOp.add, VOp.sub, VOp.mul, VOp.neg, VOp.abs, VOp.max, VOp.min, VOp.relu,
                        VOp.cmp_lt, VOp.cmp_le, VOp.cmp_gt, VOp.cmp_ge, VOp.cmp_eq, VOp.cmp_ne, VOp.select,
-                       VOp.floor_div, VOp.rem, VOp.and_, VOp.or_, VOp.xor, VOp.sign, VOp.cvt})
+                       VOp.floor_div, VOp.rem, VOp.and_, VOp.or_, VOp.xor, VOp.sign, VOp.cvt, VOp.shl, VOp.shr})
+# The ops defined on int32 alone (shifts of the word's bits).
+INT32_ONLY_OPS = frozenset({VOp.shl, VOp.shr})
 
 
 def arity(op: VOp) -> int:

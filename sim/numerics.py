@@ -30,7 +30,9 @@ How mnsim deviates from the hardware, exactly:
 * int32 arithmetic wraps around in two's complement, as torch's int32 does (INT32_MIN // -1 is
   INT32_MIN, abs and neg of INT32_MIN are INT32_MIN). An int32 division by zero gives
   floor_div 0 and rem a, so that a == b * floor_div(a, b) + rem(a, b) still holds; torch
-  raises instead.
+  raises instead. The shifts (shl, shr: arithmetic) take the amount mod 32, the five bits a
+  shift field holds; torch's int32 shifts by 32 or more give 0 (or -1 right of a negative). The
+  compiler emits only constant amounts below 32, where the two agree.
 * cvt from float to int32 truncates toward zero like torch's `.to(torch.int32)`; values beyond
   the int32 range saturate to INT32_MIN / INT32_MAX and NaN becomes 0, where torch's result is
   undefined (INT32_MIN on x86). cvt from int32 rounds to nearest even, once (to half directly,
@@ -57,6 +59,8 @@ from .isa import VOp
 # IEEE binary32: the layout of numpy's float32, the type every PE op computes in. MN-Core's
 # single (formats.float32 in the YAML) has the same field widths; `HalfCodec` checks that.
 F32_EXP_BITS, F32_MAN_BITS = 8, 23
+INT32_BITS = 32
+SHIFT_MASK = INT32_BITS - 1  # the shift amount's bits a 32-bit shift uses
 F32_BIAS = (1 << (F32_EXP_BITS - 1)) - 1
 I32_MIN, I32_MAX = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
 
@@ -406,6 +410,10 @@ def apply_i32(op: int, a: np.int32, b: np.int32, c: np.int32) -> np.int32:
         return np.int32(x | y)
     if op == VOp.xor:
         return np.int32(x ^ y)
+    if op == VOp.shl:
+        return np.int32(x << (y & SHIFT_MASK))  # at most 62 bits in the int64, the high ones dropped
+    if op == VOp.shr:
+        return np.int32(x >> (y & SHIFT_MASK))  # int64 >> is arithmetic, as the ALU's bsr
     return _compare_i32(op, x, y)
 
 

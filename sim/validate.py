@@ -274,6 +274,8 @@ class _Checker:
             if dt == DType.int32 and op not in isa.INT32_OPS:
                 ops = ", ".join(isa.OP_NAME[o] for o in sorted(isa.INT32_OPS))
                 raise self.fail(i, f"PE op {name} is not defined on int32; the int32 ops are {ops}")
+            if dt != DType.int32 and op in isa.INT32_ONLY_OPS:
+                raise self.fail(i, f"PE op {name} shifts the bits of int32 words; it is not defined on {dt.name}")
         if DType.float64 in (src_dtype, dtype) and src_dtype != dtype and DType.float32 not in (src_dtype, dtype):
             raise self.fail(i, f"cvt between {src_dtype.name} and {dtype.name} is not modelled: float64 converts to "
                                "and from float32 (convert through it)")

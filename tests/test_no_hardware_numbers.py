@@ -19,6 +19,8 @@ ALLOWED = {
     ("sim/vector.py", 0xFFFFFFFF): "masks an int64 instruction field to the 32 bits of a float32 or int32 immediate",
     ("sim/numerics.py", 8): "IEEE binary32 exponent width: numpy's float32, the host type PEs compute in",
     ("sim/numerics.py", 23): "IEEE binary32 mantissa width",
+    ("sim/numerics.py", 32): "bits of an int32 word (two's complement, as torch's int32)",
+    ("compiler/dtypes.py", 32): "bits of an int32 word (torch's int32, the IR's integer type)",
     ("sim/params.py", 8): "bits per byte",
     ("sim/program.py", 4): "bindings kept per program with their timing (host-side cache size)",
     ("sim/params.py", 32): "lru_cache size; WORD_BITS (mnsim's memory arrays are uint32, from_hw rejects other sizes)",

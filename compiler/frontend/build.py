@@ -11,6 +11,7 @@ from __future__ import annotations
 from math import prod
 from typing import Any, Sequence
 
+from ..dtypes import INT32_MAX, INT32_MIN
 from ..errors import CompileError
 from ..ir import (BINARY, COMPARISONS, CONV_RANK, EW_OPS, FLOAT_DTYPES, LOGICAL, REDUCE_OPS, TERNARY, UNARY, Graph, Node,
                   Scalar, Value)
@@ -99,7 +100,7 @@ class Builder:
             if out_dtype is None:
                 raise CompileError(f"{op}: give the result dtype (scalar data operands)")
         shape = broadcast_shapes(*[t.shape for t in tensors])
-        args = tuple(_scalar(a, operand_dtype or out_dtype) if not isinstance(a, Value) else a for a in args)
+        args = tuple(_scalar(a, operand_dtype or out_dtype, op) if not isinstance(a, Value) else a for a in args)
         if _identity(op, args) and args[0].shape == shape and args[0].dtype == out_dtype:
             return args[0]  # x * 1, x / 1, x + 0, x - 0: decompositions leave them (addmm's alpha, beta)
         return self.node("ew", op, args, {}, [(shape, out_dtype)]).out
@@ -260,14 +261,25 @@ def _identity(op: str, args: tuple) -> bool:
         not isinstance(args[1], bool) and (op, args[1]) in IDENTITIES
 
 
-def _scalar(a: Any, dtype: str) -> Scalar:
+# int32 ops whose result mod 2^32 depends only on their operands mod 2^32: a scalar beyond int32
+# wraps into it first, as torch's int32 arithmetic wraps it (an int32 tensor * 2654435761)
+WRAPPING = ("add", "sub", "mul", "neg", "bitand", "bitor", "bitxor")
+
+
+def _scalar(a: Any, dtype: str, op: str | None = None) -> Scalar:
     """A Python scalar as the compute dtype wants it (int for int32, float for floats)."""
     if isinstance(a, Value):
         return a
     if dtype == "int32":
         if isinstance(a, float) and not a.is_integer():
             raise CompileError(f"the scalar {a} is not an integer but the operands are int32")
-        return int(a)
+        a = int(a)
+        if not INT32_MIN <= a <= INT32_MAX:
+            if op not in WRAPPING:
+                raise CompileError(f"{op or 'an op'} of int32 values and the scalar {a}, which int32 cannot hold "
+                                   f"({INT32_MIN}..{INT32_MAX})")
+            a = (a - INT32_MIN) % (INT32_MAX - INT32_MIN + 1) + INT32_MIN
+        return a
     if dtype == "bool":
         return bool(a)
     return float(a)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..dtypes import INT32_BITS
 from ..errors import UnsupportedOpError
 from ..ir import FLOAT_DTYPES, Value
 from .build import Builder, norm_dim
@@ -76,7 +77,7 @@ def _square(b, out, x):
 @rule("logical_not", "bitwise_not")
 def _not(b, out, x):
     if "bitwise" in b.aten and x.dtype != "bool":
-        raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, "bitwise operations on integers")
+        return b.ew("bitxor", x, -1)  # ~x flips every bit of the int32 word
     return b.ew("not", x)
 
 
@@ -213,12 +214,28 @@ def _special(b, out, x):
 @rule("logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor")
 def _logical(b, out, x, y):
     op = b.aten.split(".")[1].split("_")[-1]
-    if "bitwise" in b.aten and out.dtype != torch.bool:
-        raise UnsupportedOpError(b.aten, [list(v.shape) for v in (x, y) if isinstance(v, Value)], b.source,
-                                 "bitwise operations on integers")
+    if "bitwise" in b.aten and out.dtype != torch.bool:  # integers: the ALU's iand, ior, ixor on int32 words
+        return arith(b, "bit" + op, out, x, y)
     x = b.ew("ne", x, 0) if isinstance(x, Value) and x.dtype != "bool" else x
     y = b.ew("ne", y, 0) if isinstance(y, Value) and y.dtype != "bool" else y
     return b.ew(op, x, y)
+
+
+@rule("__lshift__", "__rshift__", "bitwise_left_shift", "bitwise_right_shift")
+def _shift(b, out, x, k):
+    """x << k and x >> k (arithmetic) on int32 words, by a constant amount below the word's 32
+    bits: the device takes an amount mod 32 where torch shifts everything out, so amounts the
+    compiler cannot check (a tensor of them) are refused."""
+    shape = [list(v.shape) for v in (x, k) if isinstance(v, Value)]
+    if isinstance(k, Value) or not isinstance(x, Value):
+        raise UnsupportedOpError(b.aten, shape, b.source, "a shift by a tensor of amounts (shift by a constant)")
+    if x.dtype != "int32":
+        raise UnsupportedOpError(b.aten, shape, b.source, f"a shift of {x.dtype} values (shifts are on integers)")
+    if not 0 <= k < INT32_BITS:
+        raise UnsupportedOpError(b.aten, shape, b.source, f"a shift by {k}: the device's integers have {INT32_BITS} "
+                                 "bits (amounts from 0 to 31)")
+    left = "left" in b.aten or "lshift" in b.aten
+    return b.ew("shl" if left else "shr", x, int(k))
 
 
 @rule("where")

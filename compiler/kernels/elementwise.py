@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from sim import ProgramBuilder
 
-from ..errors import UnsupportedOpError
-from ..ir import COMPARISONS, Node, Value
+from ..errors import CompileError, UnsupportedOpError
+from ..ir import BITWISE, COMPARISONS, Node, Value
 from ..layout import Layout
 from .base import Kernel, Operand, Slot, device_dtype, emit_step
 from .context import Arena, EmitContext, Ref
@@ -30,7 +30,8 @@ SAME = {"copy": "copy", "neg": "neg", "abs": "abs", "relu": "relu", "exp": "exp"
         "tanh": "tanh", "erf": "erf", "sin": "sin", "cos": "cos", "floor": "floor", "ceil": "ceil", "trunc": "trunc",
         "round": "round", "sign": "sign", "add": "add", "sub": "sub", "mul": "mul", "div": "div",
         "floor_div": "floor_div", "rem": "rem", "pow": "pow", "max": "max", "min": "min",
-        "and": "and", "or": "or", "xor": "xor"}
+        "and": "and", "or": "or", "xor": "xor", "bitand": "and", "bitor": "or", "bitxor": "xor",
+        "shl": "shl", "shr": "shr"}
 CMP = {op: f"cmp_{op}" for op in COMPARISONS}
 
 
@@ -58,8 +59,8 @@ def recipe(node: Node) -> list[Step]:
     operand = device_dtype(tensors[-1]) if op == "where" else device_dtype(tensors[0])
     result = device_dtype(out)
     if op in SAME:
-        if op in ("and", "or", "xor") and operand != "float32":
-            raise UnsupportedOpError(node.aten, [list(t.shape) for t in tensors], node.source, "bitwise integer ops")
+        if op in ("and", "or", "xor") and operand != "float32" or op in BITWISE and operand != "int32":
+            raise CompileError(f"internal: {op} of {operand} operands ({node.aten})")
         return [Step(SAME[op], operand, out, args)]
     if op in CMP or op == "not":
         vop, srcs = (CMP[op], args) if op in CMP else ("cmp_eq", [args[0], 0.0 if operand != "int32" else 0])

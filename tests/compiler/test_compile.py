@@ -8,7 +8,7 @@ import torch
 import hwdesc
 from compiler.compile import compile_function
 from runtime import Device
-from compiler.errors import SpecMismatchError, UnsupportedOpError
+from compiler.errors import CompileError, SpecMismatchError, UnsupportedOpError
 
 CHIPS = ("mini", "mncore2")
 MIXED_TOLERANCE = 4e-3  # "mixed": |y - torch| <= 4e-3 * max|torch| (half has 9 mantissa bits)
@@ -132,6 +132,36 @@ def test_one_kernel_reading_an_input_and_its_transpose(device):
     torch.manual_seed(5)
     check(device, lambda d: {"sym": d["x"] + d["x"].t(), "mixed": d["y"] * d["y"].t().reshape(8, 6)},
           {"x": torch.randn(4, 4), "y": torch.randn(8, 6)})
+
+
+def bit_mixing(d):
+    """Integer hashing as user code writes it: bitwise ops, shifts, a multiplier beyond int32."""
+    x, y = d["x"], d["y"]
+    h = (x * 2654435761) ^ (x >> 16)
+    return {"and": x & 0xFF, "or": x | y, "xor": h ^ y, "not": ~x, "shl": x << 3, "shr": x >> 5,
+            "top": x << 31, "mask": ((x >> 4) & 1) == 1}
+
+
+def test_integer_bitwise_ops_and_shifts_match_torch(device):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randint(-2 ** 31, 2 ** 31, (6, 40), dtype=torch.int32, generator=gen)
+    x[0, :4] = torch.tensor([-2 ** 31, 2 ** 31 - 1, -1, 0], dtype=torch.int32)
+    y = torch.randint(-1000, 1000, (6, 40), dtype=torch.int32, generator=gen)
+    compiled = compile_function(bit_mixing, {"x": x, "y": y}, device.hw)
+    got = device.execute(compiled, {"x": x, "y": y})
+    for name, expected in bit_mixing({"x": x, "y": y}).items():
+        assert torch.equal(got[name], expected), name
+
+
+@pytest.mark.parametrize("fn, message", [
+    (lambda d: {"y": d["x"] << d["x"]}, "a shift by a tensor of amounts"),
+    (lambda d: {"y": d["x"] >> 32}, "a shift by 32: the device's integers have 32 bits"),
+    (lambda d: {"y": d["x"] < 2 ** 40}, "lt of int32 values and the scalar 1099511627776, which int32 cannot hold"),
+])
+def test_integer_ops_the_device_cannot_follow_are_refused(fn, message):
+    x = torch.arange(8, dtype=torch.int32)
+    with pytest.raises(CompileError, match=message):
+        compile_function(fn, {"x": x}, hwdesc.load("mini"))
 
 
 def test_layouts_follow_the_chip():

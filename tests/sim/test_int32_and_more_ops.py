@@ -80,6 +80,27 @@ def test_int32_unary_ops_match_torch(mini, op):
     np.testing.assert_array_equal(run(m, op, "int32", a), INT_UNARY[op](T(a)).numpy())
 
 
+@pytest.mark.parametrize("op, torch_op", [("shl", torch.bitwise_left_shift), ("shr", torch.bitwise_right_shift)])
+def test_int32_shifts_match_torch_and_take_the_amount_mod_32(mini, op, torch_op):
+    """Amounts 0..31 shift as torch does (shr is arithmetic: floor(a / 2^b)); an amount of 32 or
+    more, or a negative one, shifts by its low five bits (sim.numerics)."""
+    m = sim.Machine(mini)
+    rng = np.random.default_rng(15)
+    a = ints(rng)
+    b = rng.integers(0, 32, (16, N)).astype(np.int32)
+    b[:, :4] = [0, 1, 30, 31]
+    np.testing.assert_array_equal(run(m, op, "int32", a, b), torch_op(T(a), T(b)).numpy())
+    wide = rng.integers(-100, 100, (16, N)).astype(np.int32)
+    np.testing.assert_array_equal(run(m, op, "int32", a, wide), torch_op(T(a), T(wide & 31)).numpy())
+
+
+def test_shifts_are_refused_on_floats(mini):
+    b = sim.ProgramBuilder(sim.Machine(mini).params)
+    b.vop("shl", "float32", 1, N, ("LM1", 0, 0, 1), ("LM0", 0, 0, 1), 2.0)
+    with pytest.raises(SimError, match="PE op shl shifts the bits of int32 words; it is not defined on float32"):
+        sim.Machine(mini).run(b.build())
+
+
 def test_int32_overflow_wraps_around(mini):
     m = sim.Machine(mini)
     a = np.full((16, N), I32.max, dtype=np.int32)
