@@ -200,7 +200,11 @@ def plan(node: Node, planner) -> list[Kernel]:
 
 
 def _in_pe(layout: Layout, dims) -> bool:
-    return all(f.axis in (None, W_AXIS) or f.size == 1 for d, f in layout.factors if d in dims)
+    """Whether `layout` keeps the reduced dims inside each PE, none of them padded in the lanes:
+    a long word holding elements and padding of a reduced dim arrives whole, and its padding
+    (whatever the producer computed there) would join the reduction."""
+    lanes_padded = any(f.axis == W_AXIS for d, f in layout.factors if d in dims and layout.extents[d] != layout.shape[d])
+    return not lanes_padded and all(f.axis in (None, W_AXIS) or f.size == 1 for d, f in layout.factors if d in dims)
 
 
 def wishes(user: Node, v: Value, planner) -> list[Layout]:

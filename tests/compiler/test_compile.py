@@ -164,6 +164,16 @@ def test_integer_ops_the_device_cannot_follow_are_refused(fn, message):
         compile_function(fn, {"x": x}, hwdesc.load("mini"))
 
 
+def test_a_reduction_over_lanes_padded_by_its_producer_ignores_the_padding(device):
+    """Counting pairs: the comparison's layout packs the counted dimension (9) into long words of
+    two int32 lanes, the tenth lane padding the comparison computed something in. Reading that
+    layout as it is summed the padding too on mini (a count of 9 for 8 possible pairs)."""
+    x = torch.randn(5, 9, generator=torch.Generator().manual_seed(0))
+    fn = lambda d: {"below": (d["x"][:, :, None] < d["x"][:, None, :]).sum(-1)}  # noqa: E731
+    got = device.execute(compile_function(fn, {"x": x}, device.hw), {"x": x})
+    assert torch.equal(got["below"], fn({"x": x})["below"])
+
+
 def test_layouts_follow_the_chip():
     """The same function gets other layouts on another chip: mncore2's 4096 PEs each multiply a
     few of the 2048 elements, mini's 16 PEs many (the VOP's element count per PE)."""
