@@ -174,6 +174,49 @@ def test_a_reduction_over_lanes_padded_by_its_producer_ignores_the_padding(devic
     assert torch.equal(got["below"], fn({"x": x})["below"])
 
 
+def special_rows() -> torch.Tensor:
+    """Rows with NaNs, infinities and ties among ordinary values."""
+    x = torch.randn(5, 9, generator=torch.Generator().manual_seed(4))
+    x[1, 2] = x[4, 1] = x[4, 6] = float("nan")
+    x[2, :3] = x[2, 7] = 1.5
+    x[3, 4], x[3, 5], x[0, 0] = float("inf"), float("-inf"), float("-inf")
+    return x
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: dict(zip("vi", torch.sort(d["x"], stable=True))),
+    lambda d: dict(zip("vi", torch.sort(d["x"], dim=0, descending=True, stable=True))),
+    lambda d: {"i": torch.argsort(d["x"], dim=-1, descending=True, stable=True), "m": d["x"].msort()},
+    lambda d: dict(zip("vi", torch.sort(d["n"], descending=True, stable=True))),
+], ids=["ascending", "descending_dim0", "argsort_msort", "integers"])
+def test_stable_sorts_match_torch_with_nan_infinities_and_ties(device, fn):
+    inputs = {"x": special_rows(), "n": torch.randint(-3, 3, (4, 7), generator=torch.Generator().manual_seed(5))}
+    got = device.execute(compile_function(fn, inputs, device.hw), inputs)
+    for name, expected in fn(inputs).items():
+        torch.testing.assert_close(got[name], expected, rtol=0, atol=0, equal_nan=True, check_dtype=False, msg=name)
+
+
+@pytest.mark.parametrize("k, largest", [(3, True), (4, False), (9, True), (9, False), (17, False)])
+def test_topk_selects_what_torch_selects(device, k, largest):
+    """Values exactly; indices where the values are distinct (torch leaves the order of ties open).
+    k up to 16 selects round by round; 17 (of 20) takes the sort's first."""
+    x = special_rows() if k < 10 else torch.randn(3, 20, generator=torch.Generator().manual_seed(6))
+    fn = lambda d: dict(zip("vi", torch.topk(d["x"], k, largest=largest)))  # noqa: E731
+    got = device.execute(compile_function(fn, {"x": x}, device.hw), {"x": x})
+    want = fn({"x": x})
+    torch.testing.assert_close(got["v"], want["v"], rtol=0, atol=0, equal_nan=True)
+    tied = x.unsqueeze(-1).eq(x.unsqueeze(-2)).sum(-1).gt(1) | x.isnan()
+    distinct = ~torch.gather(tied, 1, want["i"])
+    assert torch.equal(got["i"].long()[distinct], want["i"][distinct])
+
+
+def test_a_sort_too_large_to_compare_every_pair_is_refused():
+    x = torch.randn(2, 1024)
+    with pytest.raises(UnsupportedOpError, match=r"sorting 2 rows of 1,024: a sort compares every pair of a row "
+                                                 r"\(2,097,152 pairs; at most 1,048,576\); topk of up to 16"):
+        compile_function(lambda d: {"y": torch.sort(d["x"]).values}, {"x": x}, hwdesc.load("mini"))
+
+
 def test_layouts_follow_the_chip():
     """The same function gets other layouts on another chip: mncore2's 4096 PEs each multiply a
     few of the 2048 elements, mini's 16 PEs many (the VOP's element count per PE)."""
