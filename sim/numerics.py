@@ -12,7 +12,9 @@ How mnsim deviates from the hardware, exactly:
   Nothing is published about MN-Core 2's NaN and signed zeros, so special values follow torch
   (tests/mlsdk/test_special_values.py checks every element-wise op): max and min propagate a NaN
   from either operand (`nan_max`, `nan_min`; reductions too); relu keeps NaN and -0.0; x / -0.0
-  and rsqrt(-0.0) are -inf; exp(NaN) is NaN. Between -0.0 and +0.0, max and min answer as
+  and rsqrt(-0.0) are -inf; exp(NaN) is NaN; pow follows C's pow, as torch does (pow(0, 1/3) is
+  0, pow(-0.0, -1) is -inf, pow(NaN, 0) and pow(1, NaN) are 1, a negative base to a fractional
+  power is NaN). Between -0.0 and +0.0, max and min answer as
   torch's scalar CPU loop does (max(-0.0, +0.0) is -0.0); torch itself is not consistent there:
   its vectorised loop, which it takes from 16 elements on, answers +0.0.
   Functions torch computes from a decomposition (gelu, for one) give that decomposition's
@@ -335,7 +337,7 @@ def apply(op: int, a, b, c, T):
     if op == VOp.erf:
         return T(_erf(float(a)))
     if op == VOp.pow:
-        return T(float(a) ** float(b)) if (a > 0 or b == math.floor(b)) else T(np.nan)
+        return T(math.pow(float(a), float(b)))  # C's pow, as torch's: pow(0, 1/3) is 0, pow(-0.0, -1) -inf
     return _apply_more(op, a, b, c, T)
 
 

@@ -36,6 +36,7 @@ OPS = {
     "where": lambda x, y: torch.where(x > 0, x, y), "lt": lambda x, y: (x < y).float(),
     "le": lambda x, y: (x <= y).float(), "eq": lambda x, y: (x == y).float(), "ne": lambda x, y: (x != y).float(),
     "remainder": torch.remainder, "floor_divide": lambda x, y: torch.floor_divide(x, y),
+    "pow": torch.pow, "pow_third": lambda x, y: x.pow(1 / 3), "pow_negative_half": lambda x, y: x.pow(-0.5),
     "softplus": lambda x, y: F.softplus(x), "silu": lambda x, y: F.silu(x), "elu": lambda x, y: F.elu(x),
     "leaky_relu": lambda x, y: F.leaky_relu(x, 0.1), "hardtanh": lambda x, y: F.hardtanh(x),
     "amax": lambda x, y: x.reshape(3, 4).amax(1), "amin": lambda x, y: y.reshape(3, 4).amin(1),
