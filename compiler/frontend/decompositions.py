@@ -4,7 +4,7 @@ torch's core-ATen table turns composite ops into core ATen; a few core-ATen ops 
 themselves composites of our primitives (softmax, the norms, gelu, addmm, embedding, ...) are
 decomposed further with torch's registered decompositions (torch._decomp.decomposition_table),
 so the legalizer (frontend.legalize) only has to know small ops. Nothing here is a hand-written
-decomposition: the ops we lower ourselves (convolution, pooling, matrix products) are simply
+decomposition: the ops we lower ourselves (convolution, pooling, matrix products, resampling) are simply
 left out.
 """
 
@@ -24,7 +24,7 @@ FURTHER = (
     aten._native_batch_norm_legit.no_stats, aten.native_group_norm.default, aten.gelu.default,
     aten.addmm.default, aten.embedding.default, aten.any.dim, aten.any.default, aten.index_select.default,
     aten.cumsum.default, aten.mean.dim, aten.var_mean.correction, aten.var.correction, aten.std.correction,
-    aten.hardtanh.default, aten.split_with_sizes.default, aten._adaptive_avg_pool2d.default,
+    aten.hardtanh.default, aten.split_with_sizes.default,
     aten.log_sigmoid_forward.default, aten.hardswish.default, aten.hardsigmoid.default,
     aten.elu.default, aten.leaky_relu.default, aten.softplus.default, aten.mish.default,
     aten.baddbmm.default, aten.addbmm.default, aten.addmv.default, aten.mv.default, aten.dot.default,
@@ -32,12 +32,14 @@ FURTHER = (
     aten.nll_loss_forward.default, aten.mse_loss.default, aten.l1_loss.default, aten.smooth_l1_loss.default,
     aten.huber_loss.default, aten.binary_cross_entropy.default, aten.binary_cross_entropy_with_logits.default,
     aten.glu.default, aten.silu.default, aten.prod.default, aten.prod.dim_int,
-    aten.upsample_bilinear2d.default, aten.upsample_bilinear2d.vec,  # gathers of the four neighbours, weighted
 )
 
 KEEP = (  # lowered as primitives: never decomposed, even where core ATen would
     aten.convolution.default, aten.mm.default, aten.bmm.default, aten.max_pool2d_with_indices.default,
     aten.avg_pool2d.default, aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec,
+    # separable resampling: two products with constant matrices (frontend.legalize_resample)
+    aten.upsample_bilinear2d.default, aten.upsample_bilinear2d.vec, aten._adaptive_avg_pool2d.default,
+    aten.upsample_bilinear2d_backward.default, aten._adaptive_avg_pool2d_backward.default,
 )
 
 

@@ -114,17 +114,6 @@ def _avg_pool_backward(b, out, gy, x, kernel, stride, padding, ceil_mode, count_
                                                            divisor_override))
 
 
-@rule("_adaptive_avg_pool2d_backward")
-def _adaptive_avg_pool_backward(b, out, gy, x):
-    (ho, wo), (h, w) = gy.shape[-2:], x.shape[-2:]
-    if h % ho or w % wo:
-        raise UnsupportedOpError(b.aten, [list(gy.shape), list(x.shape)], b.source,
-                                 f"gradients of adaptive pooling from {h}x{w} to {ho}x{wo} (uneven windows)")
-    k = (h // ho, w // wo)
-    geometry = pool_geometry(x, k, k, (0,), (1,), False)
-    return _spread_windows(b, gy, x, geometry, float(k[0] * k[1]))
-
-
 def _spread_windows(b: Builder, gy: Value, x: Value, geometry, divisor: float | Value) -> Value:
     (kh, kw), (sh, sw), (ph, pw), (dh, dw), _ = geometry
     g = ensure_float(b, gy)

@@ -70,6 +70,12 @@ MODELS = {
                                                  nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False),
                                                  nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10)),
                            cross_entropy, (2, 2, 8, 8)),
+    # separable resampling: products with constant matrices, forward and backward
+    "bilinear_adaptive_uneven": (lambda: nn.Sequential(nn.Conv2d(2, 3, 3, padding=1),
+                                                       nn.Upsample(scale_factor=1.5, mode="bilinear"),
+                                                       nn.Upsample(size=(11, 7), mode="bilinear", align_corners=True),
+                                                       nn.AdaptiveAvgPool2d((3, 5)), nn.Flatten(), nn.Linear(45, 10)),
+                                 cross_entropy, (2, 2, 6, 6)),
     "embedding_slices": (lambda: EmbedSlices(), square_mean, (3, 4)),
     "lstm_gru": (lambda: Recurrent(), square_mean, (2, 5, 3)),
     # the weight gradient of a depthwise convolution is a grouped one whose split of the output
