@@ -217,6 +217,18 @@ def test_a_sort_too_large_to_compare_every_pair_is_refused():
         compile_function(lambda d: {"y": torch.sort(d["x"]).values}, {"x": x}, hwdesc.load("mini"))
 
 
+@pytest.mark.parametrize("p", [2.0, 1.0, 0.0, float("inf"), 3.0])
+def test_cdist_matches_torch_for_every_norm(device, p):
+    """Rows of 30 take torch's product path for p = 2 (|a|^2 + |b|^2 - 2 a.b), batched rows of 6
+    and 9 the differences."""
+    gen = torch.Generator().manual_seed(8)
+    inputs = {"a": torch.randn(30, 12, generator=gen), "b": torch.randn(7, 12, generator=gen),
+              "c": torch.randn(2, 6, 4, generator=gen), "d": torch.randn(2, 9, 4, generator=gen)}
+    inputs["b"][0] = inputs["a"][3]  # a zero distance: the product path clamps its rounding at 0
+    check(device, lambda d: {"many": torch.cdist(d["a"], d["b"], p=p), "batched": torch.cdist(d["c"], d["d"], p=p)},
+          inputs, rtol=1e-5)
+
+
 def test_layouts_follow_the_chip():
     """The same function gets other layouts on another chip: mncore2's 4096 PEs each multiply a
     few of the 2048 elements, mini's 16 PEs many (the VOP's element count per PE)."""
