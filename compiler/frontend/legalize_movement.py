@@ -16,7 +16,7 @@ from math import prod
 from ..errors import UnsupportedOpError
 from ..ir import FLOAT_DTYPES, Value
 from .build import Builder, broadcast_shapes, norm_dim
-from .rules import out_dtype, rule
+from .rules import ensure_float, out_dtype, rule
 
 
 @rule("view", "_unsafe_view", "reshape", "view_copy", "_reshape_alias", "_reshape_alias_copy", "flatten",
@@ -400,3 +400,86 @@ def _as_strided(b, out, x, size, stride, storage_offset=0):
         return b.reshape(x, size)
     flat = b.reshape(x, (x.numel,))
     return b.window(flat, size, [list(stride)], [offset])
+
+
+EMBEDDING_BAG_MODES = ("sum", "mean", "max")
+
+
+def _bag_membership(b: Builder, indices: Value, offsets: Value, bags: int, padding_idx: int | None) -> Value:
+    """(bags, positions) booleans: position p is in bag k when offsets[k] <= p < offsets[k + 1]
+    (the last bag runs to the end unless offsets name its end too) and its index is not
+    padding_idx. Offsets are data: membership is computed, not assumed."""
+    positions = indices.shape[0]
+    starts = b.cast(b.slice(offsets, 0, 0, bags), "int32")
+    if offsets.shape[0] > bags:  # include_last_offset: the offsets end the last bag
+        ends = b.cast(b.slice(offsets, 0, 1, bags + 1), "int32")
+    else:
+        ends = b.cat([b.cast(b.slice(offsets, 0, 1, bags), "int32"), b.full((1,), positions, "int32")], 0)
+    where = b.iota((1, positions), 1, "int32")
+    member = b.ew("and", b.ew("le", b.reshape(starts, (bags, 1)), where),
+                  b.ew("lt", where, b.reshape(ends, (bags, 1))))
+    if padding_idx is not None and padding_idx >= 0:
+        kept = b.ew("ne", b.reshape(b.cast(indices, "int32"), (1, positions)), padding_idx)
+        member = b.ew("and", member, kept)
+    return member
+
+
+def _bag_weights(b: Builder, member: Value, kind: str, per_sample_weights: Value | None, dtype: str) -> Value:
+    """(bags, positions): what each position's row counts in its bag's sum or mean."""
+    weights = b.cast(member, dtype)
+    if per_sample_weights is not None:
+        weights = b.ew("mul", weights, b.reshape(ensure_float(b, per_sample_weights), (1, member.shape[1])))
+    if kind == "mean":
+        count = b.reduce("sum", b.cast(member, dtype), [1], True)
+        weights = b.ew("div", weights, b.ew("max", count, 1.0))  # an empty bag's mean is 0, as torch's
+    return weights
+
+
+@rule("_embedding_bag", "_embedding_bag_forward_only")
+def _embedding_bag(b, out, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """nn.EmbeddingBag: bag k sums (averages, takes the max of) the rows at indices[offsets[k]:
+    offsets[k + 1]]. The rows are selected as `embedding` selects them; sums and means are a
+    product of the bags' weights with them, maxima a masked reduction. An empty bag gives zeros,
+    as torch's. The bookkeeping outputs (offset2bag, bag_size) are left out: the gradient below
+    recomputes membership from the offsets; max's indices are not computed (its gradient is
+    refused)."""
+    kind = EMBEDDING_BAG_MODES[mode]
+    if indices.rank != 1 or kind == "max" and b.wants_output(3):
+        raise UnsupportedOpError(b.aten, [list(weight.shape), list(indices.shape)], b.source,
+                                 "indices of rank other than 1" if indices.rank != 1 else
+                                 "the gradient of embedding_bag with mode 'max' (its max_indices)")
+    positions, bags = indices.shape[0], offsets.shape[0] - (1 if include_last_offset else 0)
+    rows = take(b, ensure_float(b, weight), 0, indices)  # (P, D)
+    member = _bag_membership(b, indices, offsets, bags, padding_idx)
+    if kind == "max":
+        if per_sample_weights is not None:
+            rows = b.ew("mul", rows, b.reshape(ensure_float(b, per_sample_weights), (positions, 1)))
+        masked = b.ew("where", b.reshape(member, (bags, positions, 1)), b.reshape(rows, (1,) + rows.shape),
+                      float("-inf"), dtype=rows.dtype)
+        found = b.reduce("max", masked, [1])
+        empty = b.ew("eq", b.reduce("max", member, [1], True), False)
+        return b.ew("where", empty, 0.0, found, dtype=rows.dtype), None, None, None
+    summed = b.matmul(_bag_weights(b, member, kind, per_sample_weights, rows.dtype), rows, dtype=rows.dtype)
+    b.graph.nodes[-1].attrs["exact"] = True  # sums of the table's rows: never in reduced precision
+    return summed, None, None, None
+
+
+@rule("_embedding_bag_backward", "_embedding_bag_dense_backward")
+def _embedding_bag_backward(b, out, grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                            scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None,
+                            padding_idx=-1):
+    """The table's gradient for sum and mean: each position's bag gradient, weighted as the
+    forward weighted its row, summed into the row it read (two products: bags to positions,
+    positions to table rows)."""
+    kind = EMBEDDING_BAG_MODES[mode]
+    if kind == "max" or scale_grad_by_freq:
+        raise UnsupportedOpError(b.aten, [list(grad.shape), list(indices.shape)], b.source,
+                                 "the gradient of embedding_bag with mode 'max'" if kind == "max"
+                                 else "scale_grad_by_freq")
+    grad = ensure_float(b, grad)
+    member = _bag_membership(b, indices, offsets, grad.shape[0], padding_idx)
+    weights = _bag_weights(b, member, kind, per_sample_weights, grad.dtype)  # (bags, P)
+    per_position = b.matmul(b.permute(weights, (1, 0)), grad, dtype=grad.dtype)  # (P, D)
+    hits = b.ew("eq", b.iota((num_weights, 1), 0, "int32"), b.reshape(b.cast(indices, "int32"), (1, indices.shape[0])))
+    return b.matmul(b.cast(hits, grad.dtype), per_position, dtype=grad.dtype)

@@ -229,6 +229,28 @@ def test_cdist_matches_torch_for_every_norm(device, p):
           inputs, rtol=1e-5)
 
 
+def embedding_bags(d):
+    """nn.EmbeddingBag's modes over fixed bags and over offsets with an empty bag, with
+    padding_idx, per-sample weights and include_last_offset."""
+    import torch.nn.functional as F
+    w = d["w"]
+    return {"mean": F.embedding_bag(d["fixed"], w, mode="mean"),
+            "max_padding": F.embedding_bag(d["fixed"], w, mode="max", padding_idx=3),
+            "sum_weighted": F.embedding_bag(d["flat"], w, d["offsets"], mode="sum", per_sample_weights=d["psw"]),
+            "max_empty": F.embedding_bag(d["flat"], w, d["offsets"], mode="max"),
+            "mean_last": F.embedding_bag(d["flat"], w, d["ends"], mode="mean", include_last_offset=True)}
+
+
+def test_embedding_bag_matches_torch(device):
+    gen = torch.Generator().manual_seed(9)
+    fixed = torch.randint(0, 20, (4, 3), generator=gen)
+    fixed[1, 1] = fixed[2, 0] = 3
+    inputs = {"w": torch.randn(20, 6, generator=gen), "fixed": fixed, "flat": torch.randint(0, 20, (10,), generator=gen),
+              "offsets": torch.tensor([0, 3, 3, 7]), "ends": torch.tensor([0, 3, 3, 7, 10]),
+              "psw": torch.rand(10, generator=gen)}
+    check(device, embedding_bags, inputs)
+
+
 def test_layouts_follow_the_chip():
     """The same function gets other layouts on another chip: mncore2's 4096 PEs each multiply a
     few of the 2048 elements, mini's 16 PEs many (the VOP's element count per PE)."""

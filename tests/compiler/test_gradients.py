@@ -77,6 +77,7 @@ MODELS = {
                                                        nn.AdaptiveAvgPool2d((3, 5)), nn.Flatten(), nn.Linear(45, 10)),
                                  cross_entropy, (2, 2, 6, 6)),
     "embedding_slices": (lambda: EmbedSlices(), square_mean, (3, 4)),
+    "embedding_bags": (lambda: Bags(), square_mean, (3, 5)),
     "lstm_gru": (lambda: Recurrent(), square_mean, (2, 5, 3)),
     # the weight gradient of a depthwise convolution is a grouped one whose split of the output
     # gradient no gather writes at once: each group's part is sliced on its own
@@ -97,6 +98,21 @@ class Recurrent(nn.Module):
 
     def forward(self, x):
         return self.gru(self.lstm(x)[0])[0][:, -1]
+
+
+class Bags(nn.Module):
+    """EmbeddingBags (mean with a padding index over fixed bags; weighted sums over offsets with
+    an empty bag), their gradient summed into the rows each bag read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mean = nn.EmbeddingBag(7, 5, mode="mean", padding_idx=2)
+        self.sums = nn.EmbeddingBag(7, 5, mode="sum")
+
+    def forward(self, x):
+        fixed = torch.tensor([[1, 2, 1], [0, 3, 3], [2, 2, 2]])  # the last bag is all padding
+        flat, offsets = torch.tensor([4, 1, 4, 6, 0, 2]), torch.tensor([0, 2, 2])
+        return self.mean(fixed) * x + self.sums(flat, offsets, per_sample_weights=x[:, :2].reshape(-1))
 
 
 class EmbedSlices(nn.Module):
