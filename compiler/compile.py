@@ -120,6 +120,7 @@ def compile_graph(graph: Graph, hw: HwDesc, *, options: dict, constraints: dict[
 def _compile_graph(graph: Graph, hw: HwDesc, *, options: dict, constraints: dict[str, IOSpec]) -> Compiled:
     check_capacity(graph, hw)
     rewrite(graph, hw)
+    graph.drop_dead()
     plan = Planner(graph, hw, options, constraints).plan()
     emitted = emit(plan)
     buffers = emitted.buffers

@@ -176,6 +176,17 @@ class Graph:
     def ops(self) -> list[str]:
         return sorted({f"{n.kind}.{n.op}" if n.kind in ("ew", "reduce") else n.kind for n in self.nodes})
 
+    def drop_dead(self) -> None:
+        """Remove primitives nothing reads (legalization and rewrites leave some, e.g. a permute
+        or reshape folded into the next one), so the planner does not place and run them."""
+        needed = set(self.outputs.values())
+        kept = []
+        for node in reversed(self.nodes):
+            if any(v in needed for v in node.outputs):
+                kept.append(node)
+                needed.update(node.inputs)
+        self.nodes = kept[::-1]
+
     def signature(self) -> str:
         """A text that changes when the program would (cache keys)."""
         lines = [f"in {n} {v.shape} {v.dtype}" for n, v in self.inputs.items()]

@@ -140,6 +140,8 @@ class Builder:
             raise CompileError(f"cannot reshape {list(x.shape)} ({x.numel} elements) to {list(shape)}")
         if shape == x.shape:
             return x
+        if x.producer is not None and x.producer.kind == "reshape":  # a reshape of a reshape is one
+            return self.reshape(x.producer.args[0], shape)
         return self.node("reshape", "reshape", (x,), {"shape": shape}, [(shape, x.dtype)]).out
 
     def permute(self, x: Value, order: Sequence[int]) -> Value:

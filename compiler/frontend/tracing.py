@@ -356,18 +356,6 @@ def _at(node: torch.fx.Node) -> str:
     return f"\n  at {line}" if line else ""
 
 
-def _drop_dead(graph: Graph) -> None:
-    """Remove primitives nothing reads (legalization leaves some, e.g. a permute folded into the
-    next one), so the planner does not place and run them."""
-    needed = set(graph.outputs.values())
-    kept = []
-    for node in reversed(graph.nodes):
-        if any(v in needed for v in node.outputs):
-            kept.append(node)
-            needed.update(node.inputs)
-    graph.nodes = kept[::-1]
-
-
 def _static_shape(val: Any) -> bool:
     vals = val if isinstance(val, (list, tuple)) else [val]
     return all(not isinstance(v, torch.Tensor) or all(isinstance(s, int) for s in v.shape) for v in vals)
@@ -422,7 +410,7 @@ def _legalize(gm: torch.fx.GraphModule, in_names: list[str], samples: list[torch
                 if graph.inputs[name].torch_dtype and v.kind == "node":
                     v.torch_dtype = graph.inputs[name].torch_dtype
                 graph.outputs[update_output(name)] = v
-            _drop_dead(graph)
+            graph.drop_dead()
             return graph
     raise CompileError("the traced graph has no output")
 
