@@ -89,6 +89,53 @@ def _cast(x: Value, out: Value) -> list[Step]:
     return [Step("cvt", dst, out, [x], src)]
 
 
+def group_steps(group: "Group") -> list[Step]:
+    """The group's recipes in order, with each float32 multiply whose product only the next
+    step adds to something fused into one fma (pe_ops.fma: the MAU's fvfma, one pass instead of
+    two). The simulator's fma rounds the product before the add, so the values are torch's own."""
+    steps = [s for n in group.nodes for s in recipe(n)]
+    kept = set(group.inputs) | set(group.outputs)
+    reads: dict[object, int] = {}
+    for s in steps:
+        for a in _tensor_srcs(s):
+            reads[a] = reads.get(a, 0) + 1
+    fused: list[Step] = []
+    k = 0
+    while k < len(steps):
+        s = steps[k]
+        nxt = steps[k + 1] if k + 1 < len(steps) else None
+        if (nxt is not None and s.vop == "mul" and nxt.vop in ("add", "sub") and s.dtype == nxt.dtype == "float32"
+                and s.src_dtype is None and nxt.src_dtype is None and s.dst not in kept and reads.get(s.dst) == 1
+                and len(nxt.srcs) == 2 and any(a is s.dst for a in nxt.srcs)):
+            step = _as_fma(s, nxt)
+            if step is not None:
+                fused.append(step)
+                k += 2
+                continue
+        fused.append(s)
+        k += 1
+    return fused
+
+
+def _as_fma(mul: Step, nxt: Step) -> Step | None:
+    """`nxt`, an add or sub of `mul`'s product and another operand, as one fma, when a negation
+    it needs falls on a number: a*b - c is a*b + (-c), c - a*b is (-a)*b + c."""
+    first, second = nxt.srcs
+    other = second if first is mul.dst else first
+    if nxt.vop == "add":
+        return Step("fma", "float32", nxt.dst, [*mul.srcs, other])
+    if first is mul.dst:  # a*b - c
+        return Step("fma", "float32", nxt.dst, [*mul.srcs, -other]) if _number(other) else None
+    if not any(_number(f) for f in mul.srcs):  # c - a*b
+        return None
+    a, b = mul.srcs if _number(mul.srcs[0]) else mul.srcs[::-1]
+    return Step("fma", "float32", nxt.dst, [-a, b, other])
+
+
+def _number(a: object) -> bool:
+    return isinstance(a, (int, float)) and not isinstance(a, bool)
+
+
 def _tensor_srcs(step: Step) -> set:
     """The slots (values and temporaries, not immediates) a step reads."""
     return {a for a in step.srcs if isinstance(a, (Value, tuple))}
@@ -228,7 +275,7 @@ class ElementwiseKernel(Kernel):
         self.group = group
         self.layout = layout
         self.nodes = tuple(group.nodes)
-        self.steps = [s for n in group.nodes for s in recipe(n)]
+        self.steps = group_steps(group)
         self.pads = {}
 
     @property
@@ -255,14 +302,14 @@ class ElementwiseKernel(Kernel):
     @staticmethod
     def read_together(group: Group) -> int:
         """The most tensors one of the group's steps reads (each needs its own memory)."""
-        return max((len(_tensor_srcs(s)) for n in group.nodes for s in recipe(n)), default=1)
+        return max((len(_tensor_srcs(s)) for s in group_steps(group)), default=1)
 
     @staticmethod
     def regions_of(group: Group) -> int:
         """LM regions a group's kernel needs at once: its inputs and outputs, and the most values
         computed inside it that are alive at the same time (a region is reused once its value
         has been read for the last time)."""
-        steps = [s for n in group.nodes for s in recipe(n)]
+        steps = group_steps(group)
         kept = set(group.inputs) | set(group.outputs)
         live, most = set(), 0
         last = _last_reads(steps)

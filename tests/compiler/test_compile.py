@@ -396,3 +396,21 @@ def test_a_reshape_of_a_reshape_is_one_and_the_rewrites_leave_no_dead_nodes():
     read = {v for n in graph.nodes for v in n.inputs} | set(graph.outputs.values())
     assert all(any(v in read for v in n.outputs) for n in graph.nodes)
     check(Device(hwdesc.load("mini")), fn, inputs)
+
+
+def test_a_product_added_to_is_one_fma_with_torchs_values(device):
+    """x * w + b and p - lr * g (a layer norm's affine, an SGD update) issue fvfma (pe_ops.fma),
+    not a multiply and an add; the simulator rounds the product first, so the values are torch's
+    to the bit. A product read twice stays a multiply."""
+    from sim import isa
+    gen = torch.Generator().manual_seed(11)
+    inputs = {k: torch.randn(8, 32, generator=gen) for k in ("x", "w", "b")}
+    fn = lambda d: {"affine": d["x"] * d["w"] + d["b"], "update": d["x"] - 0.1 * d["w"],  # noqa: E731
+                    "shared": (lambda m: m.abs() + m)(d["x"] * d["b"])}
+    compiled = compile_function(fn, inputs, device.hw)
+    got = device.execute(compiled, inputs)
+    for name, expected in fn(inputs).items():
+        assert torch.equal(got[name], expected), name
+    code = compiled.program.code
+    vops = code[code[:, 0] == isa.Op.VOP, isa.V_OP]
+    assert (vops == isa.VOp.fma).sum() >= 2 and (vops == isa.VOp.mul).sum() >= 1
