@@ -40,6 +40,7 @@ KEEP = (  # lowered as primitives: never decomposed, even where core ATen would
     # separable resampling: two products with constant matrices (frontend.legalize_resample)
     aten.upsample_bilinear2d.default, aten.upsample_bilinear2d.vec, aten._adaptive_avg_pool2d.default,
     aten.upsample_bilinear2d_backward.default, aten._adaptive_avg_pool2d_backward.default,
+    aten.im2col.default,  # F.unfold: one window of the input (frontend.legalize_nn)
 )
 
 

@@ -414,3 +414,17 @@ def test_a_product_added_to_is_one_fma_with_torchs_values(device):
     code = compiled.program.code
     vops = code[code[:, 0] == isa.Op.VOP, isa.V_OP]
     assert (vops == isa.VOp.fma).sum() >= 2 and (vops == isa.VOp.mul).sum() >= 1
+
+
+@pytest.mark.parametrize("geometry", [dict(kernel_size=3, padding=1), dict(kernel_size=(2, 3), stride=2),
+                                      dict(kernel_size=3, dilation=2, padding=2, stride=(1, 2))],
+                         ids=["padded", "strided", "dilated"])
+def test_unfold_is_a_window_with_torchs_values(device, geometry):
+    """F.unfold copies: infinities and NaN come through as they are, batched and unbatched."""
+    import torch.nn.functional as F
+    x = torch.randn(2, 3, 9, 10, generator=torch.Generator().manual_seed(12))
+    x[0, 0, 0, 0], x[1, 2, 3, 3] = float("inf"), float("nan")
+    fn = lambda d: {"batched": F.unfold(d["x"], **geometry), "single": F.unfold(d["x"][0], **geometry)}  # noqa: E731
+    got = device.execute(compile_function(fn, {"x": x}, device.hw), {"x": x})
+    for name, expected in fn({"x": x}).items():
+        torch.testing.assert_close(got[name], expected, rtol=0, atol=0, equal_nan=True, msg=name)

@@ -78,6 +78,9 @@ MODELS = {
                                  cross_entropy, (2, 2, 6, 6)),
     "embedding_slices": (lambda: EmbedSlices(), square_mean, (3, 4)),
     "embedding_bags": (lambda: Bags(), square_mean, (3, 5)),
+    # F.unfold forward is a window; its gradient (col2im) torch's decomposition
+    "unfold": (lambda: nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.Unfold((2, 3), padding=1, stride=2)),
+               square_mean, (2, 2, 7, 7)),
     "lstm_gru": (lambda: Recurrent(), square_mean, (2, 5, 3)),
     # the weight gradient of a depthwise convolution is a grouped one whose split of the output
     # gradient no gather writes at once: each group's part is sliced on its own
