@@ -99,14 +99,18 @@ def save(compiled: Compiled, directory: str | Path) -> Path:
 
 
 def _prepare(d: Path) -> None:
-    """A directory to write a codegen_dir into: created, or one that holds only mnsim's files."""
+    """A directory to write a codegen_dir into: created, or one whose files are only mnsim's.
+    Subdirectories are left alone (mnsim writes none, so nothing there is overwritten): PFN's
+    examples keep their compile cache inside the codegen_dir (`CacheOptions(f"{outdir}/{name}/cache")`
+    beside `codegen_dir=outdir/name`)."""
     if d.exists() and not d.is_dir():
         raise ArtifactError(f"codegen_dir {d} is a file, not a directory")
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ArtifactError(f"codegen_dir {d}: cannot create it: {e.strerror or e}") from None
-    foreign = sorted(f.name for f in d.iterdir() if f.name not in FILES and not f.name.startswith("."))
+    foreign = sorted(f.name for f in d.iterdir()
+                     if f.name not in FILES and not f.name.startswith(".") and not f.is_dir())
     if foreign:
         raise ArtifactError(f"codegen_dir {d} holds {', '.join(foreign)}, which mnsim did not write; compile into an "
                             f"empty directory or an earlier codegen_dir")
@@ -211,7 +215,8 @@ def _checked_files(d: Path, manifest: dict) -> dict[str, bytes]:
         if _sha256(out[name]) != digest:
             raise ArtifactError(f"{path} does not match the checksum in {MANIFEST}: it was edited, truncated, or comes "
                                 "from another codegen_dir")
-    foreign = sorted(f.name for f in d.iterdir() if f.name not in FILES and not f.name.startswith("."))
+    foreign = sorted(f.name for f in d.iterdir()
+                     if f.name not in FILES and not f.name.startswith(".") and not f.is_dir())
     if foreign:
         raise ArtifactError(f"{d / foreign[0]} is not part of an mnsim codegen_dir (written by something else)")
     return out

@@ -63,6 +63,33 @@ def test_cache_options_reuse_an_unchanged_compile(ctx, tmp_path, count_compiles)
     assert len(count_compiles) == 6
 
 
+def test_pfn_examples_compile_helper_keeps_its_cache_inside_the_codegen_dir(ctx, tmp_path, count_compiles):
+    """PFN's ncf_training utility: `codegen_dir=outdir/name` with `CacheOptions(outdir/name/cache)`,
+    tensors named through `fx2onnx.set_tensor_name`. The second compile into the same codegen_dir
+    takes the cache there; a file mnsim did not write is still refused."""
+    import fx2onnx
+    from mlsdk import get_tensor_name
+
+    model = torch.nn.Linear(8, 4)
+    for name, p in model.named_parameters():
+        fx2onnx.set_tensor_name(p, f"ncf@{name}")
+        ctx.register_param(p)
+    assert get_tensor_name(model.weight) == fx2onnx.get_tensor_name(model.weight) == "ncf@weight"
+    codegen_dir = storage.path(str(tmp_path)) / "ncf_eval"
+    cache = CacheOptions(f"{tmp_path}/ncf_eval/cache", enable_app_cache=True, enable_onnx_cache=True,
+                         enable_codegen_cache=True, enable_gpfn2obj_cache=True)
+    x = torch.randn(3, 8)
+    for _ in range(2):
+        fn = ctx.compile(lambda d: {"y": model(d["x"])}, {"x": x}, codegen_dir, cache_options=cache,
+                         options={"option_json": "/opt/pfn/pfcomp/codegen/preset_options/O1.json"})
+    assert len(count_compiles) == 1
+    with torch.no_grad():
+        assert torch.allclose(fn({"x": x})["y"].cpu(), model(x), atol=1e-6)
+    (tmp_path / "ncf_eval" / "notes.txt").write_text("mine")
+    with pytest.raises(ArtifactError, match=r"holds notes\.txt, which mnsim did not write"):
+        ctx.compile(lambda d: {"y": model(d["x"]) * 2}, {"x": x}, codegen_dir)
+
+
 def test_a_broken_cache_entry_is_rebuilt(ctx, tmp_path, count_compiles):
     cache = CacheOptions(str(tmp_path / "cache"))
     ctx.compile(scale, {"x": torch.zeros(2, 2)}, tmp_path / "a", cache_options=cache)
