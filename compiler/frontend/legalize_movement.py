@@ -365,6 +365,17 @@ def _index_put(b, out, x, indices, values, accumulate=False):
 @rule("index_add", "index_copy", "masked_scatter", "scatter_reduce",
       "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive", "argwhere", "bincount",
       "repeat_interleave", "_local_scalar_dense", "item")
+def _data_dependent(b, out, x, *args, **kwargs):
+    """Ops whose result or addresses depend on the data (the ones torch's tables leave as they
+    are; index_add, index_copy and repeat_interleave with a number usually arrive decomposed)."""
+    shapes = [list(x.shape)] if isinstance(x, Value) else []
+    why = {"_local_scalar_dense": "it reads a tensor's value on the host (.item(), a Python condition on a "
+                                  "tensor); keep the value a tensor"}
+    raise UnsupportedOpError(b.aten, shapes, b.source,
+                             why.get(b.aten.split(".")[1], "its result depends on the data's values or it writes "
+                                                             "by data-dependent addresses"))
+
+
 @rule("diagonal", "diagonal_copy")
 def _diagonal(b, out, x, offset=0, dim1=0, dim2=1):
     """out[..., i] = x[..., i, i + offset] (dim1 and dim2 removed, the diagonal last, as torch)."""

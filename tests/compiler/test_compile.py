@@ -308,6 +308,17 @@ def test_unsupported_op_names_op_shapes_and_source_line():
     assert "test_compile.py" in message and 'd["x"][d["x"] > 0]' in message
 
 
+def test_a_value_read_on_the_host_is_refused_saying_so():
+    """.item() inside a compiled function: the refusal says a value was read on the host (the op
+    had been routed to the diagonal's rule, which failed on the 0-d tensor's dimensions)."""
+    def fn(d):
+        return {"y": d["x"] * d["x"].sum().item()}  # the line the error must point at
+    with pytest.raises(UnsupportedOpError, match=r"aten\._local_scalar_dense.* it reads a tensor's value on the "
+                                                 r"host \(\.item\(\), a Python condition on a tensor\)") as info:
+        compile_function(fn, {"x": torch.randn(4, 8)}, hwdesc.load("mini"))
+    assert 'd["x"].sum().item()' in str(info.value)
+
+
 def test_broadcast_operand_keeps_copies_where_its_axis_is_still_placed():
     """A bias broadcast over the rows of a product whose Groups split M and whose L2Bs split N:
     the bias keeps the N factor on L2B and must be copied over the positions the rows used."""
