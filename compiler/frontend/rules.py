@@ -32,8 +32,13 @@ def ir_dtype(dtype: torch.dtype) -> str:
 
 
 def rule(*names: str) -> Callable[[Rule], Rule]:
+    """Register `fn` as the legalization of the ATen ops `names`. A name registered twice is an
+    error at import: the later rule would silently replace the earlier one."""
     def register(fn: Rule) -> Rule:
         for name in names:
+            if name in RULES and RULES[name] is not fn:
+                raise CompileError(f"internal: {name} has two legalization rules, {RULES[name].__qualname__} and "
+                                   f"{fn.__qualname__}")
             RULES[name] = fn
         return fn
     return register

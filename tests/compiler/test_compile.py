@@ -439,3 +439,12 @@ def test_unfold_is_a_window_with_torchs_values(device, geometry):
     got = device.execute(compile_function(fn, {"x": x}, device.hw), {"x": x})
     for name, expected in fn({"x": x}).items():
         torch.testing.assert_close(got[name], expected, rtol=0, atol=0, equal_nan=True, msg=name)
+
+
+def test_a_second_rule_for_an_op_is_refused():
+    """Two legalization rules for one ATen op would let the later replace the earlier silently."""
+    from compiler.frontend.rules import RULES, rule
+    before = RULES["diagonal"]
+    with pytest.raises(CompileError, match=r"internal: diagonal has two legalization rules, _diagonal and "):
+        rule("diagonal")(lambda b, out, x: x)
+    assert RULES["diagonal"] is before
