@@ -390,16 +390,6 @@ def _diagonal(b, out, x, offset=0, dim1=0, dim2=1):
     return b.window(x, tuple(out.shape), a, start)
 
 
-def _data_dependent(b, out, x, *args, **kwargs):
-    shapes = [list(x.shape)] if isinstance(x, Value) else []
-    why = {"_local_scalar_dense": "it reads a tensor's value on the host (.item(), a Python condition on a "
-                                  "tensor); keep the value a tensor"}
-    raise UnsupportedOpError(b.aten, shapes, b.source,
-                             why.get(b.aten.split(".")[1], "its result depends on the data's values or it writes "
-                                                             "by data-dependent addresses"))
-
-
-
 @rule("as_strided", "as_strided_copy")
 def _as_strided(b, out, x, size, stride, storage_offset=0):
     """out[o] = x.flatten()[offset + sum(o * stride)]: the operand is contiguous (functionalized
