@@ -36,8 +36,9 @@ from runtime.session import CALL, BINDING, io_layouts
 from . import options as options_mod
 from . import trace
 from .device import MNDevice
-from .errors import ArgumentError, MLSDKError, RegistrationError
+from .errors import ArgumentError, MLSDKError, OptionError, RegistrationError
 from .function import CompiledFunction
+from .optim import MNCoreOptimizer
 from .naming import (get_tensor_name, optimizer_prefix, optimizer_tensors, set_buffer_name_in_optimizer,
                      set_tensor_name, set_tensor_name_in_module)
 from .proxy import TensorProxy
@@ -203,9 +204,20 @@ class Context:
         refuses a function that computes gradients.
 
         `export_kwargs`, `num_compiler_threads`, `quiet` and `optimizers` are accepted as PFN's
-        examples pass them and do not change what mnsim builds."""
+        examples pass them and do not change what mnsim builds, except the legacy torch.onnx
+        training path (`options={"backprop": True}` with `optimizers=[torch.optim...]`, where
+        the compiler adds the backward and the update), which is refused: ignoring it would
+        compile the loss alone."""
         self.runtime.check()
         t0 = time.perf_counter()
+        legacy = [type(o).__name__ for o in (optimizers or []) if not isinstance(o, MNCoreOptimizer)]
+        if (options or {}).get("backprop") or legacy:
+            raise OptionError(f"{self.runtime.label}: the legacy torch.onnx training path ("
+                              + ("options['backprop']" if (options or {}).get("backprop") else "")
+                              + (" and " if (options or {}).get("backprop") and legacy else "")
+                              + (f"optimizers={legacy}" if legacy else "") + ") is not simulated; write the step "
+                              "as the fx2onnx path does: loss.backward() and an MNCore optimizer's step() inside "
+                              "the compiled function")
         opts = options_mod.check(options)
         mode = options_mod.simulation_mode(options)
         constraints = dict(io_spec_constraints or {})

@@ -25,7 +25,7 @@ IGNORED = {
     "scheduler": "PFN's recompute/spill scheduler",
     "layout_spec": "layout overrides per op type (mnsim plans layouts itself; constrain IO with io_spec_constraints)",
     "gemm_layout_spec": "GEMM layout overrides",
-    "backprop": "legacy torch.onnx training path",
+    "backprop": "legacy torch.onnx training path (False only: True is refused by Context.compile)",
     "layout_planner": "PFN's layout planner choice",
     "sram_budget": "fraction of LM the planner may use",
     "sa_expected_run_iters": "simulated-annealing budget of PFN's scheduler",

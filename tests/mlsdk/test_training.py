@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from compiler.errors import CompileError
 from compiler.layout import W_AXIS
 from mlsdk.render import csv_text
-from mlsdk import (Context, MNCoreAdam, MNCoreAdamW, MNCoreLRScheduler, MNCoreSGD, MNDevice,
+from mlsdk import (Context, MNCoreAdam, MNCoreAdamW, MNCoreLRScheduler, MNCoreSGD, MNDevice, OptionError,
                    set_buffer_name_in_optimizer, set_tensor_name, set_tensor_name_in_module, storage)
 
 STEPS = 5
@@ -341,6 +341,21 @@ def test_training_false_with_a_backward_is_refused():
     step = ctx.compile(train_step, inp, None)  # the Context stays usable, the weights untouched
     assert torch.equal(model.hidden.weight.detach(), weight)
     step(inp)
+
+
+def test_the_legacy_torch_onnx_training_path_is_refused_not_ignored():
+    """PFN's run_timm legacy path: a loss function, options['backprop'] and torch's optimizer,
+    the compiler adding backward and update. Ignoring them would compile the loss alone."""
+    model = MLP()
+    ctx = Context(MNDevice("mini:auto"))
+    ctx.registry.register("model0", model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    inp = {"x": torch.randn(4, 16), "t": torch.randint(0, 10, (4,))}
+    with pytest.raises(OptionError, match=r"legacy torch.onnx training path \(options\['backprop'\] and "
+                                          r"optimizers=\['SGD'\]\) is not simulated; .*loss.backward\(\)"):
+        ctx.compile(lambda d: {"loss": model(d["x"], d["t"])}, inp, None, optimizers=[optimizer],
+                    options={"backprop": True})
+    assert ctx.compile(lambda d: {"loss": model(d["x"], d["t"])}, inp, None, options={"backprop": False})
 
 
 def test_host_optimizers_and_unregistered_state_are_refused():
