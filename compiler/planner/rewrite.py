@@ -3,9 +3,12 @@
 * `matmul` with batch dimensions becomes a 2-D product (when B has none: A's batch folds into
   its rows) or a 3-D one with equal batches (both operands expanded to the broadcast batch and
   flattened);
-* `conv` with groups becomes, for depthwise convolutions, a window over each channel times its
-  filter summed over the window (vector work, no matrix product), and otherwise one convolution
-  per group joined by a cat;
+* `conv` with groups becomes, for depthwise convolutions, a dense convolution whose weight is
+  block-diagonal (zeros where an output channel does not read an input channel; so an infinity
+  or NaN in one input channel reaches every output channel at that pixel, as 0 * inf is NaN,
+  where torch keeps it to its own), or, past DENSE_DEPTHWISE_WEIGHTS, a window over each channel
+  times its filter summed over the window (vector work); and otherwise one convolution per group
+  joined by a cat;
 * a reduction whose kept part is small and reduced part large (a loss over a batch) is split into
   a partial reduction spread over the chip and a final one over the partials;
 * a product whose only use is its transpose, (A B)^T, becomes B^T A^T (autograd's weight
@@ -28,6 +31,10 @@ from ..ir import Graph, Node, Value
 # A reduction is split when it reduces this many elements per PE of the chip or more, and keeps
 # fewer than one element per this many PEs (planner heuristics, not hardware numbers).
 SPLIT_REDUCED, SPLIT_KEPT = 4, 8
+# A depthwise convolution runs as a dense one with a block-diagonal weight while that weight has
+# at most this many elements (C = 680 at 3x3): its MACs grow with C, its window path's gathers
+# cost far more (32 channels of 56x56: 15.5 M cycles on mncore2). Planner heuristic.
+DENSE_DEPTHWISE_WEIGHTS = 1 << 22
 
 
 def rewrite(graph: Graph, hw: HwDesc) -> None:
@@ -123,6 +130,14 @@ def _conv(b: Builder, node: Node, hw: HwDesc) -> bool:
     n, c, h, wd = x.shape
     co, cg, kh, kw = w.shape
     a = node.attrs
+    if cg == 1 and co * c * kh * kw <= DENSE_DEPTHWISE_WEIGHTS:
+        # depthwise as a dense convolution whose weight is block-diagonal (zeros where an output
+        # channel does not read an input channel): the MAU's product, not a window of patches
+        mult = co // c
+        own = b.ew("eq", b.ew("floor_div", b.iota((co, c, 1, 1), 0, "int32"), mult), b.iota((co, c, 1, 1), 1, "int32"))
+        dense = b.ew("where", own, w, 0.0, dtype=w.dtype)
+        bind(b, b.conv(x, dense, a["stride"], a["padding"], a["dilation"], 1, out.dtype), out)
+        return True
     if cg == 1:  # depthwise: each output channel filters one input channel
         mult = co // c
         ho, wo = out.shape[2:]

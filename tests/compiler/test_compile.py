@@ -448,3 +448,16 @@ def test_a_second_rule_for_an_op_is_refused():
     with pytest.raises(CompileError, match=r"internal: diagonal has two legalization rules, _diagonal and "):
         rule("diagonal")(lambda b, out, x: x)
     assert RULES["diagonal"] is before
+
+
+@pytest.mark.parametrize("geometry", [dict(padding=1), dict(stride=2, padding=2, dilation=2)], ids=["same", "strided"])
+def test_depthwise_convolutions_run_as_dense_ones_with_a_block_diagonal_weight(device, geometry):
+    """Depthwise (and channel-multiplier) convolutions are one convolution on the MAU whose weight
+    is zero where an output channel does not read an input channel (planner.rewrite)."""
+    from sim import isa
+    torch.manual_seed(13)
+    conv = torch.nn.Conv2d(6, 12, 3, groups=6, **geometry)
+    inputs = {"x": torch.randn(2, 6, 9, 9)}
+    compiled = check(device, lambda d: {"y": conv(d["x"])}, inputs)
+    code = compiled.program.code
+    assert (code[:, 0] == isa.Op.MATMUL).any()
