@@ -10,6 +10,12 @@ image twofold took 3,859,632 cycles on mncore2 that way and takes 10,296 as two 
 adaptive pooling of it to 3x3, 524,604 and 9,258. The matrices are torch's own: its
 op applied to the unit vectors of one axis, on the host at compile time, as a convolution's
 weights are arranged; the data is only ever touched by the device's products.
+
+Deviation for non-finite inputs: a product multiplies every input of a row (column) by its
+weight, zeros included, and 0 * inf is NaN. An infinity or NaN in x therefore makes NaN of every
+output whose row and column products read its row or column, where torch's gathers keep it to
+the outputs whose neighbours it is (one inf in a 6x6 image upsampled twofold: 128 NaN outputs,
+torch none). Finite inputs give torch's values to rounding.
 """
 
 from __future__ import annotations
