@@ -95,10 +95,11 @@ def group_steps(group: "Group") -> list[Step]:
     two). The simulator's fma rounds the product before the add, so the values are torch's own."""
     steps = [s for n in group.nodes for s in recipe(n)]
     kept = set(group.inputs) | set(group.outputs)
-    reads: dict[object, int] = {}
+    reads: dict[object, int] = {}  # every operand occurrence: p + p reads p twice
     for s in steps:
-        for a in _tensor_srcs(s):
-            reads[a] = reads.get(a, 0) + 1
+        for a in s.srcs:
+            if isinstance(a, (Value, tuple)):
+                reads[a] = reads.get(a, 0) + 1
     fused: list[Step] = []
     k = 0
     while k < len(steps):
