@@ -47,6 +47,9 @@ class Builder:
         self.phase = "forward"
         self.stem = "v"
         self.used: set[int] = set()  # outputs of the ATen node being legalized that something reads
+        # whether the ATen node's result is a torch int32 tensor: its arithmetic wraps a scalar
+        # beyond int32 as the device does (an int64 result would not: torch keeps 64 bits)
+        self.int32_result = False
 
     def wants_output(self, k: int) -> bool:
         return k in self.used
@@ -100,7 +103,8 @@ class Builder:
             if out_dtype is None:
                 raise CompileError(f"{op}: give the result dtype (scalar data operands)")
         shape = broadcast_shapes(*[t.shape for t in tensors])
-        args = tuple(_scalar(a, operand_dtype or out_dtype, op) if not isinstance(a, Value) else a for a in args)
+        args = tuple(_scalar(a, operand_dtype or out_dtype, op, self.int32_result) if not isinstance(a, Value) else a
+                     for a in args)
         if _identity(op, args) and args[0].shape == shape and args[0].dtype == out_dtype:
             return args[0]  # x * 1, x / 1, x + 0, x - 0: decompositions leave them (addmm's alpha, beta)
         return self.node("ew", op, args, {}, [(shape, out_dtype)]).out
@@ -264,11 +268,12 @@ def _identity(op: str, args: tuple) -> bool:
 
 
 # int32 ops whose result mod 2^32 depends only on their operands mod 2^32: a scalar beyond int32
-# wraps into it first, as torch's int32 arithmetic wraps it (an int32 tensor * 2654435761)
+# wraps into it first when torch's result is int32 too, as torch's int32 arithmetic wraps it (an
+# int32 tensor * 2654435761); an int64 tensor (held as int32 on the device) is refused instead
 WRAPPING = ("add", "sub", "mul", "neg", "bitand", "bitor", "bitxor")
 
 
-def _scalar(a: Any, dtype: str, op: str | None = None) -> Scalar:
+def _scalar(a: Any, dtype: str, op: str | None = None, wrap: bool = False) -> Scalar:
     """A Python scalar as the compute dtype wants it (int for int32, float for floats)."""
     if isinstance(a, Value):
         return a
@@ -277,9 +282,9 @@ def _scalar(a: Any, dtype: str, op: str | None = None) -> Scalar:
             raise CompileError(f"the scalar {a} is not an integer but the operands are int32")
         a = int(a)
         if not INT32_MIN <= a <= INT32_MAX:
-            if op not in WRAPPING:
-                raise CompileError(f"{op or 'an op'} of int32 values and the scalar {a}, which int32 cannot hold "
-                                   f"({INT32_MIN}..{INT32_MAX})")
+            if not (wrap and op in WRAPPING):
+                raise CompileError(f"{op or 'an op'} of integer values and the scalar {a}, which int32 (the "
+                                   f"device's integers, int64 tensors included) cannot hold ({INT32_MIN}..{INT32_MAX})")
             a = (a - INT32_MIN) % (INT32_MAX - INT32_MIN + 1) + INT32_MIN
         return a
     if dtype == "bool":

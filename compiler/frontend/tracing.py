@@ -435,6 +435,7 @@ def _call(b: Builder, fx_node: torch.fx.Node, val: Any, convert: Callable[[Any],
     b.source, b.aten, b.stem = source, aten, fx_node.name
     b.phase = fx_node.meta.get("custom", {}).get("mnsim_phase", FORWARD)
     b.used = {u.args[1] for u in fx_node.users if u.target is operator.getitem and u.users}  # read by something
+    b.int32_result = isinstance(val, torch.Tensor) and val.dtype == torch.int32
     kwargs = {k: v for k, v in kwargs.items() if k not in ("layout", "device", "pin_memory", "memory_format",
                                                           "non_blocking", "requires_grad")}
     try:
