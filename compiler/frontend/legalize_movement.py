@@ -466,7 +466,7 @@ def _embedding_bag(b, out, weight, indices, offsets, scale_grad_by_freq=False, m
     return summed, None, None, None
 
 
-@rule("_embedding_bag_backward", "_embedding_bag_dense_backward")
+@rule("_embedding_bag_backward")
 def _embedding_bag_backward(b, out, grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
                             scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None,
                             padding_idx=-1):
@@ -482,5 +482,8 @@ def _embedding_bag_backward(b, out, grad, indices, offsets, offset2bag, bag_size
     member = _bag_membership(b, indices, offsets, grad.shape[0], padding_idx)
     weights = _bag_weights(b, member, kind, per_sample_weights, grad.dtype)  # (bags, P)
     per_position = b.matmul(b.permute(weights, (1, 0)), grad, dtype=grad.dtype)  # (P, D)
+    b.graph.nodes[-1].attrs["exact"] = True  # the bags' gradients carried back: never in reduced precision
     hits = b.ew("eq", b.iota((num_weights, 1), 0, "int32"), b.reshape(b.cast(indices, "int32"), (1, indices.shape[0])))
-    return b.matmul(b.cast(hits, grad.dtype), per_position, dtype=grad.dtype)
+    table = b.matmul(b.cast(hits, grad.dtype), per_position, dtype=grad.dtype)
+    b.graph.nodes[-1].attrs["exact"] = True  # summed into the rows read, as an embedding's gradient
+    return table

@@ -51,7 +51,9 @@ def resample(b: Builder, x: Value, rows: torch.Tensor, cols: torch.Tensor) -> Va
     lead, (h, w) = x.shape[:-2], x.shape[-2:]
     images = b.reshape(x, (prod(lead), h, w))  # one batch dimension: the products reshape nothing between them
     across = b.matmul(images, constant(b, "resample_cols", cols.t(), dtype), dtype=dtype)  # (B, H, Wo)
+    b.graph.nodes[-1].attrs["exact"] = True  # resampling, not a product the user wrote: never in half
     down = b.matmul(constant(b, "resample_rows", rows, dtype), across, dtype=dtype)  # (B, Ho, Wo)
+    b.graph.nodes[-1].attrs["exact"] = True
     return b.reshape(down, lead + down.shape[-2:])
 
 

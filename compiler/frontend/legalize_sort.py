@@ -42,8 +42,9 @@ def _topk(b, out, x, k, dim=-1, largest=True, sorted=True):
     if x.rank == 0:
         return x, b.full(x.shape, 0, "int32")
     dim = norm_dim(dim, x.rank)
-    if not 0 <= k <= x.shape[dim]:
-        raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"k = {k} outside 0..{x.shape[dim]}")
+    if not 0 < k <= x.shape[dim]:
+        raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"k = {k} outside 1..{x.shape[dim]}"
+                                 + (" (an empty result)" if k == 0 else ""))
     if k <= SELECTION_ROUNDS:
         return select_top(b, x, k, dim, largest)
     values, indices = sort_along(b, x, dim, largest)

@@ -156,7 +156,11 @@ def test_integer_bitwise_ops_and_shifts_match_torch(device):
 @pytest.mark.parametrize("fn, message", [
     (lambda d: {"y": d["x"] << d["x"]}, "a shift by a tensor of amounts"),
     (lambda d: {"y": d["x"] >> 32}, "a shift by 32: the device's integers have 32 bits"),
-    (lambda d: {"y": d["x"] < 2 ** 40}, "lt of int32 values and the scalar 1099511627776, which int32 cannot hold"),
+    (lambda d: {"y": d["x"] < 2 ** 40}, "lt of integer values and the scalar 1099511627776, which int32"),
+    # int64 keeps 64 bits in torch: wrapping the scalar as for int32 would give other numbers
+    (lambda d: {"y": d["x"].long() * 2654435761}, "mul of integer values and the scalar 2654435761, which int32"),
+    (lambda d: {"v": torch.topk(d["x"].float(), 0).values},
+     r"k = 0 outside 1\.\.8 \(an empty result\)"),
 ])
 def test_integer_ops_the_device_cannot_follow_are_refused(fn, message):
     x = torch.arange(8, dtype=torch.int32)
@@ -417,7 +421,8 @@ def test_a_product_added_to_is_one_fma_with_torchs_values(device):
     gen = torch.Generator().manual_seed(11)
     inputs = {k: torch.randn(8, 32, generator=gen) for k in ("x", "w", "b")}
     fn = lambda d: {"affine": d["x"] * d["w"] + d["b"], "update": d["x"] - 0.1 * d["w"],  # noqa: E731
-                    "shared": (lambda m: m.abs() + m)(d["x"] * d["b"])}
+                    "shared": (lambda m: m.abs() + m)(d["x"] * d["b"]),
+                    "doubled": (lambda m: m + m)(d["x"] * d["b"])}  # the add reads the product twice: no fma
     compiled = compile_function(fn, inputs, device.hw)
     got = device.execute(compiled, inputs)
     for name, expected in fn(inputs).items():
@@ -461,3 +466,14 @@ def test_depthwise_convolutions_run_as_dense_ones_with_a_block_diagonal_weight(d
     compiled = check(device, lambda d: {"y": conv(d["x"])}, inputs)
     code = compiled.program.code
     assert (code[:, 0] == isa.Op.MATMUL).any()
+
+
+def test_resampling_stays_float32_under_mixed_precision(device):
+    """Bilinear upsampling and uneven adaptive pooling are products with constant matrices that
+    stand for gathers and window means, not products the user wrote: "mixed" (half matrix
+    products) leaves them in float32."""
+    import torch.nn.functional as F
+    x = 1000 + 100 * torch.randn(1, 2, 6, 6, generator=torch.Generator().manual_seed(14))
+    check(device, lambda d: {"up": F.interpolate(d["x"], scale_factor=2, mode="bilinear"),
+                             "pooled": F.adaptive_avg_pool2d(d["x"], (4, 4))}, {"x": x},
+          options={"float_dtype": "mixed"}, rtol=1e-6)
