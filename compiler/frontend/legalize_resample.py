@@ -65,41 +65,31 @@ def constant(b: Builder, name: str, data: torch.Tensor, dtype: str) -> Value:
     return v
 
 
-def _bilinear(align_corners: bool, size: tuple[int, int], scales: tuple[Any, Any]):
-    """Per axis, torch's bilinear upsampling of a (k, 1, n, 1) image along H to `size`'s H."""
+def _bilinear(h: int, w: int, size: tuple[int, int], align_corners: bool, scales: tuple[Any, Any]
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's bilinear upsampling to `size` along H and along W, as the (Ho, H) and (Wo, W)
+    matrices (`scales` as upsample_bilinear2d.default takes them: a factor per axis or None)."""
     def along(axis: int) -> Callable[[torch.Tensor], torch.Tensor]:
         return lambda units: aten.upsample_bilinear2d.default(units, [size[axis], 1], align_corners,
                                                               scales[axis], None)
-    return along(0), along(1)
-
-
-def _vec_args(x: Value, output_size, align_corners: bool, scale_factors) -> tuple[tuple[int, int], tuple[Any, Any]]:
-    """upsample_bilinear2d.vec's (output size, scales) as .default takes them."""
-    h, w = x.shape[-2:]
-    if output_size is not None:
-        return tuple(output_size), (None, None)
-    sh, sw = scale_factors
-    return (int(h * sh), int(w * sw)), (sh, sw)
+    return axis_matrix(h, size[0], along(0)), axis_matrix(w, size[1], along(1))
 
 
 @rule("upsample_bilinear2d")
 def _upsample_bilinear(b, out, x, output_size, align_corners, *scales):
+    """.default(x, output_size, align_corners, scales_h, scales_w) and .vec(x, output_size,
+    align_corners, scale_factors): the size is torch's output's; the factors, when given, change
+    where torch samples (1 / factor, not H / Ho)."""
     if b.aten.endswith(".vec"):
-        size, scales = _vec_args(x, output_size, align_corners, scales[0] if scales else None)
-    else:
-        size, scales = tuple(output_size), tuple(scales) + (None,) * (2 - len(scales))
-    size = tuple(out.shape[-2:])
-    rows_fn, cols_fn = _bilinear(align_corners, size, scales)
-    h, w = x.shape[-2:]
-    return resample(b, x, axis_matrix(h, size[0], rows_fn), axis_matrix(w, size[1], cols_fn))
+        scales = tuple(scales[0]) if output_size is None and scales and scales[0] is not None else ()
+    scales = tuple(scales) + (None,) * (2 - len(scales))
+    return resample(b, x, *_bilinear(*x.shape[-2:], tuple(out.shape[-2:]), align_corners, scales))
 
 
 @rule("upsample_bilinear2d_backward")
 def _upsample_bilinear_backward(b, out, gy, output_size, input_size, align_corners, *scales):
     scales = tuple(scales) + (None,) * (2 - len(scales))
-    h, w = input_size[-2:]
-    rows_fn, cols_fn = _bilinear(align_corners, tuple(output_size), scales)
-    rows, cols = axis_matrix(h, output_size[0], rows_fn), axis_matrix(w, output_size[1], cols_fn)
+    rows, cols = _bilinear(*input_size[-2:], tuple(output_size), align_corners, scales)
     return resample(b, gy, rows.t(), cols.t())
 
 
