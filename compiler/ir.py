@@ -65,6 +65,15 @@ MOVEMENT = ("reshape", "permute", "expand", "slice", "pad", "window", "cat", "sp
 KINDS = ("ew", "reduce", *MOVEMENT, "matmul", "conv", "iota", "full")
 
 Scalar = int | float | bool
+
+
+def reduction_identity(op: str, dtype: str) -> Scalar:
+    """What a reduction `op` (REDUCE_OPS) starts from in `dtype`: padding it reads changes nothing."""
+    if dtype == "bool":
+        return op == "min"
+    if dtype == "int32":
+        return {"sum": 0, "max": INT32_MIN, "min": INT32_MAX}[op]
+    return {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[op]
 CONV_RANK = 4  # conv operands are (N, C, H, W) and (Co, C / groups, kh, kw)
 
 

@@ -16,9 +16,8 @@ keys, as in torch.
 
 from __future__ import annotations
 
-from ..dtypes import INT32_MAX, INT32_MIN
 from ..errors import UnsupportedOpError
-from ..ir import FLOAT_DTYPES, Value
+from ..ir import FLOAT_DTYPES, Value, reduction_identity
 from .build import Builder, norm_dim
 from .rules import rule
 
@@ -57,7 +56,8 @@ def select_top(b: Builder, x: Value, k: int, dim: int, largest: bool) -> tuple[V
     floats = x.dtype in FLOAT_DTYPES
     if x.dtype == "bool":
         x = b.cast(x, "int32")
-    op, beyond = ("max", _lowest(x.dtype)) if largest else ("min", _highest(x.dtype))
+    op = "max" if largest else "min"
+    beyond = reduction_identity(op, x.dtype)  # below (above) every value: what a taken element becomes
     index = b.iota(x.shape, dim, "int32")
     nan = b.ew("ne", x, x) if floats else None
     taken = b.full(x.shape, False, "bool")
@@ -79,14 +79,6 @@ def select_top(b: Builder, x: Value, k: int, dim: int, largest: bool) -> tuple[V
         values.append(m)
         indices.append(first)
     return b.cat(values, dim), b.cat(indices, dim)
-
-
-def _lowest(dtype: str) -> float | int:
-    return INT32_MIN if dtype == "int32" else float("-inf")
-
-
-def _highest(dtype: str) -> float | int:
-    return INT32_MAX if dtype == "int32" else float("inf")
 
 
 def sort_along(b: Builder, x: Value, dim: int, descending: bool) -> tuple[Value, Value]:

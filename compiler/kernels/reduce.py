@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from math import ceil, prod
 
-from ..dtypes import INT32_MAX, INT32_MIN
-from ..ir import Node, Value
+from ..ir import Node, Value, reduction_identity
 from ..layout import TIME_AXIS, W_AXIS, Factor, Layout
 from ..layout.spread import Spread, spread
 from .base import Kernel, Operand, device_dtype
@@ -28,13 +27,12 @@ from .loops import Operand as LoopOperand
 from .loops import emit_vops, nest
 from .operands import per_pe, restrict, slice_count
 
-IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
 VOP = {"sum": "add", "max": "max", "min": "min"}
-INT_IDENTITY = {"sum": 0, "max": INT32_MIN, "min": INT32_MAX}
 
 
 def identity(op: str, dtype: str) -> float | int:
-    return INT_IDENTITY[op] if dtype == "int32" else IDENTITY[op]
+    """The reduction's start in a device dtype (bool is float32 0.0 / 1.0 on the device)."""
+    return reduction_identity(op, dtype)
 
 
 def reduction_layout(shape: tuple[int, ...], dims: tuple[int, ...], dtype: str, hw, budget_lw: int,

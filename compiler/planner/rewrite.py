@@ -24,9 +24,8 @@ from math import ceil, prod
 
 from hwdesc import HwDesc
 
-from ..dtypes import INT32_MAX, INT32_MIN
 from ..frontend.build import Builder
-from ..ir import Graph, Node, Value
+from ..ir import Graph, Node, Value, reduction_identity
 
 # A reduction is split when it reduces this many elements per PE of the chip or more, and keeps
 # fewer than one element per this many PEs (planner heuristics, not hardware numbers).
@@ -180,7 +179,7 @@ def _reduce(b: Builder, node: Node, hw: HwDesc) -> bool:
     order = kept + list(dims)
     moved = b.permute(x, order) if order != list(range(x.rank)) else x
     flat = b.reshape(moved, (kept_n, reduced))
-    padded = b.pad(flat, [(0, 0), (0, parts * rest - reduced)], _identity(node.op, x.dtype))
+    padded = b.pad(flat, [(0, 0), (0, parts * rest - reduced)], reduction_identity(node.op, x.dtype))
     grid = b.reshape(padded, (kept_n, parts, rest))
     partial = b.reduce(node.op, grid, [2])
     partial.producer.attrs["split"] = True
@@ -189,14 +188,6 @@ def _reduce(b: Builder, node: Node, hw: HwDesc) -> bool:
     keep_shape = node.out.shape
     bind(b, b.reshape(total, keep_shape), node.out)
     return True
-
-
-def _identity(op: str, dtype: str) -> float | int | bool:
-    if dtype == "bool":
-        return op == "min"
-    if dtype == "int32":
-        return {"sum": 0, "max": INT32_MIN, "min": INT32_MAX}[op]
-    return {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[op]
 
 
 RULES = {"matmul": _matmul, "conv": _conv, "reduce": _reduce}
