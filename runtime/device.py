@@ -28,9 +28,10 @@ from compiler.layout.hostio import gather, scatter
 from compiler.transfer.host import host_transfer
 
 from .errors import DeviceError, InputError
+from .host_images import HostImages
 
-TIMING, BOTH = "timing", "both"  # simulation modes (sim.RunMode): timing only, or data and timing; a run in
-# the third, "functional" (data only), returns no RunStats
+# Simulation modes (sim.RunMode): timing only, data and timing, data only (a run returns no RunStats)
+TIMING, BOTH, FUNCTIONAL = "timing", "both", "functional"
 
 
 @dataclass(eq=False)
@@ -115,6 +116,7 @@ class Device:
         # One machine state: whoever runs a program, moves data or (de)allocates holds this, so
         # calls from several threads (or Contexts sharing a device) run one after another.
         self.lock = threading.RLock()
+        self.images = HostImages(self.params.words_per_lw)
 
     # ---- buffers ----------------------------------------------------------------------------
 
@@ -139,10 +141,10 @@ class Device:
     def transfer_program(self, placement: Placement, upload: bool):
         return host_transfer(placement, upload)
 
-    def host_image(self, placement: Placement) -> np.ndarray:
-        """The host-side image of a tensor in `placement` (what upload fills and download reads)."""
-        return np.zeros((placement.instance_count, max(1, placement.span_lw) * self.params.words_per_lw),
-                        dtype=np.uint32)
+    def host_image(self, placement: Placement, upload: bool) -> np.ndarray:
+        """The host-side image of a tensor in `placement` (what upload fills and download reads),
+        reused from the last transfer in that placement (runtime.host_images)."""
+        return self.images.image(placement, upload)
 
     @locked
     def upload(self, buf: DeviceBuffer, values: torch.Tensor | np.ndarray, *, dtype: str | None = None,
@@ -151,7 +153,7 @@ class Device:
         In timing mode only the transfer is timed; the buffer then holds no values. In functional
         mode nothing is timed (None)."""
         placement = buf.placement
-        image = self.host_image(placement)
+        image = self.host_image(placement, upload=True)
         if mode != TIMING:
             bits = values if isinstance(values, np.ndarray) else to_bits(values, placement.dtype, self.hw, name)
             scatter(placement, bits.reshape(placement.layout.shape), image)
@@ -167,13 +169,13 @@ class Device:
         In timing mode only the transfer is timed (no tensor), in functional mode not at all."""
         if mode == TIMING:
             stats = self.machine.run(self.transfer_program(buf.placement, upload=False),
-                                     host=[self.host_image(buf.placement)], bases={"tensor": buf.address}, mode=TIMING)
+                                     host=[self.host_image(buf.placement, upload=False)], bases={"tensor": buf.address}, mode=TIMING)
             return None, stats
         if not buf.valid:
             raise DeviceError(f"{what} has no values: a timing-only run (simulation_mode='timing') computed it, "
                               "so only its cycles exist; compile with simulation_mode 'both' to read values")
         placement = buf.placement
-        image = self.host_image(placement)
+        image = self.host_image(placement, upload=False)
         program = self.transfer_program(placement, upload=False)
         stats = self.machine.run(program, host=[image], bases={"tensor": buf.address}, mode=mode)
         bits = gather(placement, image)  # a new array, which the tensor may keep

@@ -28,7 +28,7 @@ from sim import RunStats
 
 from .binder import Binder, Bound
 from .conversions import Conversions
-from .device import Device, DeviceBuffer, check_host_value
+from .device import BOTH, FUNCTIONAL, Device, DeviceBuffer, check_host_value
 from .errors import DeviceError, InputError, InvalidatedError, RegistrationError
 from .executable import Executable
 from .resident import ResidentTensors
@@ -266,12 +266,16 @@ class Runtime:
             return self.own(DeviceValue(buf, spec, tuple(spec.shape), f"{exe.name}.allocate_input_proxy",
                                         owner=self.label, device_id=id(self.device)))
 
-    def download(self, value: DeviceValue) -> torch.Tensor:
+    def download(self, value: DeviceValue, record: bool = True) -> torch.Tensor:
+        """The value on the host; `record=False` reads it again without timing (a value the
+        report has already downloaded)."""
         with self.lock:
             self.check()
             tensor, stats = self.board().download(value.buffer, value.spec.dtype, value.shape,
-                                                  value.producer or "this proxy")
-            self.record(Run(DOWNLOAD, value.producer or "proxy", stats))
+                                                  value.producer or "this proxy",
+                                                  mode=BOTH if record else FUNCTIONAL)
+            if record:
+                self.record(Run(DOWNLOAD, value.producer or "proxy", stats))
             return tensor
 
     def upload_into(self, value: DeviceValue, tensor: torch.Tensor) -> None:

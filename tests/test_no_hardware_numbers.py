@@ -30,6 +30,7 @@ ALLOWED = {
     ("sim/params.py", 32): "lru_cache size; WORD_BITS (mnsim's memory arrays are uint32, from_hw rejects other sizes)",
     ("sim/accesses.py", 6): "columns of the hazard check's access table (memory, first, last, path, reduces, on ALU)",
     ("sim/machine.py", 16): "DRAM rows grow by at least 1 << 16 words (growth policy)",
+    ("runtime/host_images.py", 28): "bytes of host images the device keeps for reuse (1 << 28, host policy)",
     ("sim/mau.py", 16): "longest K-slice per PE the simulator multiplies in its own loop rather than BLAS (host speed)",
     ("sim/mau.py", 5): "dimensions of an operand viewed per unit of MABs ([unit, MAB, PE, rows, columns])",
     ("compiler/layout/candidates.py", 24): "how many candidates to return (planner budget)",

@@ -138,6 +138,25 @@ def test_tensor_proxy_behaves_like_its_host_value(ctx, tmp_path):
     assert len(downloads) == 1 and downloads[0].stats.total_cycles > 0, "cpu() downloads once and counts it"
 
 
+def test_a_tensor_from_cpu_is_the_callers_to_change(ctx, tmp_path):
+    """cpu() hands out its first download as it is; changing it changes no later read of the
+    proxy, and the report still counts one download."""
+    fn = ctx.compile(producer, {"x": torch.zeros(4, 8)}, tmp_path / "p")
+    x = torch.randn(4, 8)
+    proxy = fn({"x": x})["shared"]
+    first = proxy.cpu()
+    first += 100
+    second = proxy.cpu()
+    assert torch.equal(second, x * 2)
+    second -= 7
+    assert torch.equal(proxy.cpu(), x * 2) and (proxy.numpy() == (x * 2).numpy()).all()
+    downloads = [t for t in ctx.session.transfers if t.kind == "download"]
+    assert len(downloads) == 1
+    fresh = fn({"x": x + 1})["shared"]  # a new value: downloaded and counted again
+    assert torch.equal(fresh.cpu(), (x + 1) * 2)
+    assert len([t for t in ctx.session.transfers if t.kind == "download"]) == 2
+
+
 def test_registered_module_stays_on_the_device(ctx, tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
