@@ -25,28 +25,19 @@ holds whatever its memory held, as on the chip: inf x 0 there makes a NaN in pad
 
 from __future__ import annotations
 
-import functools
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 from numba import njit
 from numpy.lib.stride_tricks import as_strided
 
 from . import isa
 from .index import at
+from .hostpool import run_shares
 from .isa import DType
 from .params import MachineParams
 from .replicas import Replicas
 
 SHORT_SLICE = 16  # longest K-slice per PE the loop takes (from the measurements above)
 LOOP, GATHERED, IN_PLACE = "loop", "gathered", "in place"
-_WORKERS = os.cpu_count() or 1
-
-
-@functools.cache
-def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(_WORKERS, thread_name_prefix="mnsim-mau")
 
 
 def form(m: int, k: int, n: int, pes: int) -> str:
@@ -113,9 +104,7 @@ def matmul(p: MachineParams, memories: list[np.ndarray], row: np.ndarray, replic
         else:
             _blas(*blocks, accumulate, how == IN_PLACE, first, last)
 
-    n_units = n_mab // every
-    bounds = np.linspace(0, n_units, min(_WORKERS, n_units) + 1).astype(int)
-    list(_pool().map(lambda h: units(bounds[h], bounds[h + 1]), range(len(bounds) - 1)))
+    run_shares(units, n_mab // every)
 
 
 def _sharing(p: MachineParams, row: np.ndarray, shapes: dict, replicas: Replicas, dtype: DType,

@@ -16,6 +16,8 @@ layout_notation.md section 7.2, with fan-outs and chunk sizes from the hardware 
 Reductions (MV and XFER mode reduce) compute, so they live in `sim.reduce`; `execute_moves` runs
 a block of NOP, WAIT and the copying MV/XFER modes in one call, except mab_broadcast, which
 `mab_broadcast` replicates with numpy, and transpose, which `transpose` reshapes with numpy.
+It runs each instruction for a range of Groups, so that host threads can share a block of
+`group_local` ones (`sim.functional`).
 """
 
 from __future__ import annotations
@@ -98,57 +100,81 @@ def _undeal(dst, d, dw, src, first, sw, n, chunk, count, wpl):
 
 
 @njit(cache=True, inline="always")
-def _mv(row, src, dst, mem_instances, lw_addressed, n_groups, chunk, wpl):
-    mode, n = row[isa.MV_MODE], row[isa.MV_N]
+def _mv_group(g, mode, n, s_inst, s_local, d_inst, d_local, scope, src, sw, sm, dst, dw, dm, mem_instances, n_groups,
+              chunk, wpl):
+    """An MV from Group g (every Group's: the instance fields count within it when negative)."""
+    s_per, d_per = mem_instances[sm] // n_groups, mem_instances[dm] // n_groups
+    s = s_inst if s_inst >= 0 else g * s_per + s_local
+    d = d_inst if d_inst >= 0 else g * d_per + d_local
+    if mode == Mode.individual:
+        copy_lw(dst, d, dw, src, s, sw, n, wpl)
+    elif mode == Mode.broadcast:
+        first, count = scope_range(mem_instances, n_groups, dm, scope, s // s_per)
+        for k in range(count):
+            copy_lw(dst, first + k, dw, src, s, sw, n, wpl)
+    elif mode == Mode.distribute:
+        first, count = scope_range(mem_instances, n_groups, dm, scope, s // s_per)
+        _deal(dst, first, dw, src, s, sw, n, chunk, count, wpl)
+    else:  # collect
+        first, count = scope_range(mem_instances, n_groups, sm, scope, d // d_per)
+        _undeal(dst, d, dw, src, first, sw, n, chunk, count, wpl)
+
+
+@njit(cache=True, inline="always")
+def _mv(row, src, dst, mem_instances, lw_addressed, n_groups, chunk, wpl, g_first, g_last):
+    """An MV, in Groups [g_first, g_last) when it runs in every Group; one that does not runs
+    with the share holding Group 0 (`group_local`: such an MV is never split)."""
+    mode, n, scope = row[isa.MV_MODE], row[isa.MV_N], row[isa.MV_SCOPE]
     sm, dm = row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]
     sw = word_addr(lw_addressed, sm, row[isa.MV_SRC_ADDR], wpl)
     dw = word_addr(lw_addressed, dm, row[isa.MV_DST_ADDR], wpl)
-    per_group = row[isa.MV_SRC_INST] == ALL_GROUPS or row[isa.MV_DST_INST] == ALL_GROUPS
-    s_per, d_per = mem_instances[sm] // n_groups, mem_instances[dm] // n_groups
-    for g in range(n_groups if per_group else 1):
-        s = row[isa.MV_SRC_INST] if row[isa.MV_SRC_INST] >= 0 else g * s_per + row[isa.MV_SRC_LOCAL]
-        d = row[isa.MV_DST_INST] if row[isa.MV_DST_INST] >= 0 else g * d_per + row[isa.MV_DST_LOCAL]
-        if mode == Mode.individual:
-            copy_lw(dst, d, dw, src, s, sw, n, wpl)
-        elif mode == Mode.broadcast:
-            first, count = scope_range(mem_instances, n_groups, dm, row[isa.MV_SCOPE], s // s_per)
-            for k in range(count):
-                copy_lw(dst, first + k, dw, src, s, sw, n, wpl)
-        elif mode == Mode.distribute:
-            first, count = scope_range(mem_instances, n_groups, dm, row[isa.MV_SCOPE], s // s_per)
-            _deal(dst, first, dw, src, s, sw, n, chunk, count, wpl)
-        else:  # collect
-            first, count = scope_range(mem_instances, n_groups, sm, row[isa.MV_SCOPE], d // d_per)
-            _undeal(dst, d, dw, src, first, sw, n, chunk, count, wpl)
+    s_inst, s_local, d_inst, d_local = row[isa.MV_SRC_INST], row[isa.MV_SRC_LOCAL], row[isa.MV_DST_INST], \
+        row[isa.MV_DST_LOCAL]
+    if s_inst == ALL_GROUPS or d_inst == ALL_GROUPS:
+        first, last = g_first, g_last
+    else:
+        first, last = 0, 1 if g_first == 0 else 0
+    for g in range(first, last):
+        _mv_group(g, mode, n, s_inst, s_local, d_inst, d_local, scope, src, sw, sm, dst, dw, dm, mem_instances,
+                  n_groups, chunk, wpl)
+
+
+@njit(cache=True, inline="always")
+def _xfer_instance(u, mode, down, index, up, uw, lo, lw, n, fan, chunk, group, wpl):
+    """An XFER between upper instance u and its `fan` children."""
+    base = u * fan
+    if down:
+        if mode == Mode.broadcast:
+            for k in range(fan):
+                copy_lw(lo, base + k, lw, up, u, uw, n, wpl)
+        else:  # distribute, a chunk of consecutive long words to each child in turn (mab_broadcast: below)
+            _deal(lo, base, lw, up, u, uw, n, chunk, fan, wpl)
+    elif mode == Mode.collect:
+        _undeal(up, u, uw, lo, base, lw, n, chunk, fan, wpl)
+    else:  # individual: group g's members read as a collect over them, one long word each in turn
+        _undeal(up, u, uw, lo, base + index * group, lw, n, ONE_LW, group, wpl)
 
 
 @njit(cache=True)
-def _xfer(row, up, lo, mem_instances, lw_addressed, group, chunk, wpl):
-    """L2BM <-> L1BM and L1BM <-> PE, in every upper instance at once."""
-    mode, direction, n = row[isa.X_MODE], row[isa.X_DIR], row[isa.X_N]
+def _xfer(row, up, lo, mem_instances, lw_addressed, n_groups, group, chunk, wpl, g_first, g_last):
+    """L2BM <-> L1BM and L1BM <-> PE, in every upper instance of Groups [g_first, g_last)."""
+    mode, down, n, index = row[isa.X_MODE], row[isa.X_DIR] == Dir.down, row[isa.X_N], row[isa.X_INDEX]
     um, lm = row[isa.X_UP_MEM], row[isa.X_LO_MEM]
     uw = word_addr(lw_addressed, um, row[isa.X_UP_ADDR], wpl)
     lw = word_addr(lw_addressed, lm, row[isa.X_LO_ADDR], wpl)
     n_up = mem_instances[um]
     fan = mem_instances[lm] // n_up
-    for u in range(n_up):
-        base = u * fan
-        if direction == Dir.down:
-            if mode == Mode.broadcast:
-                for k in range(fan):
-                    copy_lw(lo, base + k, lw, up, u, uw, n, wpl)
-            else:  # distribute, a chunk of consecutive long words to each child in turn (mab_broadcast: below)
-                _deal(lo, base, lw, up, u, uw, n, chunk, fan, wpl)
-        elif mode == Mode.collect:
-            _undeal(up, u, uw, lo, base, lw, n, chunk, fan, wpl)
-        else:  # individual: group g's members read as a collect over them, one long word each in turn
-            _undeal(up, u, uw, lo, base + row[isa.X_INDEX] * group, lw, n, ONE_LW, group, wpl)
+    per_group = n_up // n_groups
+    for u in range(g_first * per_group, g_last * per_group):
+        _xfer_instance(u, mode, down, index, up, uw, lo, lw, n, fan, chunk, group, wpl)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def execute_moves(code, start, end, mems, mem_instances, lw_addressed, n_groups, path_of, path_group, mode_chunk,
-                  wpl):
-    """Run instructions [start, end): NOP, WAIT (no effect on data) and copying MV/XFER modes.
+                  wpl, g_first, g_last):
+    """Run instructions [start, end): NOP, WAIT (no effect on data) and copying MV/XFER modes, the
+    part of each in Groups [g_first, g_last) (all of them: 0, n_groups). Threads may run a block
+    of `group_local` instructions each for its own Groups.
 
     Kernels get the two memories an instruction touches, not the tuple of all of them: passing a
     tuple of arrays costs a reference count per array per call, 20 times the copy of a short MV."""
@@ -158,14 +184,31 @@ def execute_moves(code, start, end, mems, mem_instances, lw_addressed, n_groups,
         if op == Op.MV:
             p = path_of[row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]]
             _mv(row, mems[row[isa.MV_SRC_MEM]], mems[row[isa.MV_DST_MEM]], mem_instances, lw_addressed, n_groups,
-                mode_chunk[p, row[isa.MV_MODE]], wpl)
+                mode_chunk[p, row[isa.MV_MODE]], wpl, g_first, g_last)
         elif op == Op.XFER:
             if row[isa.X_DIR] == Dir.down:
                 p = path_of[row[isa.X_UP_MEM], row[isa.X_LO_MEM]]
             else:
                 p = path_of[row[isa.X_LO_MEM], row[isa.X_UP_MEM]]
-            _xfer(row, mems[row[isa.X_UP_MEM]], mems[row[isa.X_LO_MEM]], mem_instances, lw_addressed, path_group[p],
-                  mode_chunk[p, row[isa.X_MODE]], wpl)
+            _xfer(row, mems[row[isa.X_UP_MEM]], mems[row[isa.X_LO_MEM]], mem_instances, lw_addressed, n_groups,
+                  path_group[p], mode_chunk[p, row[isa.X_MODE]], wpl, g_first, g_last)
+
+
+def group_local(code: np.ndarray, mem_instances: np.ndarray, n_groups: int, wpl: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per instruction: whether it reads and writes only instances of the Group it runs for, so
+    that threads may run a block of them each for its own Groups without meeting; and the words
+    it moves. NOP and WAIT move nothing; an XFER stays under its upper instance, which lies in
+    one Group; an MV is local when both its ends are the running Group's (ALL_GROUPS instance
+    fields) and its scope is that Group."""
+    ops = code[:, 0]
+    mv, xfer = ops == Op.MV, ops == Op.XFER
+    own = (code[:, isa.MV_SRC_INST] == ALL_GROUPS) & (code[:, isa.MV_DST_INST] == ALL_GROUPS)
+    in_group = (code[:, isa.MV_MODE] == Mode.individual) | (code[:, isa.MV_SCOPE] == Scope.group)
+    local = np.isin(ops, (Op.NOP, Op.WAIT)) | xfer | (mv & own & in_group)
+    words = np.zeros(len(code), dtype=np.int64)
+    words[mv] = code[mv, isa.MV_N] * wpl * np.where(own[mv], n_groups, 1)
+    words[xfer] = code[xfer, isa.X_N] * wpl * mem_instances[code[xfer, isa.X_UP_MEM]]
+    return local, words
 
 
 def member_groups(row: np.ndarray, mems: list[np.ndarray], mem_instances: np.ndarray, lw_addressed: np.ndarray,

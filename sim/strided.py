@@ -8,13 +8,22 @@ add: 11x a plain copy of the tensor). Swept in the memory's order instead, the t
 each stretch of memory stays within a few kilobytes of rows, and the image side is sequential.
 Dimensions contiguous on both sides are merged, and a pair of 32-bit words contiguous on both
 sides moves as one 64-bit word.
+
+A large copy is shared between the cores (`sim.hostpool`): the sweep is cut into blocks of its
+innermost dimensions, and each thread takes a range of whole blocks. A single core moves about
+3.5 GB/s through these interleaved images (the loads miss the cache whichever side leads); two
+move twice that (MN-Core 2's 4096 x 4096 upload: 13.2 -> 6.8 ms). Small copies stay on one
+thread, where starting the others would cost more than the copy.
 """
 
 from __future__ import annotations
 
+from math import gcd
+
 import numpy as np
 from numba import njit
 
+from .hostpool import run_shares
 from .index import at
 
 _WIDER = {np.dtype(np.uint16): np.uint32, np.dtype(np.uint32): np.uint64}
@@ -40,9 +49,39 @@ def copy_view(dst_base: np.ndarray, dst: np.ndarray, src_base: np.ndarray, src: 
         dims = [[1, 1, dims[0][2] // 2]] + [[d // 2, s // 2, n] for d, s, n in dims[1:]]
         if dims[0][2] == 1 and len(dims) > 1:  # a single pair: the next dimension is the innermost loop
             dims = dims[1:]
+    dims = _unit_strides_inside(dims)
+    if dims[0][2] > BLOCK_ELEMENTS:  # one long run: cut it into blocks the threads can share
+        d, s, n = dims[0]
+        run = gcd(n, BLOCK_ELEMENTS)
+        dims = [[d, s, run], [d * run, s * run, n // run]] + dims[1:]
     table = np.array(dims, dtype=np.int64)
-    _copy(dst_base, d0, np.ascontiguousarray(table[:, 0]), src_base, s0, np.ascontiguousarray(table[:, 1]),
-          np.ascontiguousarray(table[:, 2]))
+    d_strides, s_strides, shape = (np.ascontiguousarray(table[:, k]) for k in range(3))
+    if dst.size >= PARALLEL_ELEMENTS:
+        split = _block_dims(shape)
+        blocks = int(np.prod(shape[split:]))
+        run_shares(lambda first, last: _copy_blocks(dst_base, d0, d_strides, src_base, s0, s_strides, shape, split,
+                                                    first, last), blocks)
+    else:
+        _copy(dst_base, d0, d_strides, src_base, s0, s_strides, shape)
+
+
+# Copies of at least this many elements are shared between threads (below, starting them costs
+# more than the copy: host policy, measured on 2 cores).
+PARALLEL_ELEMENTS = 1 << 18
+# Elements of the memory-side block one thread sweeps at a time: a few hundred kilobytes on
+# either side, so that the block's lines stay in the core's cache (host policy).
+BLOCK_ELEMENTS = 1 << 13
+
+
+def _block_dims(shape: np.ndarray) -> int:
+    """How many innermost dimensions make one thread's block: as many as keep it within
+    BLOCK_ELEMENTS (at least one)."""
+    size = 1
+    for k, n in enumerate(shape):
+        if k and size * n > BLOCK_ELEMENTS:
+            return k
+        size *= int(n)
+    return len(shape)
 
 
 def _offset(base: np.ndarray, view: np.ndarray) -> int:
@@ -77,6 +116,20 @@ def _merged_dims(dst: np.ndarray, src: np.ndarray, key: int) -> list[list[int]]:
         else:
             merged.append([d, s, n])
     return merged or [[1, 1, 1]]
+
+
+def _unit_strides_inside(dims: list[list[int]]) -> list[list[int]]:
+    """The loop order: the dimension the destination holds contiguously innermost, then the one
+    the source does, the others in the memory's order. Writes then fill whole lines and reads
+    take several elements of each line they load (MN-Core 2's 4096 x 4096 image, one thread:
+    download 17.3 -> 7.4 ms, upload 13.2 -> 10.3 ms)."""
+    front = []
+    for side in (0, 1):
+        unit = next((k for k, dim in enumerate(dims) if abs(dim[side]) == 1), None)
+        if unit is not None and unit not in front:
+            front.append(unit)
+    order = front + [k for k in range(len(dims)) if k not in front]
+    return [dims[k] for k in order]
 
 
 def _pairs(dims: list[list[int]], d0: int, s0: int, dst_base: np.ndarray, src_base: np.ndarray) -> bool:
@@ -115,3 +168,37 @@ def _copy(dst, d_start, d_strides, src, s_start, s_strides, shape):
             s -= s_strides[k] * shape[k]
             count[k] = 0
             k += 1
+
+
+@njit(cache=True, nogil=True)
+def _copy_blocks(dst, d_start, d_strides, src, s_start, s_strides, shape, split, first, last):
+    """`_copy` of blocks [first, last): dimensions [split, ...) flattened number the blocks; inside
+    a block, dimension 0 is the innermost loop and the others move through a counter."""
+    nd = shape.shape[0]
+    inner = 1
+    for k in range(1, split):
+        inner *= shape[k]
+    n0, ds0, ss0 = shape[0], d_strides[0], s_strides[0]
+    count = np.zeros(split, dtype=np.int64)
+    for b in range(first, last):
+        d, s, rest = d_start, s_start, b
+        for k in range(split, nd):
+            digit = rest % shape[k]
+            rest //= shape[k]
+            d += digit * d_strides[k]
+            s += digit * s_strides[k]
+        count[:] = 0
+        for _ in range(inner):
+            for i in range(n0):
+                dst[at(d + i * ds0)] = src[at(s + i * ss0)]
+            k = 1
+            while k < split:
+                count[k] += 1
+                d += d_strides[k]
+                s += s_strides[k]
+                if count[k] < shape[k]:
+                    break
+                d -= d_strides[k] * shape[k]
+                s -= s_strides[k] * shape[k]
+                count[k] = 0
+                k += 1

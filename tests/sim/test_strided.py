@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from numpy.lib.stride_tricks import as_strided
 
-from sim.strided import _merged_dims, copy_view
+from sim.strided import BLOCK_ELEMENTS, PARALLEL_ELEMENTS, _merged_dims, _unit_strides_inside, copy_view
 
 
 def permuted_view(base: np.ndarray, shape: tuple[int, ...], order: list[int], start: int) -> np.ndarray:
@@ -64,6 +64,36 @@ def test_the_loops_follow_the_memory_side():
     dims = _merged_dims(tensor.reshape(4, 8), src, key=1)
     assert dims[0] == [8, 1, 4]  # tensor stride 8 (a column), image stride 1
     assert _merged_dims(tensor.reshape(4, 8), src, key=0)[0] == [1, 4, 8]
+
+
+@pytest.mark.parametrize("memory_is_dst", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_copy_large_enough_to_share_between_threads_equals_numpys(memory_is_dst, seed):
+    """Past PARALLEL_ELEMENTS the threads share the copy in blocks: interleaved images (a DRAM
+    image's digits) and one unbroken run of more than a block."""
+    rng = np.random.default_rng(seed)
+    shape = (4, 2, 8, 8, 16, 9, 2, 3)
+    size = int(np.prod(shape))
+    assert size >= PARALLEL_ELEMENTS
+    src_base = rng.integers(0, 2 ** 32, size=size + 1, dtype=np.uint32)
+    src = permuted_view(src_base, shape, list(rng.permutation(len(shape))), 1)
+    expected_base = rng.integers(0, 2 ** 32, size=size + 2, dtype=np.uint32)
+    got_base = expected_base.copy()
+    order = list(rng.permutation(len(shape)))
+    permuted_view(expected_base, shape, order, 2)[...] = src
+    copy_view(got_base, permuted_view(got_base, shape, order, 2), src_base, src, memory_is_dst=memory_is_dst)
+    np.testing.assert_array_equal(got_base, expected_base)
+    run = np.zeros(4 * BLOCK_ELEMENTS * 9, dtype=np.uint32)  # 9 is odd: no 64-bit pairs, one run
+    copy_view(run, run, src_base, src_base[:run.size], memory_is_dst=True)
+    np.testing.assert_array_equal(run, src_base[:run.size])
+
+
+def test_writes_are_innermost_then_reads():
+    """The loop order: the destination's contiguous dimension innermost, then the source's."""
+    dims = [[1, 88064, 4], [4, 16, 2], [8, 352256, 8], [512, 1, 16]]  # an upload: memory side first
+    assert _unit_strides_inside(dims) == [[1, 88064, 4], [512, 1, 16], [4, 16, 2], [8, 352256, 8]]
+    download = [[s, d, n] for d, s, n in dims]
+    assert _unit_strides_inside(download) == [[1, 512, 16], [88064, 1, 4], [16, 4, 2], [352256, 8, 8]]
 
 
 def test_mismatched_dtypes_and_foreign_views_are_refused():

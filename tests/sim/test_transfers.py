@@ -153,3 +153,59 @@ def test_host_dma_round_trip(mini):
     rate = link.modes["individual"].src_lw_per_cycle
     assert stats.host_busy == 2 * int(128 / rate)  # data cycles; each DMA also waits the latency
     assert stats.total_cycles > 2 * link.latency_cycles
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_moves_large_enough_to_split_by_group_between_threads(chip):
+    """A run of Group-local moves of at least SHARED_WORDS is split between the host's threads,
+    each running every instruction for its own Groups: each instance still gets its own data.
+    DRAM -> L2BM in every Group, L1BM -> LM1 dealt one long word per PE, and back up by collect.
+    (mini has one Group: there it checks the same run on one thread.)"""
+    from sim.functional import SHARED_WORDS
+    from sim.moves import group_local
+    m = machine(chip)
+    hw = m.hw
+    l1b, pe, groups = hw.instances("L1B"), hw.instances("PE"), hw.instances("Group")
+    fan = pe // l1b
+    n = m.memory("L1BM").shape[1] // 4 // fan * fan  # long words per L1BM: the source and the collect's copy
+    big = m.memory("L2BM").shape[1] // 2  # long words the MV moves in each Group: all of L2BM
+    rng = np.random.default_rng(7)
+    dram = rng.standard_normal((groups, 2 * big), dtype=np.float32)
+    m.grow("DRAM", big)
+    rows(m, "DRAM")[:, :2 * big] = dram
+    src = rng.standard_normal((l1b, 2 * n), dtype=np.float32)
+    rows(m, "L1BM")[:, :2 * n] = src
+    b = sim.ProgramBuilder(m.params)
+    b.mv("individual", "DRAM", 0, "L2BM", 0, big, tag=1)
+    b.xfer("distribute", "down", "L1BM", 0, "LM1", 0, n)
+    b.nop(2)
+    b.xfer("collect", "up", "L1BM", n, "LM1", 0, n)
+    b.wait(1)
+    program = b.build()
+    local, words = group_local(program.code, m.params.mem_instances, groups, 2)
+    assert local.all()
+    if chip == "mncore2":
+        assert groups > 1 and words.sum() >= SHARED_WORDS
+    m.run(program)
+    per = hw.instances("L2B") // groups
+    np.testing.assert_array_equal(rows(m, "L2BM")[::per, :2 * big], dram)  # the first L2B of each Group
+    dealt = src.reshape(l1b, n // fan, fan, 2).transpose(0, 2, 1, 3).reshape(pe, -1)  # LW q: PE q mod fan, q div fan
+    np.testing.assert_array_equal(rows(m, "LM1")[:, :2 * n // fan], dealt)
+    np.testing.assert_array_equal(rows(m, "L1BM")[:, 2 * n:4 * n], src)
+
+
+def test_moves_between_groups_are_not_group_local(mncore2):
+    """An MV naming an instance (Group 0's PDM to every Group's DRAM: the host link's path) or
+    reaching the whole chip crosses Groups: a run holding one is not split."""
+    from sim.moves import group_local
+    m = sim.Machine(mncore2)
+    b = sim.ProgramBuilder(m.params)
+    b.mv("individual", "DRAM", 0, "L2BM", 0, 8, tag=1)
+    b.mv("individual", "PDM", 0, "DRAM", 0, 8, src_inst=0, tag=2)
+    b.mv("broadcast", "DRAM", 0, "L2BM", 0, 8, scope="chip", tag=3)
+    b.mv("distribute", "DRAM", 0, "L2BM", 0, 8, tag=4)
+    b.xfer("broadcast", "down", "L2BM", 0, "L1BM", 0, 8)
+    b.nop(1)
+    local, words = group_local(b.build().code, m.params.mem_instances, mncore2.instances("Group"), 2)
+    assert local.tolist() == [True, False, False, True, True, True]
+    assert words.tolist()[:2] == [8 * 2 * 4, 8 * 2] and words[-1] == 0
