@@ -10,16 +10,24 @@ of them, about 40 s, before the first result).
 
 from __future__ import annotations
 
+from functools import partial
+from math import prod
 from typing import Callable
 
 import numpy as np
 from numba import njit
 
 from . import isa
+from .hostpool import run_shares
 from .index import at
 from .isa import IMM, DType, VOp
 from .numerics import apply, apply_i32, half_from_f32_bits, half_from_int, half_to_f32, i32_from_f32, nan_max
 from .params import FMT_HALF_E, FMT_HALF_M
+
+# Elements a float VOP computes from which its PEs are split between the host's threads (host
+# policy: below, waking the threads costs more than the loop; a 4096 x 4096 add's VOPs compute
+# millions, an MNIST step's a few thousand).
+SHARED_ELEMENTS = 1 << 18
 
 
 @njit(cache=True)
@@ -74,7 +82,7 @@ def _make_loop(op: VOp, arity: int, element: type = np.float32):
                         d[pe, at(dd + j * dsi)] = _fast(op_code, zero, a[pe, at(aa + j * asi)], y, z)
 
     loop.__name__ = loop.__qualname__ = f"loop_{op.name}_{np.dtype(element).name}"
-    return njit(cache=True)(loop)
+    return njit(cache=True, nogil=True)(loop)
 
 
 _ARITY = {VOp.copy: 1, VOp.add: 2, VOp.sub: 2, VOp.mul: 2, VOp.fma: 3, VOp.max: 2, VOp.relu: 1}
@@ -84,7 +92,7 @@ _I32_LOOPS = {op: _make_loop(op, _ARITY[op], np.int32) for op in (VOp.copy, VOp.
 _I32_LOOPS[VOp.cvt] = _I32_LOOPS[VOp.copy]  # cvt int32 -> int32 copies the words
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _loop_any(op, n_pe, n_outer, n_inner, d, d0, dso, dsi, a, a0, aso, asi, b, b0, bso, bsi, c, c0, cso, csi, T):
     """Any float op, element by element through `numerics.apply`, in the float type T of the arrays."""
     for pe in range(n_pe):
@@ -248,7 +256,14 @@ def _float_op(row: np.ndarray, op: int, shape: tuple, views: list[np.ndarray], n
     a, b, c = (_operand(views, f, row, n_pe, element) for f in (isa.V_A, isa.V_B, isa.V_C))
     dm, d0, dso, dsi = (int(x) for x in row[isa.V_DST:isa.V_DST + FIELDS])
     dst = (views[dm], d0, dso, dsi)
-    if op in loops:
-        loops[op](*shape, *dst, *a, *b, *c)
+    kernel = loops[op] if op in loops else partial(_loop_any, op)
+    extra = () if op in loops else (element,)
+
+    def pes(first: int, last: int) -> None:
+        """The op on PEs [first, last): every operand's rows of those PEs."""
+        rows = [(x[0][first:last], *x[1:]) for x in (dst, a, b, c)]
+        kernel(last - first, *shape[1:], *rows[0], *rows[1], *rows[2], *rows[3], *extra)
+    if prod(shape) >= SHARED_ELEMENTS:
+        run_shares(pes, n_pe)
     else:
-        _loop_any(op, *shape, *dst, *a, *b, *c, element)
+        kernel(*shape, *dst, *a, *b, *c, *extra)

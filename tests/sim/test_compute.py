@@ -94,6 +94,25 @@ def test_fma_select_and_immediates(mini):
     np.testing.assert_array_equal(pe_rows(m, "LM1")[:, :32], a * np.float32(2) + np.float32(1))
 
 
+@pytest.mark.parametrize("op", ["add", "fma", "div"])
+def test_a_vop_large_enough_to_split_its_pes_between_threads(mncore2, op):
+    """Past SHARED_ELEMENTS the PEs are split between the host's threads (a loop of its own:
+    add, fma; numerics.apply: div), an immediate operand too: every PE still computes its own."""
+    from sim.vector import SHARED_ELEMENTS
+    m = sim.Machine(mncore2)
+    rng = np.random.default_rng(5)
+    n_pe = mncore2.instances("PE")
+    n = -(-SHARED_ELEMENTS // n_pe)
+    a, b = (rng.standard_normal((n_pe, n), dtype=np.float32) for _ in range(2))
+    pe_rows(m, "LM0")[:, :n], pe_rows(m, "GRF0")[:, :n] = a, b
+    bld = sim.ProgramBuilder(m.params)
+    third = (3.0,) if op == "fma" else ()
+    bld.vop(op, "float32", 1, n, ("LM1", 0, 0, 1), ("LM0", 0, 0, 1), ("GRF0", 0, 0, 1), *third)
+    m.run(bld.build())
+    expected = {"add": a + b, "fma": a * b + np.float32(3), "div": a / b}[op]
+    np.testing.assert_array_equal(pe_rows(m, "LM1")[:, :n], expected)
+
+
 def test_strides_broadcast_and_reduce_along_the_address(mini):
     """Outer/inner strides: a row-broadcast add (stride 0) and an in-PE row sum (dst stride 0)."""
     m = sim.Machine(mini)
