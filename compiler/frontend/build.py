@@ -8,7 +8,7 @@ primitive can say where it came from.
 
 from __future__ import annotations
 
-from math import prod
+from math import copysign, prod
 from typing import Any, Sequence
 
 from ..dtypes import INT32_MAX, INT32_MIN
@@ -262,9 +262,16 @@ IDENTITIES = {("mul", 1), ("div", 1), ("add", 0), ("sub", 0)}
 
 
 def _identity(op: str, args: tuple) -> bool:
-    """`op(tensor, scalar)` that returns the tensor itself."""
-    return len(args) == 2 and isinstance(args[0], Value) and not isinstance(args[1], Value) and \
-        not isinstance(args[1], bool) and (op, args[1]) in IDENTITIES
+    """`op(tensor, scalar)` that returns the tensor itself. For floats, adding a zero keeps every
+    value only when the zero is -0.0 (-0.0 + 0.0 is +0.0), and subtracting one only when it is
+    +0.0 (-0.0 - (-0.0) is +0.0)."""
+    if not (len(args) == 2 and isinstance(args[0], Value) and not isinstance(args[1], Value)
+            and not isinstance(args[1], bool) and (op, args[1]) in IDENTITIES):
+        return False
+    if op in ("add", "sub") and args[0].dtype not in ("int32", "int64", "bool"):
+        negative_zero = copysign(1.0, float(args[1])) < 0
+        return negative_zero == (op == "add")
+    return True
 
 
 # int32 ops whose result mod 2^32 depends only on their operands mod 2^32: a scalar beyond int32

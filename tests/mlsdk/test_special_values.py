@@ -24,7 +24,9 @@ Y = torch.tensor([1.0, NAN, -0.0, -0.0, 0.0, -INF, INF, NAN, NAN, -0.0, -INF, 0.
 OPS = {
     "add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
     "div": lambda x, y: x / y, "div_by_negative_zero": lambda x, y: x / -0.0,
-    "div_by_zero": lambda x, y: x / 0.0, "maximum": torch.maximum, "minimum": torch.minimum,
+    "div_by_zero": lambda x, y: x / 0.0, "add_zero": lambda x, y: x + 0.0, "add_int_zero": lambda x, y: x + 0,
+    "add_negative_zero": lambda x, y: x + -0.0, "sub_zero": lambda x, y: x - 0.0,
+    "sub_negative_zero": lambda x, y: x - -0.0, "mul_one": lambda x, y: x * 1.0, "div_one": lambda x, y: x / 1, "maximum": torch.maximum, "minimum": torch.minimum,
     "fmax": torch.fmax, "fmin": torch.fmin, "clamp": lambda x, y: torch.clamp(x, -1, 1),
     "clamp_min": lambda x, y: torch.clamp_min(x, 0.5), "neg": lambda x, y: -x, "abs": lambda x, y: x.abs(),
     "relu": lambda x, y: torch.relu(x), "sign": lambda x, y: x.sign(), "exp": lambda x, y: x.exp(),
