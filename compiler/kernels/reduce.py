@@ -16,6 +16,7 @@ a final one over the partials.
 
 from __future__ import annotations
 
+from itertools import product
 from math import ceil, prod
 
 from ..ir import Node, Value, reduction_identity
@@ -41,7 +42,8 @@ def reduction_layout(shape: tuple[int, ...], dims: tuple[int, ...], dtype: str, 
     (from `spread`, time-sliced when their share is too large), reduced dims as the innermost
     address digits (lanes on the last reduced dim when `pack_reduced` and it fills them). When one
     kept element's reduced block alone exceeds the budget, the reduced dims are time-sliced
-    instead (then the kept part must fit one long word per PE). None when neither works."""
+    instead, and the kept part is cut into slices of one long word per PE. None when neither
+    works."""
     epl = hw.elements_per_lw(dtype)
     kept = [d for d in range(len(shape)) if d not in dims]
     last = dims[-1]
@@ -54,10 +56,13 @@ def reduction_layout(shape: tuple[int, ...], dims: tuple[int, ...], dtype: str, 
     block = prod(shape[d] for d in dims)
     reduced_lw = block // (epl if pack_reduced else 1)
     slice_reduced = 2 * reduced_lw > budget_lw
+    # when the reduced block is sliced, each PE holds one long word of kept elements per slice
+    # (the kept dims sliced in time too when they need more)
     outer = spread(kept_shape, epl, hw.axes, Spread(pack, cyclic),
-                   None if slice_reduced else max(1, budget_lw // max(1, reduced_lw)))
+                   1 if slice_reduced else max(1, budget_lw // max(1, reduced_lw)))
     if slice_reduced and prod(f.size for _, f in outer.factors if f.axis is None) > 1:
         return None
+    kept_slices = prod(f.size for _, f in outer.factors if f.axis == TIME_AXIS)
     dims_out: list[list[Factor]] = [[] for _ in shape]
     stride = 1
     for d in reversed(dims):
@@ -75,7 +80,8 @@ def reduction_layout(shape: tuple[int, ...], dims: tuple[int, ...], dtype: str, 
         t = ceil(f.size / per)
         if t > 1:
             rest = ceil(f.size / t)
-            dims_out[dims[0]][0:1] = [Factor(t, TIME_AXIS, 1), Factor(rest, None, f.stride)]
+            # slice index: kept slice + kept_slices x reduced slice (ReduceKernel.emit's order)
+            dims_out[dims[0]][0:1] = [Factor(t, TIME_AXIS, kept_slices), Factor(rest, None, f.stride)]
             stride = below * rest
     for k, d in enumerate(kept):
         dims_out[d] = [Factor(f.size, f.axis, f.stride * stride) if f.axis is None else f for f in outer.dims[k]]
@@ -129,8 +135,9 @@ class ReduceKernel(Kernel):
         total = slice_count(self.layout)
         reduced_slices = total // max(1, kept_slices)
         out_placement = ctx.lm_placement(self.out_layout, device_dtype(out))
-        for t in range(total):
-            first, last = t % reduced_slices == 0, t % reduced_slices == reduced_slices - 1
+        for kept_t, reduced_t in product(range(kept_slices), range(reduced_slices)):
+            t = kept_t + kept_slices * reduced_t  # the input's slice (reduction_layout's numbering)
+            first, last = reduced_t == 0, reduced_t == reduced_slices - 1
             ctx.download(refs[x], src.placement(ctx), memory=src.memory, word=src.word, slice_index=t,
                          pad=self.pads[x])
             if first:
@@ -150,7 +157,7 @@ class ReduceKernel(Kernel):
                 for w in range(1, epl):
                     ctx.b.vop("copy", dtype, 1, span, (res.memory, base + w, 0, epl), (res.memory, base, 0, epl))
             ctx.b.nop(hazard)
-            ctx.upload(out_placement, refs[out], memory=res.memory, word=res.word, slice_index=t // reduced_slices)
+            ctx.upload(out_placement, refs[out], memory=res.memory, word=res.word, slice_index=kept_t)
 
 
 def _placed(result, layout: Layout):
