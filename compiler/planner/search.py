@@ -590,8 +590,17 @@ class Planner:
         return self.wish_cache[v]
 
     def plan_group(self, group: Group) -> None:
+        """A fused group in one iteration layout; when no layout serves all its operands (a
+        group fusing the centring of two reductions over different dims: each mean is broadcast
+        along another dim, and on small chips no layout stages both), its nodes one by one."""
         candidates = [ElementwiseKernel(group, layout) for layout in self.group_layouts(group)]
-        self.choose(candidates, group.nodes[-1])
+        try:
+            self.choose(candidates, group.nodes[-1])
+        except UnsupportedOpError:
+            if len(group.nodes) == 1:
+                raise
+            for node in group.nodes:
+                self.plan_group(Group([node], list(node.inputs), [node.out]))
 
     def plan_view(self, node: Node) -> None:
         x, out = node.args[0], node.out
