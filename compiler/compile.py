@@ -24,6 +24,7 @@ from hwdesc import HwDesc
 from sim import DeviceMemoryError, Program
 
 from .emit import emit
+from .errors import CompileError, UnsupportedOpError
 from .frontend.tracing import trace
 from .donate import can_write_in_place
 from .iospec import IOSpec
@@ -117,10 +118,27 @@ def compile_graph(graph: Graph, hw: HwDesc, *, options: dict, constraints: dict[
         return _compile_graph(graph, hw, options=options, constraints=constraints)
 
 
+def _check_not_empty(graph: Graph) -> None:
+    """Refuse tensors with no elements, naming the op that makes one: the device has nowhere to
+    put them (a sum over an empty dimension is folded to zeros before this, so only tensors the
+    program reads or returns are refused)."""
+    for name, v in graph.inputs.items():
+        if v.numel == 0 and any(v in n.inputs for n in graph.nodes):
+            raise CompileError(f"input {name!r} has no elements (shape {list(v.shape)}); mnsim cannot place an "
+                               "empty tensor on the device")
+    for node in graph.nodes:
+        for v in node.outputs:
+            if v.numel == 0:
+                raise UnsupportedOpError(node.aten or node.kind, [list(a.shape) for a in node.inputs], node.source,
+                                         f"it makes a tensor with no elements (shape {list(v.shape)}), which mnsim "
+                                         "cannot place on the device")
+
+
 def _compile_graph(graph: Graph, hw: HwDesc, *, options: dict, constraints: dict[str, IOSpec]) -> Compiled:
     check_capacity(graph, hw)
     rewrite(graph, hw)
     graph.drop_dead()
+    _check_not_empty(graph)
     plan = Planner(graph, hw, options, constraints).plan()
     emitted = emit(plan)
     buffers = emitted.buffers

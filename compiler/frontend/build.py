@@ -130,6 +130,8 @@ class Builder:
             tuple(s for d, s in enumerate(x.shape) if d not in dims)
         if any(x.shape[d] == 0 for d in dims) and op != "sum":
             raise CompileError(f"{op} over an empty dimension has no value")
+        if any(x.shape[d] == 0 for d in dims):  # a sum of nothing: zeros, whatever made x
+            return self.full(shape, 0, x.dtype)
         return self.node("reduce", op, (x,), {"dims": dims, "keepdim": bool(keepdim)}, [(shape, x.dtype)]).out
 
     # ---- movement -------------------------------------------------------------------------
