@@ -178,6 +178,40 @@ def test_a_reduction_over_lanes_padded_by_its_producer_ignores_the_padding(devic
     assert torch.equal(got["below"], fn({"x": x})["below"])
 
 
+@pytest.mark.parametrize("fn", [
+    lambda d: {"max0": d["x"].amax(0), "sum1": d["x"].sum(1)},
+    lambda d: {"min_mid": d["y"].amin(1), "mean_mid": d["y"].mean(1, keepdim=True)},
+], ids=["matrix", "middle_dim"])
+def test_reductions_too_large_for_the_pes_in_both_kept_and_reduced_parts(fn):
+    """On mini a 512-element reduced block of 512 kept elements does not fit the PEs: the reduced
+    part is cut into time slices, and so is the kept part, one long word per PE a slice (this
+    had failed with "none of 0 candidate layouts works")."""
+    device = Device(hwdesc.load("mini"))
+    g = torch.Generator().manual_seed(6)
+    inputs = {"x": torch.randn(512, 512, generator=g), "y": torch.randn(64, 520, 9, generator=g)}
+    got = device.execute(compile_function(fn, inputs, device.hw), inputs)
+    for name, expected in fn(inputs).items():
+        torch.testing.assert_close(got[name], expected, rtol=1e-5, atol=1e-4, msg=name)
+
+
+def test_two_reductions_over_different_dims_of_one_tensor(device):
+    """var over the last dim and std over the middle one: the fused group centring both has no
+    layout that stages both means on mini (each is broadcast along another dim), so its nodes
+    are planned one by one (it had failed: "none of 0 candidate layouts works")."""
+    x = torch.randn(7, 13, 17, generator=torch.Generator().manual_seed(8))
+    fn = lambda d: {"v": d["x"].var(-1, correction=0), "s": d["x"].std(1)}  # noqa: E731
+    check(device, fn, {"x": x}, rtol=1e-5)
+
+
+def test_a_sum_over_an_empty_slice_is_zeros_and_an_empty_result_is_refused(device):
+    x = torch.randn(4, 6)
+    fn = lambda d: {"y": d["x"][:, 3:3].sum(-1) + 1, "m": d["x"][:, 3:3].mean(-1)}  # noqa: E731
+    got = device.execute(compile_function(fn, {"x": x}, device.hw), {"x": x})
+    assert torch.equal(got["y"], torch.ones(4)) and got["m"].isnan().all()
+    with pytest.raises(UnsupportedOpError, match=r"slice.*no elements \(shape \[4, 0\]\)"):
+        compile_function(lambda d: {"y": d["x"][:, 3:3] * 2}, {"x": x}, device.hw)
+
+
 def special_rows() -> torch.Tensor:
     """Rows with NaNs, infinities and ties among ordinary values."""
     x = torch.randn(5, 9, generator=torch.Generator().manual_seed(4))
