@@ -1,4 +1,5 @@
-"""Ordering ops (sort, argsort, msort, topk) as ranks, with no data-dependent control flow.
+"""Ordering ops (sort, argsort, msort, topk, median, nanmedian) as ranks, with no data-dependent
+control flow.
 
 torch has no decomposition of sort or topk, and the PEs have no sorting network instruction.
 Each element's place in the order is its rank: how many elements come before it (smaller, or
@@ -48,6 +49,76 @@ def _topk(b, out, x, k, dim=-1, largest=True, sorted=True):
         return select_top(b, x, k, dim, largest)
     values, indices = sort_along(b, x, dim, largest)
     return b.slice(values, dim, 0, k), b.slice(indices, dim, 0, k)
+
+
+@rule("median", "nanmedian")
+def _median(b, out, x, dim=None, keepdim=False):
+    """torch.median / nanmedian: the lower median, (n - 1) // 2 places into the stable sort, and
+    where it came from (torch's index among ties, too). median propagates a NaN: its value NaN,
+    its index the row's first NaN's. nanmedian takes the median of a row's numbers (when it has
+    none, NaN from the middle place, as torch). Without `dim` (median.default), of all elements, the value only."""
+    whole = dim is None
+    if whole:
+        x, dim = b.reshape(x, (max(1, x.numel),)), 0
+    dim = norm_dim(dim, x.rank) if x.rank else 0
+    if x.rank == 0:
+        return (x, b.full(x.shape, 0, "int32")) if not whole else x
+    n = x.shape[dim]
+    values, indices = sort_along(b, x, dim, False)
+    nan = b.ew("ne", x, x) if x.dtype in FLOAT_DTYPES else None
+    if nan is not None and "nanmedian" in b.aten:  # the numbers sort first: the middle one of those
+        count = b.ew("sub", n, b.reduce("sum", b.cast(nan, "int32"), [dim], True), dtype="int32")
+        middle = b.ew("shr", b.ew("sub", count, 1, dtype="int32"), 1, dtype="int32")
+        place = b.ew("where", b.ew("eq", count, 0), (n - 1) // 2, middle, dtype="int32")  # all NaN: as median
+        pick = b.ew("eq", b.iota(values.shape, dim, "int32"), place)
+        value = b.reduce("sum", b.ew("where", pick, values, 0, dtype=values.dtype), [dim], True)
+        index = b.reduce("sum", b.ew("where", pick, indices, 0, dtype="int32"), [dim], True)
+    else:
+        k = (n - 1) // 2
+        value, index = b.slice(values, dim, k, k + 1), b.slice(indices, dim, k, k + 1)
+        if nan is not None:
+            found = b.reduce("max", nan, [dim], True)
+            first = b.reduce("min", b.ew("where", nan, b.iota(x.shape, dim, "int32"), n, dtype="int32"), [dim], True)
+            value = b.ew("where", found, float("nan"), value, dtype=value.dtype)
+            index = b.ew("where", found, first, index, dtype="int32")
+    if whole:
+        return b.reshape(value, ())
+    if not keepdim:
+        kept = x.shape[:dim] + x.shape[dim + 1:]
+        value, index = b.reshape(value, kept), b.reshape(index, kept)
+    return value, index
+
+
+@rule("bucketize", "searchsorted")
+def _bucketize(b, out, *args, out_int32=False, right=False, side=None, sorter=None):
+    """bucketize(x, boundaries) and searchsorted(sorted_sequence, x): per value, how many
+    boundaries lie below it (right: at or below), which is where a binary search over sorted
+    boundaries lands; a NaN value lands past them all, as in torch. Boundaries are 1-D, or
+    (searchsorted) one sorted row per row of the values. Counted by comparing every value with
+    every boundary of its row."""
+    if b.aten.startswith("aten.bucketize"):
+        x, bounds = args[0], args[1]
+    else:
+        bounds, x = args[0], args[1]
+    if sorter is not None:
+        raise UnsupportedOpError(b.aten, [list(bounds.shape)], b.source, "a sorter argument (sort the boundaries "
+                                 "first)")
+    if not isinstance(x, Value):
+        x = b.full((), x, bounds.dtype)
+    right = right or side == "right"
+    m = bounds.shape[-1]
+    if bounds.rank > 1 and bounds.shape[:-1] != x.shape[:-1]:
+        raise UnsupportedOpError(b.aten, [list(bounds.shape), list(x.shape)], b.source,
+                                 "boundaries whose leading dims differ from the values'")
+    lead = bounds.shape[:-1]
+    row = b.reshape(bounds, lead + (1,) * (x.rank - len(lead)) + (m,)) if bounds.rank > 1 else \
+        b.reshape(bounds, (1,) * x.rank + (m,))
+    value = b.reshape(x, x.shape + (1,))
+    below = b.ew("le" if right else "lt", row, value)
+    count = b.reduce("sum", b.cast(below, "int32"), [x.rank])
+    if x.dtype in FLOAT_DTYPES:
+        count = b.ew("where", b.ew("ne", x, x), m, count, dtype="int32")
+    return count
 
 
 def select_top(b: Builder, x: Value, k: int, dim: int, largest: bool) -> tuple[Value, Value]:

@@ -222,6 +222,38 @@ def special_rows() -> torch.Tensor:
 
 
 @pytest.mark.parametrize("fn", [
+    lambda d: dict(zip("vi", d["x"].median(-1))),
+    lambda d: dict(zip("vi", d["x"].nanmedian(0, keepdim=True))),
+    lambda d: {"all": d["x"].median(), "numbers": d["x"].nanmedian(), "n": d["n"].median()},
+    lambda d: dict(zip("vi", d["n"].median(1))),
+], ids=["median", "nanmedian_dim0", "whole", "integers"])
+def test_medians_match_torch_with_nan_infinities_and_ties(device, fn):
+    """The lower median and torch's index among ties; median propagates a NaN (the first NaN's
+    index), nanmedian skips them (a row of NaNs only: the middle one, as torch)."""
+    x = special_rows()
+    x[:, 8] = float("nan")  # column 8 all NaN: nanmedian over dim 0 has no numbers there
+    inputs = {"x": x, "n": torch.randint(-3, 3, (4, 7), generator=torch.Generator().manual_seed(5))}
+    got = device.execute(compile_function(fn, inputs, device.hw), inputs)
+    for name, expected in fn(inputs).items():
+        torch.testing.assert_close(got[name], expected, rtol=0, atol=0, equal_nan=True, check_dtype=False, msg=name)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: {"left": torch.bucketize(d["x"], d["b"]), "right": torch.bucketize(d["x"], d["b"], right=True,
+                                                                                     out_int32=True)},
+    lambda d: {"one": torch.searchsorted(d["b"], d["x"]),
+               "rows": torch.searchsorted(torch.stack([d["b"], d["b"] + 1] * 2 + [d["b"]]), d["x"], side="right")},
+], ids=["bucketize", "searchsorted"])
+def test_bucketize_and_searchsorted_match_torch(device, fn):
+    """Boundaries with a repeated value; values on them, between them, past both ends, infinite
+    and NaN (past every boundary, as torch's binary search)."""
+    inputs = {"x": special_rows(), "b": torch.tensor([-1.0, 0.0, 0.0, 1.5, 2.0])}
+    got = device.execute(compile_function(fn, inputs, device.hw), inputs)
+    for name, expected in fn(inputs).items():
+        assert got[name].dtype == expected.dtype and torch.equal(got[name], expected), name
+
+
+@pytest.mark.parametrize("fn", [
     lambda d: dict(zip("vi", torch.sort(d["x"], stable=True))),
     lambda d: dict(zip("vi", torch.sort(d["x"], dim=0, descending=True, stable=True))),
     lambda d: {"i": torch.argsort(d["x"], dim=-1, descending=True, stable=True), "m": d["x"].msort()},
