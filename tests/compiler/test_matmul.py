@@ -206,7 +206,7 @@ def test_gathers_read_zeros_only_from_the_zeros_written(mncore2_device, monkeypa
 def test_an_empty_batch_is_refused_with_a_compile_error(mini):
     from compiler.errors import CompileError
     conv = torch.nn.Conv2d(8, 16, 3, padding=1, bias=False)
-    with pytest.raises(CompileError, match="no tiling of a 1x0x72x16 product"):
+    with pytest.raises(CompileError, match=r"input 'x' has no elements \(shape \[0, 8, 4, 4\]\)"):
         compile_function(lambda d: {"y": conv(d["x"])}, {"x": torch.randn(0, 8, 4, 4)}, mini)
 
 
