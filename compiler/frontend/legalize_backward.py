@@ -106,6 +106,19 @@ def _max_pool_backward(b, out, gy, x, kernel, stride, padding, dilation, ceil_mo
     return total
 
 
+@rule("adaptive_max_pool2d_backward")
+def _adaptive_max_pool_backward(b, out, gy, x, indices):
+    """Each output's gradient goes to the input position its index names (windows may overlap:
+    the contributions add), by comparing every index with every position."""
+    h, w = x.shape[-2:]
+    lead, (ho, wo) = x.shape[:-2], gy.shape[-2:]
+    gy = ensure_float(b, gy)
+    picks = b.reshape(indices, lead + (ho * wo, 1))
+    hit = b.ew("eq", picks, b.iota((1, h * w), 1, "int32"))  # (..., ho*wo, h*w)
+    spread = b.ew("where", hit, b.reshape(gy, lead + (ho * wo, 1)), 0.0, dtype=gy.dtype)
+    return b.reshape(b.reduce("sum", spread, [len(lead)]), x.shape)
+
+
 @rule("avg_pool2d_backward")
 def _avg_pool_backward(b, out, gy, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
     """Every input position of a window receives the window's gradient over its divisor."""

@@ -124,6 +124,48 @@ def _max_pool(b, out, x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mo
     return (values, None) if b.aten.startswith("aten.max_pool2d_with_indices") else values
 
 
+@rule("adaptive_max_pool2d")
+def _adaptive_max_pool(b, out, x, output_size):
+    """Adaptive max pooling (and so adaptive_max_pool1d): output position o of a dim of n takes
+    the maximum over n*o // out .. ceil(n*(o+1) / out), windows that may overlap and differ in
+    size. Each dim's windows are a mask (output position x input position) made from iotas, and
+    the maximum is taken one dim at a time; the index (flat over h x w, the first maximum in
+    row-major order, a NaN's when the window holds one) compares every window's positions with
+    its maximum."""
+    h, w = x.shape[-2:]
+    ho, wo = (int(s) for s in output_size)
+    lead = x.shape[:-2]
+    lowest = float("-inf") if x.dtype != "int32" else INT32_MIN
+    rows, cols = _windows(b, h, ho), _windows(b, w, wo)  # (ho, h), (wo, w)
+    per_col = b.ew("where", b.reshape(cols, (1,) * len(lead) + (1, wo, w)),
+                   b.reshape(x, lead + (h, 1, w)), lowest, dtype=x.dtype)  # (..., h, wo, w)
+    col_max = b.reduce("max", per_col, [len(lead) + 2])  # (..., h, wo)
+    per_row = b.ew("where", b.reshape(rows, (1,) * len(lead) + (ho, h, 1)),
+                   b.reshape(col_max, lead + (1, h, wo)), lowest, dtype=x.dtype)  # (..., ho, h, wo)
+    values = b.reduce("max", per_row, [len(lead) + 1])  # (..., ho, wo)
+    if not b.wants_output(1):
+        return values, None
+    inside = b.ew("and", b.reshape(rows, (ho, 1, h, 1)), b.reshape(cols, (1, wo, 1, w)))  # (ho, wo, h, w)
+    grid = b.reshape(x, lead + (1, 1, h, w))
+    top = b.reshape(values, lead + (ho, wo, 1, 1))
+    hit = b.ew("eq", grid, top)
+    if x.dtype != "int32":
+        hit = b.ew("or", hit, b.ew("and", b.ew("ne", grid, grid), b.ew("ne", top, top)))
+    hit = b.ew("and", hit, inside)
+    flat = b.ew("add", b.ew("mul", b.iota((h, w), 0, "int32"), w), b.iota((h, w), 1, "int32"))
+    indices = b.reduce("min", b.ew("where", hit, flat, h * w, dtype="int32"), [len(lead) + 2, len(lead) + 3])
+    return values, indices
+
+
+def _windows(b: Builder, n: int, out: int) -> Value:
+    """(out, n) booleans: whether input position p lies in adaptive window o (torch's bounds:
+    floor(o * n / out) to ceil((o + 1) * n / out))."""
+    o, p = b.iota((out, n), 0, "int32"), b.iota((out, n), 1, "int32")
+    start = b.ew("floor_div", b.ew("mul", o, n), out, dtype="int32")
+    end = b.ew("floor_div", b.ew("add", b.ew("mul", o, n), n + out - 1), out, dtype="int32")
+    return b.ew("and", b.ew("ge", p, start), b.ew("lt", p, end))
+
+
 @rule("avg_pool2d")
 def _avg_pool(b, out, x, kernel, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
               divisor_override=None):

@@ -543,3 +543,32 @@ def test_resampling_stays_float32_under_mixed_precision(device):
     check(device, lambda d: {"up": F.interpolate(d["x"], scale_factor=2, mode="bilinear"),
                              "pooled": F.adaptive_avg_pool2d(d["x"], (4, 4))}, {"x": x},
           options={"float_dtype": "mixed"}, rtol=1e-6)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: dict(zip("vi", torch.nn.functional.adaptive_max_pool2d(d["x"], (3, 4), return_indices=True))),
+    lambda d: {"v": torch.nn.functional.adaptive_max_pool2d(d["x"], 1)},
+    lambda d: dict(zip("vi", torch.nn.functional.adaptive_max_pool1d(d["x"].flatten(2), 6, return_indices=True))),
+], ids=["uneven_2d", "global", "1d"])
+def test_adaptive_max_pooling_matches_torch(device, fn):
+    """Overlapping windows of different sizes (7 rows into 3, 10 columns into 4), a NaN (its
+    window's maximum and index) and a tie (the first in row-major order)."""
+    x = torch.randn(2, 3, 7, 10, generator=torch.Generator().manual_seed(15))
+    x[0, 1, 2, 3] = float("nan")
+    x[1, 2, 4, 4] = x[1, 2, 4, 5] = 5.0
+    got = device.execute(compile_function(fn, {"x": x}, device.hw), {"x": x})
+    for name, expected in fn({"x": x}).items():
+        torch.testing.assert_close(got[name], expected, rtol=0, atol=0, equal_nan=True, msg=name)
+
+
+def test_adaptive_max_pooling_gradient_matches_autograd(device):
+    """The gradient goes to each window's maximum; overlapping windows that share one add up."""
+    import torch.nn.functional as F
+    weights = torch.arange(12.0).reshape(3, 4)
+
+    def fn(d):
+        y = d["y"].detach().requires_grad_()
+        return {"g": torch.autograd.grad((F.adaptive_max_pool2d(y, (3, 4)) * weights).sum(), y)[0]}
+    y = torch.randn(2, 3, 7, 10, generator=torch.Generator().manual_seed(16))
+    got = device.execute(compile_function(fn, {"y": y}, device.hw), {"y": y})
+    torch.testing.assert_close(got["g"], fn({"y": y})["g"], rtol=0, atol=0)
