@@ -12,9 +12,10 @@ instructions the simulator times.
 from __future__ import annotations
 
 from math import prod
+from typing import Any
 
 from ..errors import UnsupportedOpError
-from ..ir import FLOAT_DTYPES, Value
+from ..ir import FLOAT_DTYPES, Value, reduction_identity
 from .build import Builder, broadcast_shapes, norm_dim
 from .rules import ensure_float, out_dtype, rule
 
@@ -266,16 +267,52 @@ def _scatter(b, out, x, dim, index, src, reduce=None):
     if any(index.shape[d] != x.shape[d] for d in range(x.rank) if d != dim):
         raise UnsupportedOpError(b.aten, [list(x.shape), list(index.shape)], b.source,
                                  "an index smaller than x outside the scattered dimension")
+    hit, src = _scattered(b, x, dim, index, src)
+    placed = b.reduce("sum", b.ew("where", hit, src, 0, dtype=x.dtype), [dim])
+    if b.aten.startswith("aten.scatter_add"):
+        return b.ew("add", x, placed, dtype=x.dtype)
+    return b.ew("where", b.reduce("max", hit, [dim]), placed, x, dtype=x.dtype)
+
+
+def _scattered(b, x: Value, dim: int, index: Value, src) -> tuple[Value, Value | Any]:
+    """A scatter's hits (`_hits`) and its source cut to the index's extent and given the hits'
+    new axis (a number stays a number)."""
     hit = _hits(b, index, dim, x.shape[dim])
     if isinstance(src, Value):
         for d in range(x.rank):
             if src.shape[d] > index.shape[d]:
                 src = b.slice(src, d, 0, index.shape[d])
         src = b.reshape(b.cast(src, x.dtype), src.shape[:dim + 1] + (1,) + src.shape[dim + 1:])
-    placed = b.reduce("sum", b.ew("where", hit, src, 0, dtype=x.dtype), [dim])
-    if b.aten.startswith("aten.scatter_add"):
-        return b.ew("add", x, placed, dtype=x.dtype)
-    return b.ew("where", b.reduce("max", hit, [dim]), placed, x, dtype=x.dtype)
+    return hit, src
+
+
+@rule("scatter_reduce")
+def _scatter_reduce(b, out, x, dim, index, src, reduce, *, include_self=True):
+    """torch.scatter_reduce with "sum", "mean", "amax" or "amin": the hits as for scatter, each
+    position reduced over the sources that hit it (and x's own value with include_self); a
+    position no source hits keeps x's. "mean" divides by the count of values taken, floored for
+    integers as torch does. "prod" is refused: the PEs reduce by sum, max and min only."""
+    dim = norm_dim(dim, x.rank)
+    if reduce not in ("sum", "mean", "amax", "amin"):
+        raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"scatter_reduce with reduce={reduce!r}")
+    if any(index.shape[d] != x.shape[d] for d in range(x.rank) if d != dim):
+        raise UnsupportedOpError(b.aten, [list(x.shape), list(index.shape)], b.source,
+                                 "an index smaller than x outside the scattered dimension")
+    hit, src = _scattered(b, x, dim, index, src)
+    found = b.reduce("max", hit, [dim])
+    if reduce in ("amax", "amin"):
+        op = "max" if reduce == "amax" else "min"
+        taken = b.reduce(op, b.ew("where", hit, src, reduction_identity(op, x.dtype), dtype=x.dtype), [dim])
+        taken = b.ew(op, taken, x, dtype=x.dtype) if include_self else taken
+        return b.ew("where", found, taken, x, dtype=x.dtype)
+    total = b.reduce("sum", b.ew("where", hit, src, 0, dtype=x.dtype), [dim])
+    total = b.ew("add", total, x, dtype=x.dtype) if include_self else total
+    if reduce == "mean":
+        count = b.reduce("sum", b.cast(hit, "int32"), [dim])
+        count = b.ew("add", count, 1, dtype="int32") if include_self else count
+        divide = "div" if x.dtype in FLOAT_DTYPES else "floor_div"
+        total = b.ew(divide, total, b.cast(b.ew("max", count, 1, dtype="int32"), x.dtype), dtype=x.dtype)
+    return b.ew("where", found, total, x, dtype=x.dtype)
 
 
 def dilate(b: Builder, x: Value, dim: int, step: int) -> Value:
@@ -362,7 +399,7 @@ def _index_put(b, out, x, indices, values, accumulate=False):
     return b.permute(result, [order.index(d) for d in range(x.rank)])
 
 
-@rule("index_add", "index_copy", "masked_scatter", "scatter_reduce",
+@rule("index_add", "index_copy", "masked_scatter",
       "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive", "argwhere", "bincount",
       "repeat_interleave", "_local_scalar_dense", "item")
 def _data_dependent(b, out, x, *args, **kwargs):

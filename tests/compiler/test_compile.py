@@ -572,3 +572,21 @@ def test_adaptive_max_pooling_gradient_matches_autograd(device):
     y = torch.randn(2, 3, 7, 10, generator=torch.Generator().manual_seed(16))
     got = device.execute(compile_function(fn, {"y": y}, device.hw), {"y": y})
     torch.testing.assert_close(got["g"], fn({"y": y})["g"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_matches_torch(device, reduce, include_self):
+    """Positions hit several times, once and never; a NaN source; integers (mean floors)."""
+    g = torch.Generator().manual_seed(17)
+    src = torch.randn(4, 3, generator=g)
+    src[2, 1] = float("nan")
+    inputs = {"x": torch.randn(5, 3, generator=g), "i": torch.tensor([[0, 1, 2], [0, 4, 2], [3, 1, 2], [0, 0, 0]]),
+              "v": src, "xi": torch.randint(-9, 9, (5, 3), generator=g), "vi": torch.randint(-9, 9, (4, 3), generator=g)}
+
+    def fn(d):
+        return {"y": d["x"].scatter_reduce(0, d["i"], d["v"], reduce=reduce, include_self=include_self),
+                "n": d["xi"].scatter_reduce(0, d["i"], d["vi"], reduce=reduce, include_self=include_self)}
+    got = device.execute(compile_function(fn, inputs, device.hw), inputs)
+    for name, expected in fn(inputs).items():
+        torch.testing.assert_close(got[name], expected, rtol=1e-6, atol=1e-6, equal_nan=True, msg=name)
