@@ -32,7 +32,7 @@ from ..kernels.elementwise import ElementwiseKernel, Group, fuse_elementwise
 from ..kernels.movement import GatherKernel, view_ref, view_transform
 from ..kernels.operands import restrict
 from ..kernels.relayout import RelayoutKernel, lane_matched
-from ..layout import Layout, Placement
+from ..layout import Layout, Placement, lanes_innermost
 from ..layout.spread import lm_layouts
 from ..layout.unbroadcast import spread_over_units
 from ..transfer.host import host_transfer
@@ -156,6 +156,11 @@ class Planner:
         if v in self.pending:
             p = self.pending[v]
             base_layout = p.to_base(wanted) if wanted is not None else None
+            if base_layout is not None and not lanes_innermost(base_layout) and len(self.users.get(p.base, [])) > 1:
+                # the view's layout seen from its base packs lanes that are not the innermost digit
+                # of a dimension: no relayout starts from that, so the base's other readers could
+                # not get it (x.sum() beside x.amax(0)); the base takes a layout of its own
+                base_layout = None
             base_ref, placed, steps = self.tentative(p.base, base_layout)
             ref = view_ref(base_ref, p.to_view)
             if ref is not None:

@@ -590,3 +590,13 @@ def test_scatter_reduce_matches_torch(device, reduce, include_self):
     got = device.execute(compile_function(fn, inputs, device.hw), inputs)
     for name, expected in fn(inputs).items():
         torch.testing.assert_close(got[name], expected, rtol=1e-6, atol=1e-6, equal_nan=True, msg=name)
+
+
+def test_a_whole_sum_beside_another_reduction_of_the_same_input(device):
+    """x.sum() views x as (parts, rest) for its split reduction; on mncore2 that view seen from
+    x packed lanes that are not the innermost digit of a dimension, and amax(0) of the same x
+    could not be relaid from it ("cannot relay a tensor stored as ..."). x now takes a layout
+    of its own when others read it too."""
+    x = torch.randn(128, 128, generator=torch.Generator().manual_seed(18))
+    check(device, lambda d: {"total": d["x"].sum(), "top": d["x"].amax(0), "low": d["x"].amin(1)}, {"x": x},
+          rtol=1e-5)
