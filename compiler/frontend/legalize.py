@@ -429,4 +429,5 @@ for _p, _op in {"prims.div": "div", "prims.mul": "mul", "prims.add": "add", "pri
     rule(_p)(lambda b, out, x, y, _op=_op: arith(b, _op, out, x, y))
 
 
-from . import legalize_backward, legalize_movement, legalize_nn, legalize_resample, legalize_sort  # noqa: E402,F401  (their rules register)
+from . import (legalize_backward, legalize_movement, legalize_nn, legalize_resample, legalize_scan,  # noqa: E402,F401
+               legalize_sort)  # (their rules register)

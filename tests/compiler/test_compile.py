@@ -600,3 +600,27 @@ def test_a_whole_sum_beside_another_reduction_of_the_same_input(device):
     x = torch.randn(128, 128, generator=torch.Generator().manual_seed(18))
     check(device, lambda d: {"total": d["x"].sum(), "top": d["x"].amax(0), "low": d["x"].amin(1)}, {"x": x},
           rtol=1e-5)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: dict(zip("vi", torch.cummax(d["x"], 1))),
+    lambda d: dict(zip("vi", torch.cummin(d["x"], 0))),
+    lambda d: dict(zip("vi", torch.cummax(d["n"], 1))),
+    lambda d: {"p": torch.cumprod(d["n"], 1)},
+], ids=["cummax", "cummin_dim0", "cummax_integers", "cumprod_integers"])
+def test_running_extremes_and_integer_products_match_torch_exactly(device, fn):
+    """Ties (the later index wins), NaNs (the value stays NaN, the index follows the latest NaN)
+    and infinities, as torch's loop gives them."""
+    x = special_rows()
+    x[0, 5] = x[0, 7] = float("nan")
+    inputs = {"x": x, "n": torch.tensor([[2, 1, 2, 2, -3, 1, 1], [0, 5, 5, 1, 2, 3, -1]])}
+    got = device.execute(compile_function(fn, inputs, device.hw), inputs)
+    for name, expected in fn(inputs).items():
+        torch.testing.assert_close(got[name], expected, rtol=0, atol=0, equal_nan=True, msg=name)
+
+
+def test_a_float_cumprod_matches_torch_to_rounding(device):
+    """The scan multiplies in another order than torch's loop: equal up to a few units in the
+    last place over a row of 40."""
+    z = torch.rand(3, 40, generator=torch.Generator().manual_seed(19)) + 0.5
+    check(device, lambda d: {"p": torch.cumprod(d["z"], -1)}, {"z": z}, rtol=2e-6)

@@ -1,0 +1,74 @@
+"""Cumulative ops that torch does not decompose (cumprod, cummax, cummin) as log-step scans.
+
+Element i of a scan combines elements 0..i. Hillis and Steele's scan does it in ceil(log2 n)
+steps: in step s every element combines with the one 2^s before it (the first 2^s combine with
+the combination's identity, padded in front), so a row of n needs log2 n shifted copies and
+element-wise ops, not n sequential ones nor n^2 comparisons.
+
+cummax and cummin carry (value, index) pairs. A later element takes over when it is at least
+(at most) the running value or is a NaN, as torch's loop decides: ties go to the later index,
+and after a NaN the value stays NaN with the index of the latest NaN. That rule is associative,
+so the scan gives torch's values and indices exactly. cumprod multiplies in the scan's order,
+not torch's left-to-right one, so it differs from torch by rounding (a few units in the last
+place over a row).
+"""
+
+from __future__ import annotations
+
+from ..ir import FLOAT_DTYPES, Value, reduction_identity
+from .build import Builder, norm_dim
+from .rules import out_dtype, rule
+
+
+def _shifted(b: Builder, x: Value, dim: int, step: int, fill) -> Value:
+    """x moved `step` places along `dim` (element i holds x's i - step), `fill` in front."""
+    n = x.shape[dim]
+    kept = b.slice(x, dim, 0, n - step)
+    pads = [(0, 0)] * x.rank
+    pads[dim] = (step, 0)
+    return b.pad(kept, pads, fill)
+
+
+def _steps(n: int) -> list[int]:
+    """The scan's shifts: 1, 2, 4, ... below n."""
+    out, s = [], 1
+    while s < n:
+        out.append(s)
+        s *= 2
+    return out
+
+
+@rule("cumprod")
+def _cumprod(b, out, x, dim, dtype=None):
+    """The running product along `dim`, in torch's result dtype (integers and bools as integers)."""
+    if x.rank == 0:
+        return x
+    dim = norm_dim(dim, x.rank)
+    if x.dtype != out_dtype(out):
+        x = b.cast(x, out_dtype(out))
+    for s in _steps(x.shape[dim]):
+        x = b.ew("mul", x, _shifted(b, x, dim, s, 1), dtype=x.dtype)
+    return x
+
+
+@rule("cummax", "cummin")
+def _cummax(b, out, x, dim):
+    """(values, indices) of the running maximum (minimum) along `dim`, as torch's."""
+    if x.rank == 0:
+        return x, b.full(x.shape, 0, "int32")
+    dim = norm_dim(dim, x.rank)
+    if x.dtype == "bool":
+        x = b.cast(x, "int32")
+    op = "max" if "cummax" in b.aten else "min"
+    at_least = "ge" if op == "max" else "le"
+    lowest = reduction_identity(op, x.dtype)  # loses to every element: the padding in front
+    values, indices = x, b.iota(x.shape, dim, "int32")
+    for s in _steps(x.shape[dim]):
+        earlier_v = _shifted(b, values, dim, s, lowest)
+        earlier_i = _shifted(b, indices, dim, s, 0)
+        later = b.ew(at_least, values, earlier_v)
+        if x.dtype in FLOAT_DTYPES:
+            later = b.ew("or", later, b.ew("ne", values, values))
+        values = b.ew("where", later, values, earlier_v, dtype=x.dtype)
+        indices = b.ew("where", later, indices, earlier_i, dtype="int32")
+    return values, indices
