@@ -25,7 +25,10 @@ from .proxy import TensorLike, TensorProxy
 from .pytrees import register_pytree_dataclass, register_pytree_namedtuple
 from .trace import trace_event, trace_scope
 
+from .shutdown import skip_final_collection
+
 path = storage.path  # mlsdk.path(), an alias some documentation uses
+skip_final_collection()  # a script's exit 0.8 s quicker (mlsdk.shutdown)
 
 __all__ = [
     "ArgumentError", "ArtifactError", "CacheOptions", "CompileError", "CompiledFunction", "Context", "DeviceError",
