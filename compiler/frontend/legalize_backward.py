@@ -22,7 +22,7 @@ from ..ir import CONV_RANK, Value
 from .build import Builder
 from .rules import ensure_float, rule
 from .legalize_movement import spaced
-from .legalize_nn import avg_divisor, pool_geometry, transposed_convolution
+from .legalize_nn import avg_divisor, nearest_sources, pool_geometry, transposed_convolution, unpick
 
 
 def _placed(b: Builder, g: Value, size: tuple[int, int], stride: tuple[int, int], offset: tuple[int, int]) -> Value:
@@ -141,11 +141,12 @@ def _spread_windows(b: Builder, gy: Value, x: Value, geometry, divisor: float | 
 
 @rule("upsample_nearest2d_backward")
 def _upsample_nearest_backward(b, out, gy, output_size, input_size, *scales):
-    """Integer scale factors: each input pixel's gradient is the sum over its s_h x s_w copies."""
+    """Integer scale factors: each input pixel's gradient is the sum over its s_h x s_w copies.
+    Otherwise the gradient of the forward's picks (`unpick`), a dim at a time."""
     n, c, h, w = input_size
     ho, wo = gy.shape[-2:]
     if ho % h or wo % w:
-        raise UnsupportedOpError(b.aten, [list(gy.shape)], b.source, f"gradients of nearest upsampling from "
-                                 f"{h}x{w} to {ho}x{wo} (only integer scale factors)")
+        rows, cols = nearest_sources((h, w), output_size, scales, b.aten.split(".")[-1].replace("_backward", ""))
+        return unpick(b, unpick(b, ensure_float(b, gy), 3, cols, w), 2, rows, h)
     grid = b.reshape(ensure_float(b, gy), (n, c, h, ho // h, w, wo // w))
     return b.reduce("sum", grid, (grid.rank - 3, grid.rank - 1))  # the copies along H and along W

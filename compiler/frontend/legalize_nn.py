@@ -13,11 +13,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+
 from ..dtypes import INT32_MIN
 from ..errors import UnsupportedOpError
 from ..ir import CONV_RANK, Value
 from .build import Builder
-from .legalize_movement import dilate
+from .legalize_movement import dilate, spaced
 from .rules import ensure_float, out_dtype, rule
 
 
@@ -196,15 +198,76 @@ def avg_divisor(b: Builder, x: Value, geometry, ceil_mode: bool, count_include_p
 
 @rule("upsample_nearest2d")
 def _upsample_nearest(b, out, x, output_size=None, *scales: Any):
-    """Integer scale factors: every pixel repeated s_h x s_w times (reshape, expand, reshape)."""
+    """Nearest upsampling (or downsampling). Integer scale factors: every pixel repeated
+    s_h x s_w times (reshape, expand, reshape). Otherwise each dim picks the positions torch's
+    op picks (`nearest_sources`), one dim after the other (`pick`)."""
     n, c, h, w = x.shape
     ho, wo = out.shape[-2:]
-    if ho % h or wo % w:
-        raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"nearest upsampling from {h}x{w} to {ho}x{wo} "
-                                 f"(only integer scale factors)")
-    sh, sw = ho // h, wo // w
-    grown = b.expand(b.reshape(x, (n, c, h, 1, w, 1)), (n, c, h, sh, w, sw))
-    return b.reshape(grown, (n, c, ho, wo))
+    if ho % h == 0 and wo % w == 0:
+        sh, sw = ho // h, wo // w
+        grown = b.expand(b.reshape(x, (n, c, h, 1, w, 1)), (n, c, h, sh, w, sw))
+        return b.reshape(grown, (n, c, ho, wo))
+    rows, cols = nearest_sources((h, w), output_size, scales, b.aten.split(".")[-1])
+    return pick(b, pick(b, x, 2, rows), 3, cols)
+
+
+def nearest_sources(size: tuple[int, int], output_size, scales: tuple, overload: str) -> tuple[list[int], list[int]]:
+    """The source row of every output row and the source column of every output column that
+    torch's nearest upsampling picks: its own op (the same overload, sizes and scales) asked at
+    compile time, of an image of position numbers."""
+    h, w = size
+    op = getattr(torch.ops.aten.upsample_nearest2d, overload)
+    numbers = torch.arange(h * w, dtype=torch.float64).reshape(1, 1, h, w)
+    picked = op(numbers, output_size, *scales)[0, 0].to(torch.int64)
+    return (picked[:, 0] // w).tolist(), (picked[0, :] % w).tolist()
+
+
+def _period(sources: list[int]) -> tuple[int, int]:
+    """(p, q): the fewest output positions p after which the sources repeat q positions further
+    on (p = all of them when they never do; q = 0 for a single period)."""
+    out = len(sources)
+    p = next(p for p in range(1, out + 1) if out % p == 0 and (p == out or all(
+        sources[o + p] == sources[o] + sources[p] - sources[0] for o in range(out - p))))
+    return p, sources[p] - sources[0] if p < out else 0
+
+
+def pick(b: Builder, x: Value, dim: int, sources: list[int]) -> Value:
+    """x's positions `sources` (one per output position) along `dim`, by strided slices: phase r
+    of every period (`_period`) is the slice from sources[r] in steps of q, and the phases are
+    interleaved (6 -> 9 rows: periods of 3 outputs over 2 inputs, 3 slices). Nothing is
+    computed, so values are copied exactly."""
+    out = len(sources)
+    period, step = _period(sources)
+    blocks = out // period
+    lead, tail = x.shape[:dim], x.shape[dim + 1:]
+    phases = []
+    for r in range(period):
+        first = sources[r]
+        if step > 0:
+            part = b.slice(x, dim, first, first + (blocks - 1) * step + 1, step)
+        else:
+            part = b.expand(b.slice(x, dim, first, first + 1), lead + (blocks,) + tail)
+        phases.append(b.reshape(part, lead + (blocks, 1) + tail))
+    stacked = b.cat(phases, dim + 1) if len(phases) > 1 else phases[0]
+    return b.reshape(stacked, lead + (out,) + tail)
+
+
+def unpick(b: Builder, g: Value, dim: int, sources: list[int], size: int) -> Value:
+    """The gradient of `pick`: each source position sums the output positions that took it,
+    phase by phase in output order (torch's order), laid back by spaced copies."""
+    out = len(sources)
+    period, step = _period(sources)
+    blocks = out // period
+    lead, tail = g.shape[:dim], g.shape[dim + 1:]
+    grid = b.reshape(g, lead + (blocks, period) + tail)
+    total = None
+    for r in range(period):
+        part = b.reshape(b.slice(grid, dim + 1, r, r + 1), lead + (blocks,) + tail)
+        if step == 0:
+            part = b.reduce("sum", part, [dim], True)
+        placed = spaced(b, part, dim, size, max(step, 1), sources[r])
+        total = placed if total is None else b.ew("add", total, placed)
+    return total
 
 
 # torch's threshold for computing Euclidean distances through a product (at::native cdist: more

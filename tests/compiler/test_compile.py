@@ -624,3 +624,31 @@ def test_a_float_cumprod_matches_torch_to_rounding(device):
     last place over a row of 40."""
     z = torch.rand(3, 40, generator=torch.Generator().manual_seed(19)) + 0.5
     check(device, lambda d: {"p": torch.cumprod(d["z"], -1)}, {"z": z}, rtol=2e-6)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: {"y": torch.nn.functional.interpolate(d["x"], scale_factor=1.5, mode="nearest")},
+    lambda d: {"y": torch.nn.functional.interpolate(d["x"], size=(13, 7), mode="nearest")},
+    lambda d: {"y": torch.nn.functional.interpolate(d["x"], size=(4, 5), mode="nearest")},
+    lambda d: {"y": torch.nn.functional.interpolate(d["x"], scale_factor=2.5, mode="nearest",
+                                                    recompute_scale_factor=True)},
+], ids=["1.5x", "13x7", "down_4x5", "2.5x_recomputed"])
+def test_nearest_resizing_by_any_factor_copies_torchs_picks(device, fn):
+    """Non-integer factors, up and down: the positions torch's op picks, copied exactly
+    (an infinity and a NaN stay where torch puts them)."""
+    x = torch.randn(1, 2, 6, 6, generator=torch.Generator().manual_seed(20))
+    x[0, 0, 1, 1], x[0, 1, 2, 3] = float("inf"), float("nan")
+    got = device.execute(compile_function(fn, {"x": x}, device.hw), {"x": x})
+    torch.testing.assert_close(got["y"], fn({"x": x})["y"], rtol=0, atol=0, equal_nan=True)
+
+
+def test_nearest_resizing_gradient_by_a_non_integer_factor(device):
+    import torch.nn.functional as F
+
+    def fn(d):
+        y = d["x"].detach().requires_grad_()
+        out = F.interpolate(y, size=(11, 8), mode="nearest")
+        return {"g": torch.autograd.grad((out * out.detach().cos()).sum(), y)[0]}
+    x = torch.randn(2, 3, 7, 5, generator=torch.Generator().manual_seed(21))
+    got = device.execute(compile_function(fn, {"x": x}, device.hw), {"x": x})
+    torch.testing.assert_close(got["g"], fn({"x": x})["g"], rtol=1e-6, atol=1e-6)
