@@ -62,7 +62,7 @@ def copy_view(dst_base: np.ndarray, dst: np.ndarray, src_base: np.ndarray, src: 
         run_shares(lambda first, last: _copy_blocks(dst_base, d0, d_strides, src_base, s0, s_strides, shape, split,
                                                     first, last), blocks)
     else:
-        _copy(dst_base, d0, d_strides, src_base, s0, s_strides, shape)
+        _copy_blocks(dst_base, d0, d_strides, src_base, s0, s_strides, shape, len(shape), 0, 1)
 
 
 # Copies of at least this many elements are shared between threads (below, starting them costs
@@ -141,45 +141,18 @@ def _pairs(dims: list[list[int]], d0: int, s0: int, dst_base: np.ndarray, src_ba
             and all(d % 2 == 0 and s % 2 == 0 for d, s, _ in rest))
 
 
-@njit(cache=True)
-def _copy(dst, d_start, d_strides, src, s_start, s_strides, shape):
-    """Dimension 0 innermost; dimensions 0 and 1 as loops, the rest through a counter."""
-    nd = shape.shape[0]
-    n0, ds0, ss0 = shape[0], d_strides[0], s_strides[0]
-    n1, ds1, ss1 = (shape[1], d_strides[1], s_strides[1]) if nd > 1 else (1, 0, 0)
-    outer = 1
-    for k in range(2, nd):
-        outer *= shape[k]
-    count = np.zeros(nd, dtype=np.int64)
-    d, s = d_start, s_start
-    for _ in range(outer):
-        for j in range(n1):
-            dj, sj = d + j * ds1, s + j * ss1
-            for i in range(n0):
-                dst[at(dj + i * ds0)] = src[at(sj + i * ss0)]
-        k = 2
-        while k < nd:
-            count[k] += 1
-            d += d_strides[k]
-            s += s_strides[k]
-            if count[k] < shape[k]:
-                break
-            d -= d_strides[k] * shape[k]
-            s -= s_strides[k] * shape[k]
-            count[k] = 0
-            k += 1
-
-
 @njit(cache=True, nogil=True)
 def _copy_blocks(dst, d_start, d_strides, src, s_start, s_strides, shape, split, first, last):
-    """`_copy` of blocks [first, last): dimensions [split, ...) flattened number the blocks; inside
-    a block, dimension 0 is the innermost loop and the others move through a counter."""
+    """Blocks [first, last) of the copy: dimensions [split, ...), flattened, number the blocks
+    (split = every dimension: one block, the whole copy). Inside a block dimension 0 is the
+    innermost loop and dimension 1 the next; the others move through a counter."""
     nd = shape.shape[0]
-    inner = 1
-    for k in range(1, split):
-        inner *= shape[k]
     n0, ds0, ss0 = shape[0], d_strides[0], s_strides[0]
-    count = np.zeros(split, dtype=np.int64)
+    n1, ds1, ss1 = (shape[1], d_strides[1], s_strides[1]) if split > 1 else (1, 0, 0)
+    outer = 1
+    for k in range(2, split):
+        outer *= shape[k]
+    count = np.zeros(nd, dtype=np.int64)
     for b in range(first, last):
         d, s, rest = d_start, s_start, b
         for k in range(split, nd):
@@ -188,10 +161,12 @@ def _copy_blocks(dst, d_start, d_strides, src, s_start, s_strides, shape, split,
             d += digit * d_strides[k]
             s += digit * s_strides[k]
         count[:] = 0
-        for _ in range(inner):
-            for i in range(n0):
-                dst[at(d + i * ds0)] = src[at(s + i * ss0)]
-            k = 1
+        for _ in range(outer):
+            for j in range(n1):
+                dj, sj = d + j * ds1, s + j * ss1
+                for i in range(n0):
+                    dst[at(dj + i * ds0)] = src[at(sj + i * ss0)]
+            k = 2
             while k < split:
                 count[k] += 1
                 d += d_strides[k]
