@@ -24,8 +24,10 @@ from math import ceil, prod
 
 from hwdesc import HwDesc
 
+from ..chain import Chain
 from ..frontend.build import Builder
 from ..ir import Graph, Node, Value, reduction_identity
+from ..kernels.base import device_dtype
 
 # A reduction is split when it reduces this many elements per PE of the chip or more, and keeps
 # fewer than one element per this many PEs (planner heuristics, not hardware numbers).
@@ -159,10 +161,20 @@ def _conv(b: Builder, node: Node, hw: HwDesc) -> bool:
     return True
 
 
+def _least_part(hw: HwDesc, x: Value) -> int:
+    """Elements a PE's part of a split reduction holds at least: one unit of the Data Engines'
+    DRAM -> L2 transfer. Smaller parts spend more on staging each PE's few long words than on
+    reducing them (128 x 128 summed over all 4,096 PEs of mncore2, 4 elements each: 32,818 cycles;
+    in parts of a 64-LW unit: 2,682)."""
+    chain = Chain.of(hw)
+    unit = hw.transfers[chain.dram_to_l2].modes["individual"].unit_lw or 1
+    return unit * hw.elements_per_lw(device_dtype(x))
+
+
 def _reduce(b: Builder, node: Node, hw: HwDesc) -> bool:
     """sum/max/min(x, dims) with many reduced and few kept elements: the reduced elements, flat,
     are padded (with the identity) into (parts, rest) and reduced in two steps, so that the first
-    step runs on as many PEs as there are parts."""
+    step runs on as many PEs as there are parts, each holding at least `_least_part`."""
     if node.attrs.get("split"):
         return False
     x = node.args[0]
@@ -174,7 +186,7 @@ def _reduce(b: Builder, node: Node, hw: HwDesc) -> bool:
     epl = hw.elements_per_lw("float32")
     if reduced < SPLIT_REDUCED * pes or kept_n * SPLIT_KEPT > pes:
         return False
-    parts = max(1, pes // max(1, kept_n))
+    parts = max(1, min(pes // max(1, kept_n), reduced // _least_part(hw, x)))
     rest = ceil(ceil(reduced / parts) / epl) * epl
     order = kept + list(dims)
     moved = b.permute(x, order) if order != list(range(x.rank)) else x
