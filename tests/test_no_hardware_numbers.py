@@ -87,7 +87,7 @@ ALLOWED = {
     ("compiler/kernels/matmul.py", 4): "tilings whose operand layouts a product offers its producers (compile-time budget)",
     ("compiler/kernels/matmul.py", 256): "lru_cache size",
     ("compiler/planner/rewrite.py", 4): "when a reduction is split: reduced elements per PE (planner heuristic)",
-    ("compiler/planner/rewrite.py", 8): "when a reduction is split: PEs per kept element (planner heuristic)",
+    ("compiler/planner/rewrite.py", 8): "when a reduction is split: PEs per kept element; parts a whole one needs (planner heuristics)",
     ("compiler/planner/search.py", 6): "candidate layouts timed per node (compile-time budget)",
     ("mlsdk/context.py", 24): "hex digits of a cache key",
     ("compiler/transfer/separable.py", 8_000_000): "runs a gather may list (compile-time budget of host memory)",
