@@ -20,7 +20,7 @@ from __future__ import annotations
 from ..errors import UnsupportedOpError
 from ..ir import FLOAT_DTYPES, Value, reduction_identity
 from .build import Builder, norm_dim
-from .rules import rule
+from .rules import promote, rule
 
 SELECTION_ROUNDS = 16  # topk of at most this many selects, one round each; more sorts (compile policy)
 # pairs a sort may compare (every row's n^2): its comparison tensors and their window gathers grow
@@ -91,11 +91,12 @@ def _median(b, out, x, dim=None, keepdim=False):
 
 @rule("bucketize", "searchsorted")
 def _bucketize(b, out, *args, out_int32=False, right=False, side=None, sorter=None):
-    """bucketize(x, boundaries) and searchsorted(sorted_sequence, x): per value, how many
-    boundaries lie below it (right: at or below), which is where a binary search over sorted
-    boundaries lands; a NaN value lands past them all, as in torch. Boundaries are 1-D, or
-    (searchsorted) one sorted row per row of the values. Counted by comparing every value with
-    every boundary of its row."""
+    """bucketize(x, boundaries) and searchsorted(sorted_sequence, x): where torch's binary search
+    over sorted boundaries (NaNs last, as torch sorts them) lands: the count of boundaries below
+    the value (right: at or below) when some boundary is at or above it (right: above), else
+    past them all, which is where a NaN value lands. Values and boundaries are compared in their
+    promoted dtype. Boundaries are 1-D, or (searchsorted) one sorted row per row of the values.
+    Counted by comparing every value with every boundary of its row."""
     if b.aten.startswith("aten.bucketize"):
         x, bounds = args[0], args[1]
     else:
@@ -103,8 +104,9 @@ def _bucketize(b, out, *args, out_int32=False, right=False, side=None, sorter=No
     if sorter is not None:
         raise UnsupportedOpError(b.aten, [list(bounds.shape)], b.source, "a sorter argument (sort the boundaries "
                                  "first)")
-    if not isinstance(x, Value):
-        x = b.full((), x, bounds.dtype)
+    dtype = promote(x, bounds)
+    x = b.cast(x, dtype) if isinstance(x, Value) else b.full((), x, dtype)
+    bounds = b.cast(bounds, dtype)
     right = right or side == "right"
     m = bounds.shape[-1]
     if bounds.rank > 1 and bounds.shape[:-1] != x.shape[:-1]:
@@ -114,11 +116,9 @@ def _bucketize(b, out, *args, out_int32=False, right=False, side=None, sorter=No
     row = b.reshape(bounds, lead + (1,) * (x.rank - len(lead)) + (m,)) if bounds.rank > 1 else \
         b.reshape(bounds, (1,) * x.rank + (m,))
     value = b.reshape(x, x.shape + (1,))
-    below = b.ew("le" if right else "lt", row, value)
-    count = b.reduce("sum", b.cast(below, "int32"), [x.rank])
-    if x.dtype in FLOAT_DTYPES:
-        count = b.ew("where", b.ew("ne", x, x), m, count, dtype="int32")
-    return count
+    below = b.reduce("sum", b.cast(b.ew("le" if right else "lt", row, value), "int32"), [x.rank])
+    stops = b.reduce("max", b.ew("gt" if right else "ge", row, value), [x.rank])  # a boundary ends the search
+    return b.ew("where", stops, below, m, dtype="int32")
 
 
 def select_top(b: Builder, x: Value, k: int, dim: int, largest: bool) -> tuple[Value, Value]:

@@ -243,11 +243,15 @@ def test_medians_match_torch_with_nan_infinities_and_ties(device, fn):
                                                                                      out_int32=True)},
     lambda d: {"one": torch.searchsorted(d["b"], d["x"]),
                "rows": torch.searchsorted(torch.stack([d["b"], d["b"] + 1] * 2 + [d["b"]]), d["x"], side="right")},
-], ids=["bucketize", "searchsorted"])
+    lambda d: {"nan_bounds": torch.searchsorted(d["nb"], d["x"]), "ints": torch.bucketize(d["n"], d["b"]),
+               "scalar": torch.searchsorted(d["n"][0].sort().values, 0.5)},
+], ids=["bucketize", "searchsorted", "nan_boundaries_and_mixed_dtypes"])
 def test_bucketize_and_searchsorted_match_torch(device, fn):
     """Boundaries with a repeated value; values on them, between them, past both ends, infinite
-    and NaN (past every boundary, as torch's binary search)."""
-    inputs = {"x": special_rows(), "b": torch.tensor([-1.0, 0.0, 0.0, 1.5, 2.0])}
+    and NaN (past every boundary, as torch's binary search); boundaries ending in NaN (as torch
+    sorts them), integer values against float boundaries, a float scalar against integers."""
+    inputs = {"x": special_rows(), "b": torch.tensor([-1.0, 0.0, 0.0, 1.5, 2.0]),
+              "nb": torch.tensor([-1.0, 0.0, float("nan")]), "n": torch.tensor([[-2, 0, 1, 2, 3], [1, 1, 0, -1, 5]])}
     got = device.execute(compile_function(fn, inputs, device.hw), inputs)
     for name, expected in fn(inputs).items():
         assert got[name].dtype == expected.dtype and torch.equal(got[name], expected), name
