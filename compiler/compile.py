@@ -119,14 +119,18 @@ def compile_graph(graph: Graph, hw: HwDesc, *, options: dict, constraints: dict[
 
 
 def _check_not_empty(graph: Graph) -> None:
-    """Refuse tensors with no elements, naming the op that makes one: the device has nowhere to
-    put them (a sum over an empty dimension is folded to zeros before this, so only tensors the
-    program reads or returns are refused)."""
+    """Refuse tensors with no elements that the device would have to hold, naming the op that
+    makes one (or the input): a slice of nothing that others read, an empty input read or
+    returned. A sum over an empty dimension is folded to zeros before this, and an empty
+    constant fill (torch.zeros(0, 3)) needs no storage, so both still compile."""
+    returned = set(graph.outputs.values())
     for name, v in graph.inputs.items():
-        if v.numel == 0 and any(v in n.inputs for n in graph.nodes):
+        if v.numel == 0 and (v in returned or any(v in n.inputs for n in graph.nodes)):
             raise CompileError(f"input {name!r} has no elements (shape {list(v.shape)}); mnsim cannot place an "
                                "empty tensor on the device")
     for node in graph.nodes:
+        if node.kind in ("full", "iota"):
+            continue
         for v in node.outputs:
             if v.numel == 0:
                 raise UnsupportedOpError(node.aten or node.kind, [list(a.shape) for a in node.inputs], node.source,

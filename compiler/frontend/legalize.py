@@ -384,7 +384,7 @@ def _var(b, out, x, dims=None, correction=None, keepdim=False, **kwargs):
     x = b.cast(x, dtype)
     reduced = _dims_arg(x, dims)
     n = math.prod(x.shape[norm_dim(d, x.rank)] for d in reduced) if reduced is not None else x.numel
-    mean = b.ew("mul", b.reduce("sum", x, reduced, True), 1.0 / n)
+    mean = b.ew("mul", b.reduce("sum", x, reduced, True), 1.0 / n if n else float("nan"))  # of nothing: NaN
     centred = b.ew("sub", x, mean)
     var = b.ew("mul", b.reduce("sum", b.ew("mul", centred, centred), reduced, keepdim),
                1.0 / max(n - correction, 0) if n - correction > 0 else float("inf"))

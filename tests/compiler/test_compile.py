@@ -210,6 +210,11 @@ def test_a_sum_over_an_empty_slice_is_zeros_and_an_empty_result_is_refused(devic
     assert torch.equal(got["y"], torch.ones(4)) and got["m"].isnan().all()
     with pytest.raises(UnsupportedOpError, match=r"slice.*no elements \(shape \[4, 0\]\)"):
         compile_function(lambda d: {"y": d["x"][:, 3:3] * 2}, {"x": x}, device.hw)
+    with pytest.raises(CompileError, match=r"input 'e' has no elements"):  # returned as it is: it had crashed
+        compile_function(lambda d: {"y": d["e"], "z": d["x"] + 1}, {"x": x, "e": torch.zeros(0, 3)}, device.hw)
+    fills = lambda d: {"y": torch.zeros(0, 3), "v": d["x"][:, 3:3].var(1), "z": d["x"].sum()}  # noqa: E731
+    got = device.execute(compile_function(fills, {"x": x}, device.hw), {"x": x})  # an empty fill needs no storage
+    assert got["y"].shape == (0, 3) and got["v"].isnan().all() and torch.allclose(got["z"], x.sum())
 
 
 def special_rows() -> torch.Tensor:
