@@ -169,7 +169,8 @@ class Device:
         In timing mode only the transfer is timed (no tensor), in functional mode not at all."""
         if mode == TIMING:
             stats = self.machine.run(self.transfer_program(buf.placement, upload=False),
-                                     host=[self.host_image(buf.placement, upload=False)], bases={"tensor": buf.address}, mode=TIMING)
+                                     host=[self.host_image(buf.placement, upload=False)],
+                                     bases={"tensor": buf.address}, mode=TIMING)
             return None, stats
         if not buf.valid:
             raise DeviceError(f"{what} has no values: a timing-only run (simulation_mode='timing') computed it, "

@@ -48,6 +48,3 @@ class HostImages:
             while sum(i.nbytes for i in self._images.values()) > self.budget:
                 self._images.popitem(last=False)
         return image
-
-    def clear(self) -> None:
-        self._images.clear()

@@ -164,8 +164,7 @@ def _xfer(row, up, lo, mem_instances, lw_addressed, n_groups, group, chunk, wpl,
     lw = word_addr(lw_addressed, lm, row[isa.X_LO_ADDR], wpl)
     n_up = mem_instances[um]
     fan = mem_instances[lm] // n_up
-    per_group = n_up // n_groups
-    for u in range(g_first * per_group, g_last * per_group):
+    for u in range(g_first * n_up // n_groups, g_last * n_up // n_groups):  # all of them for 0, n_groups
         _xfer_instance(u, mode, down, index, up, uw, lo, lw, n, fan, chunk, group, wpl)
 
 

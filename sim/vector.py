@@ -266,4 +266,4 @@ def _float_op(row: np.ndarray, op: int, shape: tuple, views: list[np.ndarray], n
     if prod(shape) >= SHARED_ELEMENTS:
         run_shares(pes, n_pe)
     else:
-        kernel(*shape, *dst, *a, *b, *c, *extra)
+        pes(0, n_pe)

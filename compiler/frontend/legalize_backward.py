@@ -146,7 +146,7 @@ def _upsample_nearest_backward(b, out, gy, output_size, input_size, *scales):
     n, c, h, w = input_size
     ho, wo = gy.shape[-2:]
     if ho % h or wo % w:
-        rows, cols = nearest_sources((h, w), output_size, scales, b.aten.split(".")[-1].replace("_backward", ""))
+        rows, cols = nearest_sources((h, w), output_size, scales, b.aten.split(".")[-1])
         return unpick(b, unpick(b, ensure_float(b, gy), 3, cols, w), 2, rows, h)
     grid = b.reshape(ensure_float(b, gy), (n, c, h, ho // h, w, wo // w))
     return b.reduce("sum", grid, (grid.rank - 3, grid.rank - 1))  # the copies along H and along W

@@ -264,9 +264,6 @@ def _scatter(b, out, x, dim, index, src, reduce=None):
     dim = norm_dim(dim, x.rank)
     if reduce is not None:
         raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"scatter with reduce={reduce!r}")
-    if any(index.shape[d] != x.shape[d] for d in range(x.rank) if d != dim):
-        raise UnsupportedOpError(b.aten, [list(x.shape), list(index.shape)], b.source,
-                                 "an index smaller than x outside the scattered dimension")
     hit, src = _scattered(b, x, dim, index, src)
     placed = b.reduce("sum", b.ew("where", hit, src, 0, dtype=x.dtype), [dim])
     if b.aten.startswith("aten.scatter_add"):
@@ -277,6 +274,9 @@ def _scatter(b, out, x, dim, index, src, reduce=None):
 def _scattered(b, x: Value, dim: int, index: Value, src) -> tuple[Value, Value | Any]:
     """A scatter's hits (`_hits`) and its source cut to the index's extent and given the hits'
     new axis (a number stays a number)."""
+    if any(index.shape[d] != x.shape[d] for d in range(x.rank) if d != dim):
+        raise UnsupportedOpError(b.aten, [list(x.shape), list(index.shape)], b.source,
+                                 "an index smaller than x outside the scattered dimension")
     hit = _hits(b, index, dim, x.shape[dim])
     if isinstance(src, Value):
         for d in range(x.rank):
@@ -295,9 +295,6 @@ def _scatter_reduce(b, out, x, dim, index, src, reduce, *, include_self=True):
     dim = norm_dim(dim, x.rank)
     if reduce not in ("sum", "mean", "amax", "amin"):
         raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"scatter_reduce with reduce={reduce!r}")
-    if any(index.shape[d] != x.shape[d] for d in range(x.rank) if d != dim):
-        raise UnsupportedOpError(b.aten, [list(x.shape), list(index.shape)], b.source,
-                                 "an index smaller than x outside the scattered dimension")
     hit, src = _scattered(b, x, dim, index, src)
     found = b.reduce("max", hit, [dim])
     if reduce in ("amax", "amin"):

@@ -17,7 +17,7 @@ import torch
 
 from ..dtypes import INT32_MIN
 from ..errors import UnsupportedOpError
-from ..ir import CONV_RANK, Value
+from ..ir import CONV_RANK, Value, reduction_identity
 from .build import Builder
 from .legalize_movement import dilate, spaced
 from .rules import ensure_float, out_dtype, rule
@@ -137,7 +137,7 @@ def _adaptive_max_pool(b, out, x, output_size):
     h, w = x.shape[-2:]
     ho, wo = (int(s) for s in output_size)
     lead = x.shape[:-2]
-    lowest = float("-inf") if x.dtype != "int32" else INT32_MIN
+    lowest = reduction_identity("max", x.dtype)
     rows, cols = _windows(b, h, ho), _windows(b, w, wo)  # (ho, h), (wo, w)
     per_col = b.ew("where", b.reshape(cols, (1,) * len(lead) + (1, wo, w)),
                    b.reshape(x, lead + (h, 1, w)), lowest, dtype=x.dtype)  # (..., h, wo, w)

@@ -56,7 +56,8 @@ def _median(b, out, x, dim=None, keepdim=False):
     """torch.median / nanmedian: the lower median, (n - 1) // 2 places into the stable sort, and
     where it came from (torch's index among ties, too). median propagates a NaN: its value NaN,
     its index the row's first NaN's. nanmedian takes the median of a row's numbers (when it has
-    none, NaN from the middle place, as torch). Without `dim` (median.default), of all elements, the value only."""
+    none, NaN from the middle place, as torch). Without `dim` (median.default), of all
+    elements, the value only."""
     whole = dim is None
     if whole:
         x, dim = b.reshape(x, (max(1, x.numel),)), 0

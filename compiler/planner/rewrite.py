@@ -207,18 +207,19 @@ def _reduce(b: Builder, node: Node, hw: HwDesc) -> bool:
     epl = hw.elements_per_lw("float32")
     # a whole reduction (nothing kept) runs on one PE unsplit; one with kept elements already
     # spreads over as many PEs, and splits only when much larger
-    threshold = WHOLE_SPLIT_PARTS * _least_part(hw, x) if kept_n == 1 else SPLIT_REDUCED * pes
+    least_part = _least_part(hw, x)
+    threshold = WHOLE_SPLIT_PARTS * least_part if kept_n == 1 else SPLIT_REDUCED * pes
     if reduced < threshold or kept_n * SPLIT_KEPT > pes:
         return False
     max_parts = max(1, pes // max(1, kept_n))
-    least = max(_least_part(hw, x), ceil(reduced / max_parts))
+    least = max(least_part, ceil(reduced / max_parts))
     order = kept + list(dims)
     moved = b.permute(x, order) if order != list(range(x.rank)) else x
     rest = _aligned_part([x.shape[d] for d in dims], least)
     if rest is not None:  # a reshape that only splits one dimension: a view of x
         grid = b.reshape(moved, (kept_n, reduced // rest, rest))
     else:
-        parts = max(1, min(max_parts, reduced // _least_part(hw, x)))
+        parts = max(1, min(max_parts, reduced // least_part))
         rest = ceil(ceil(reduced / parts) / epl) * epl
         flat = b.reshape(moved, (kept_n, reduced))
         padded = b.pad(flat, [(0, 0), (0, parts * rest - reduced)], reduction_identity(node.op, x.dtype))
