@@ -2,25 +2,28 @@
 
 Each MAB's four PEs hold its operands split as sim.isa describes: K over the PEs in A and B, N in
 C, so every PE's slice is a row-major matrix at an address with a row pitch. Every MAB runs the
-same instruction on its own operands; how the simulator computes them depends on the shape,
-because what costs the host time differs:
+same instruction on its own operands; the simulator computes them as a stack of products, in one
+of three ways, by the shape:
 
-* short K-slices (at most `SHORT_SLICE` per PE, as in a training step's thin products): a numba
-  loop per MAB, which reads the slices in place and writes C directly. A BLAS call costs about a
-  microsecond before it multiplies anything, and such a product is a few hundred multiply-adds;
-  1,024 calls of it took 1 ms on MN-Core 2, the loop 0.1-0.5 ms (measured on this project's
-  2-core machine, MNIST's step: M=4 K=40 N=8, M=2 K=8 N=8, M=64 K=8 N=8).
-* longer slices: BLAS, either with the PEs' K-slices side by side (a copy of A and B, one product
-  over the whole K per MAB) or one product per PE's K-slice read in place and summed (pes - 1
-  additions of an M x N tile), whichever moves fewer words. ResNet-50 conv2_x's M=28 K=576 N=8
-  takes the second (52 -> 15 ms a MATMUL against the first); the loop would take 24 ms.
+* loop (K-slices of at most `SHORT_SLICE` per PE, a training step's thin products): the slices
+  gathered side by side and multiplied in a numba loop that sums each element along K in order,
+  so the words are the same however the products are stacked (below). A BLAS call costs about a
+  microsecond before it multiplies anything, against a few hundred multiply-adds a MAB.
+* gathered: the same gather, one BLAS product per MAB (numpy's matmul over the stack).
+* in place: one BLAS product per PE's K-slice, read where it lies, and the PEs' tiles summed,
+  when that copies fewer words. ResNet-50 conv2_x's M=28 K=576 N=8 takes it (52 -> 15 ms a
+  MATMUL against gathering).
 
 An operand that a mab_broadcast left replicated over the MABs of an L1B (sim.replicas) is read
-from the first of them; when A and B both are, the L1B's MABs compute the same product, which is
-computed once and written into each MAB's C (ResNet-50 conv2_x's 14 products: 94 -> 10 ms a call).
+from the first of them. When A and B both are, the L1B's MABs compute the same product, computed
+once and written into each MAB's C (ResNet-50 conv2_x's 14 products: 94 -> 10 ms a call). In the
+loop, when only A is, the L1B's MABs compute one product r times wider (A times their B's side by
+side), and when only B is, r times taller (their A's stacked): one long innermost run instead of
+r short ones (the compiled 1024^3 product: 80 -> 67 ms a call, its products 64 x 8 x 8 a MAB).
 
-The MABs are split over the host's cores (numba releases the GIL, and so does BLAS). Padding
-holds whatever its memory held, as on the chip: inf x 0 there makes a NaN in padding only.
+The products are split over the host's cores when they are large enough to pay for waking the
+threads (numba kernels and BLAS release the GIL). Padding holds whatever its memory held, as on
+the chip: inf x 0 there makes a NaN in padding only.
 """
 
 from __future__ import annotations
@@ -30,28 +33,30 @@ from numba import njit
 from numpy.lib.stride_tricks import as_strided
 
 from . import isa
-from .index import at
 from .hostpool import run_shares
+from .index import at
 from .isa import DType
 from .params import MachineParams
 from .replicas import Replicas
 
-SHORT_SLICE = 16  # longest K-slice per PE the loop takes (from the measurements above)
+SHORT_SLICE = 16  # longest K-slice per PE that is multiplied in a loop (see the module docstring)
 LOOP, GATHERED, IN_PLACE = "loop", "gathered", "in place"
+# Multiply-adds of a MATMUL from which its products are split between the host's threads (host
+# policy: an MNIST step's products are 10^4-10^5 multiply-adds a MAB-share, where waking the
+# threads costs about what they save).
+SHARED_MACS = 1 << 22
 
 
 def form(m: int, k: int, n: int, pes: int) -> str:
     """How `matmul` computes an M x K x N product whose K is split over `pes` PEs."""
-    kp = k // pes
-    if kp <= SHORT_SLICE:
+    if k // pes <= SHORT_SLICE:
         return LOOP
     return IN_PLACE if (pes - 1) * m * n < m * k + k * n else GATHERED
 
 
 def matmul(p: MachineParams, memories: list[np.ndarray], row: np.ndarray, replicas: Replicas | None = None) -> None:
     """Run one MATMUL row on `memories`. With `replicas`, an operand held replicated over the MABs
-    of an L1B is read from its first MAB, and when A and B both are, each L1B's product is computed
-    once and written to all of its MABs' C."""
+    of an L1B is read from its first MAB (see the module docstring for what the sharing saves)."""
     pes = p.pes_per_mab
     dtype = DType(int(row[isa.MM_DTYPE]))
     m, k, n = int(row[isa.MM_M]), int(row[isa.MM_K]), int(row[isa.MM_N])
@@ -87,7 +92,7 @@ def matmul(p: MachineParams, memories: list[np.ndarray], row: np.ndarray, replic
     n_mab = a[0].shape[0] // pes
     a_share, b_share = share.get(isa.MM_A_MEM, 1), share.get(isa.MM_B_MEM, 1)
     every = a_share if a_share == b_share > 1 else 1  # MABs one product serves
-    if how != LOOP:  # [L1B-sized units, MAB in the unit, PE, rows, columns]; replicated operands at stride 0
+    if how == IN_PLACE:  # [L1B-sized units, MAB in the unit, PE, rows, columns]; replicated operands at stride 0
         blocks = [_blocks(x, pes, every, share.get(f, 1), *shapes[f])
                   for x, f in ((a, isa.MM_A_MEM), (b, isa.MM_B_MEM), (c, isa.MM_C_MEM))]
         if trans:
@@ -97,14 +102,131 @@ def matmul(p: MachineParams, memories: list[np.ndarray], row: np.ndarray, replic
         else:
             blocks[:] = [x[:, 0] for x in blocks]
 
-    def units(first: int, last: int) -> None:
-        if how == LOOP:
-            _products(*a, a_share, *b, b_share, trans, *c, pes, m, kp, n, accumulate, every, first * every,
-                      last * every, np.zeros(m * n, wide), np.zeros(kp * n, b[0].dtype))
-        else:
-            _blas(*blocks, accumulate, how == IN_PLACE, first, last)
+        def units(first: int, last: int) -> None:
+            _in_place(*blocks, accumulate, first, last)
+        count = n_mab // every
+    else:
+        stack = _Stack(pes, n_mab, every, a_share, b_share, m, kp, n, how == LOOP)
 
-    run_shares(units, n_mab // every)
+        def units(first: int, last: int) -> None:
+            stack.run(a, b, trans, c, accumulate, first, last)
+        count = stack.count
+    if m * k * n * n_mab // every >= SHARED_MACS:
+        run_shares(units, count)
+    else:
+        units(0, count)
+
+
+class _Stack:
+    """The gathered products of one MATMUL as a stack of `count` matrix products: one per MAB that
+    computes (every `every`-th), or, where one operand is replicated over `r` of them, one per
+    replica, r times wider (A times the r B's side by side) or taller (the r A's stacked, times B).
+    numba kernels gather the operands and write C, because their pieces are a few elements long
+    (numpy's strided copies of 2-element rows took 1.7 ms of a 64 x 8 x 8 product on 1,024 MABs,
+    the product itself 0.1 ms)."""
+
+    def __init__(self, pes: int, n_mab: int, every: int, a_share: int, b_share: int, m: int, kp: int, n: int,
+                 short: bool):
+        self.short = short
+        self.a_step, self.b_step = max(a_share, every), max(b_share, every)  # MABs between copies read
+        self.wide = self.a_step // every  # products one A serves
+        self.tall = self.b_step // every  # products one B serves (wide and tall are not both > 1)
+        self.r = max(self.wide, self.tall)
+        self.count = n_mab // every // self.r
+        self.every, self.pes, self.m, self.kp, self.n = every, pes, m, kp, n
+
+    def run(self, a: tuple, b: tuple, trans: bool, c: tuple, accumulate: bool, first: int, last: int) -> None:
+        """Stack entries [first, last): a, b and c are (PE rows, address, pitch) of the operands.
+        Entry e is A_e (rows x K) @ B_e (K x cols); in the loop, when it is taller than wide, it
+        is computed as B_e^T @ A_e^T, so that the loop's innermost run is the longer side."""
+        pes, m, kp, n, r = self.pes, self.m, self.kp, self.n, self.r
+        k, count = pes * kp, last - first
+        lo, hi = first * r, last * r  # the products
+        rows, cols = m * self.tall, n * self.wide  # of an entry's C: product t at rows (t mod tall) * m..,
+        # columns (t mod wide) * n.. of entry t div r
+        turned = self.short and rows > cols
+        a_cat = np.empty((count, k, rows) if turned else (count, rows, k), a[0].dtype)
+        b_cat = np.empty((count, cols, k) if turned else (count, k, cols), b[0].dtype)
+        # where element (row, column) of a PE's slice lands: offsets for the PE, the row and the column
+        if turned:  # A^T: A's (i, kk) of PE q at row q*kp + kk, column i; B^T: B's (kk, j) at row j, column q*kp + kk
+            a_to, a_part = (kp * rows, 1, rows), m
+            b_to, b_part = ((kp, k, 1) if trans else (kp, 1, k)), n * k
+        else:  # A: (i, kk) at row i, column q*kp + kk; B: (kk, j) at row q*kp + kk, column j
+            a_to, a_part = (kp, k, 1), m * k
+            b_to, b_part = ((kp * cols, 1, cols) if trans else (kp * cols, cols, 1)), n
+        b_shape = (n, kp) if trans else (kp, n)
+        _gather(*a, self.a_step * pes, pes, m, kp, lo // self.wide, hi // self.wide, a_cat, rows * k, self.tall,
+                a_part, *a_to)
+        _gather(*b, self.b_step * pes, pes, *b_shape, lo // self.tall, hi // self.tall, b_cat, k * cols, self.wide,
+                b_part, *b_to)
+        if turned:
+            tile = np.empty((count, cols, rows), a_cat.dtype)
+            _multiply(b_cat, a_cat, tile)
+        elif self.short:
+            tile = np.empty((count, rows, cols), a_cat.dtype)
+            _multiply(a_cat, b_cat, tile)
+        else:
+            with np.errstate(invalid="ignore", over="ignore"):
+                tile = np.matmul(a_cat, b_cat)
+        strides = (1, rows) if turned else (cols, 1)  # of C's rows and columns in `tile`
+        _scatter(tile.reshape(-1), rows * cols, *strides, *c, pes, n // pes, m, self.every, r, self.wide, self.tall,
+                 lo, hi, accumulate)
+
+
+@njit(cache=True, nogil=True)
+def _multiply(a, b, out):
+    """out[e] = a[e] @ b[e], each element summed along K in order (multiply, then add): the same
+    words whether products are stacked wide, tall or one by one, which BLAS does not promise (its
+    kernels differ with the shape). The innermost loop runs along a row of b and out, so it
+    vectorises (flat unsigned indices, sim.index)."""
+    n_e, rows, k = a.shape
+    cols = out.shape[2]
+    fa, fb, fo = a.reshape(-1), b.reshape(-1), out.reshape(-1)
+    for e in range(n_e):
+        for i in range(rows):
+            o = (e * rows + i) * cols
+            for j in range(cols):
+                fo[at(o + j)] = 0
+            for kk in range(k):
+                x = fa[at((e * rows + i) * k + kk)]
+                bb = (e * k + kk) * cols
+                for j in range(cols):
+                    fo[at(o + j)] += x * fb[at(bb + j)]
+
+
+@njit(cache=True, nogil=True)
+def _gather(mem, base, pitch, step, pes, rows, cols, first, last, out, per_entry, per, inner, qs, rs, cs):
+    """Copies [first, last) of an operand (copy x from PE rows x*step..) into `out` (flat view of
+    [entry, ...]): copy x is part x mod `per` of entry x div `per`, `inner` elements in; element
+    (row, column) of PE q's slice lands at q*qs + row*rs + column*cs from there."""
+    flat = out.reshape(-1)
+    for x in range(first, last):
+        to = (x - first) // per * per_entry + (x % per) * inner
+        for q in range(pes):
+            pe = x * step + q
+            for i in range(rows):
+                for j in range(cols):
+                    flat[at(to + q * qs + i * rs + j * cs)] = mem[pe, at(base + i * pitch + j)]
+
+
+@njit(cache=True, nogil=True)
+def _scatter(tile, per_entry, rs, cs, c, c0, cp, pes, npe, m, every, r, wide, tall, lo, hi, accumulate):
+    """Products [lo, hi) from `tile` (flat; product t lies in entry t div r at rows (t mod tall) * m..
+    and columns (t mod wide) * n.., rows and columns `rs` and `cs` apart) into C of each MAB they
+    serve: PE q gets columns q*npe.. of its product."""
+    for t in range(lo, hi):
+        first = (t - lo) // r * per_entry + (t % tall) * m * rs + (t % wide) * npe * pes * cs  # its (0, 0)
+        for mab in range(t * every, (t + 1) * every):
+            for q in range(pes):
+                pe = mab * pes + q
+                for i in range(m):
+                    src, dst = first + i * rs + q * npe * cs, c0 + i * cp
+                    if accumulate:
+                        for j in range(npe):
+                            c[pe, at(dst + j)] += tile[at(src + j * cs)]
+                    else:
+                        for j in range(npe):
+                            c[pe, at(dst + j)] = tile[at(src + j * cs)]
 
 
 def _sharing(p: MachineParams, row: np.ndarray, shapes: dict, replicas: Replicas, dtype: DType,
@@ -112,7 +234,8 @@ def _sharing(p: MachineParams, row: np.ndarray, shapes: dict, replicas: Replicas
     """MABs per copy of each operand held replicated over the MABs of an upper instance (sim.replicas),
     by operand field. Whatever else a range meets is written out first: C (written), an operand
     a range holds only in part or over other groups than the MABs, and, for BLAS, a replicated
-    operand beside an own one (BLAS reads replicas only when both operands are)."""
+    operand beside an own one when the products are computed in place (they read replicas only
+    when both operands are), and operands replicated over different numbers of MABs."""
     words = {}
     for f, (rows, cols) in shapes.items():
         addr, pitch = int(row[f + 1]), int(row[f + 2])
@@ -127,11 +250,10 @@ def _sharing(p: MachineParams, row: np.ndarray, shapes: dict, replicas: Replicas
             share[f] = r.fan // r.group
         else:
             replicas.materialize(*words[f])
-    if len(share) < 2 or len(set(share.values())) > 1:
-        if how != LOOP:
-            for f in list(share):
-                replicas.materialize(*words[f])
-            share = {}
+    if len(set(share.values())) > 1 or (how != LOOP and len(share) == 1):
+        for f in list(share):
+            replicas.materialize(*words[f])
+        share = {}
     return share
 
 
@@ -146,19 +268,14 @@ def _blocks(operand: tuple[np.ndarray, int, int], pes: int, unit: int, share: in
                       strides=(unit * pes * pe, mab, pe, pitch * item, item))
 
 
-def _blas(a: np.ndarray, b: np.ndarray, c: np.ndarray, accumulate: bool, in_place: bool, first: int,
-          last: int) -> None:
-    """MABs [first, last) through numpy's matmul (see the module docstring for the two ways)."""
-    count, pes, m, kp = last - first, a.shape[1], a.shape[2], a.shape[3]
+def _in_place(a: np.ndarray, b: np.ndarray, c: np.ndarray, accumulate: bool, first: int, last: int) -> None:
+    """MABs [first, last), one product per PE's K-slice read in place, the PEs' tiles summed."""
+    count, pes, m = last - first, a.shape[1], a.shape[2]
     n = b.shape[3]
     with np.errstate(invalid="ignore", over="ignore"):
-        if in_place:
-            tile = np.matmul(a[first:last, 0], b[first:last, 0])
-            for q in range(1, pes):
-                tile += np.matmul(a[first:last, q], b[first:last, q])
-        else:
-            tile = np.matmul(a[first:last].transpose(0, 2, 1, 3).reshape(count, m, pes * kp),
-                             b[first:last].reshape(count, pes * kp, n))
+        tile = np.matmul(a[first:last, 0], b[first:last, 0])
+        for q in range(1, pes):
+            tile += np.matmul(a[first:last, q], b[first:last, q])
     result = tile.reshape(count, m, pes, n // pes).transpose(0, 2, 1, 3)
     if c.ndim == 5:  # one product for every MAB of a unit
         result = result[:, None]
@@ -166,45 +283,3 @@ def _blas(a: np.ndarray, b: np.ndarray, c: np.ndarray, accumulate: bool, in_plac
         c[first:last] += result
     else:
         c[first:last] = result
-
-
-@njit(cache=True, nogil=True)
-def _products(a, a0, ap, a_share, b, b0, bp, b_share, trans, c, c0, cp, pes, m, kp, n, accumulate, every, first,
-              last, tile, slice_):
-    """MABs [first, last): each MAB's M x N tile (`tile`, in C's type: float32, or float64 for a
-    float64 product) summed over its PEs' K-slices, then written (or added) into each PE's columns
-    of C. a, b and c are the PE rows [PE, elements] with each operand's address and row pitch; B
-    is N x K/PE when `trans`, and then each PE's slice is first turned K x N (into `slice_`). An
-    operand replicated over `share` MABs is read from the first of them; the tile is computed on
-    every `every`-th MAB and serves the ones up to the next. The innermost loop runs along N, unit
-    stride in the tile and the slice, so it vectorises (a dot product along K per element measured
-    slower: a chain of dependent adds)."""
-    npe = n // pes
-    for mab in range(first, last):
-        if mab % every == 0:
-            tile[:] = 0
-            for q in range(pes):
-                pa = (mab - mab % a_share) * pes + q
-                pb = (mab - mab % b_share) * pes + q
-                if trans:
-                    for j in range(n):
-                        for kk in range(kp):
-                            slice_[at(kk * n + j)] = b[pb, at(b0 + j * bp + kk)]
-                for i in range(m):
-                    for kk in range(kp):
-                        x = a[pa, at(a0 + i * ap + kk)]
-                        if trans:
-                            for j in range(n):
-                                tile[at(i * n + j)] += x * slice_[at(kk * n + j)]
-                        else:
-                            for j in range(n):
-                                tile[at(i * n + j)] += x * b[pb, at(b0 + kk * bp + j)]
-        for q in range(pes):
-            pe = mab * pes + q
-            for i in range(m):
-                for j in range(npe):
-                    y = tile[at(i * n + q * npe + j)]
-                    if accumulate:
-                        c[pe, at(c0 + i * cp + j)] += y
-                    else:
-                        c[pe, at(c0 + i * cp + j)] = y

@@ -39,14 +39,14 @@ def _one_by_one(m: sim.Machine, program: sim.Program) -> None:
 
 def _program(m: sim.Machine) -> sim.Program:
     """mab_broadcasts into LM0 (two adjacent pieces) and LM1, products that read them replicated
-    (both operands, A or B alone, B transposed, in the loop and through BLAS, accumulating into a
+    (both operands, A or B alone, B transposed, gathered and in place, accumulating into a
     C that differs per MAB), a distribute overwriting part of a replicated range, a VOP and a
     collect reading one."""
     hw = m.hw
     pes = m.params.pes_per_mab
     group = pes  # l1bm_to_pe's mab_broadcast: the PEs of a MAB
     b = sim.ProgramBuilder(m.params)
-    M, K, N = 4, 8 * pes, 2 * pes  # K/PE = 8: the loop
+    M, K, N = 4, 8 * pes, 2 * pes  # K/PE = 8: gathered
     kp = K // pes
     a_words, b_words = M * kp, kp * N
     wpl = m.params.words_per_lw
@@ -58,7 +58,7 @@ def _program(m: sim.Machine) -> sim.Program:
     b.matmul("float32", M, K, N, ("LM0", 0, kp), ("LM1", 0, N), ("GRF1", 0, N // pes), accumulate=True)
     b.xfer("distribute", "down", "L1BM", 256, "LM1", 0, hw.fanout("L1B", "PE"))  # one LW into every PE
     b.matmul("float32", M, K, N, ("LM0", 0, kp), ("LM1", 0, N), ("GRF0", 0, N // pes))  # A replicated only
-    K2 = 18 * pes  # K/PE = 18: BLAS, with A's replicas written out first
+    K2 = 18 * pes  # K/PE = 18: in place, with A's replicas written out first
     b.xfer("mab_broadcast", "down", "L1BM", 0, "LM0", 256, group * (2 * 18) // wpl)
     b.matmul("float32", 2, K2, N, ("LM0", 256, 18), ("LM1", 512, N), ("GRF1", 64, N // pes))
     b.xfer("mab_broadcast", "down", "L1BM", 128, "LM1", 256, group * b_words // wpl)
@@ -76,14 +76,21 @@ def test_a_program_leaves_the_state_it_leaves_without_replicas(chip, monkeypatch
     whole, reference = _machine(chip), _machine(chip)
     program = _program(whole)
     shared = []
-    products = mau._products
-    every = products.py_func.__code__.co_varnames.index("every")
-    monkeypatch.setattr(mau, "_products", lambda *args: shared.append(args[every]) or products(*args))
+    stack = mau._Stack
+
+    class Recorded(stack):
+        def __init__(self, pes, n_mab, every, *args):
+            shared.append((every, args))
+            super().__init__(pes, n_mab, every, *args)
+    monkeypatch.setattr(mau, "_Stack", Recorded)
     whole.run(program, mode="functional")
     assert whole.replicas.ranges, "the last broadcast stays replicated after the run"
     mabs_per_l1b = whole.hw.fanout("L1B", "MAB")
-    assert shared[0] == mabs_per_l1b  # one product per L1B while A and B are both replicated
-    assert shared[-1] == 1  # a product per MAB once B is not
+    assert [every for every, _ in shared] == [mabs_per_l1b] * 2 + [1] * 3  # a product per MAB once one is not
+    a_share, b_share = shared[2][1][:2]
+    assert (a_share, b_share) == (mabs_per_l1b, 1), "A replicated only: one wide product per L1B"
+    a_share, b_share = shared[-1][1][:2]
+    assert (a_share, b_share) == (1, mabs_per_l1b), "B replicated only: one tall product per L1B"
     _one_by_one(reference, program)
     for name, got, expect in zip(whole.params.memory_names, whole.memories, reference.memories):
         np.testing.assert_array_equal(got, expect, err_msg=name)
