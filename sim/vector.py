@@ -85,11 +85,65 @@ def _make_loop(op: VOp, arity: int, element: type = np.float32):
     return njit(cache=True, nogil=True)(loop)
 
 
+def _make_fold(op: VOp, element: type = np.float32):
+    """The loop of a VOP that folds into its destination, d = d op b with d read at stride 0 along
+    the outer dimension (a sum over rows into one row) or along both (into one word): each
+    destination word is kept in a register across the fold, in the order the element loop takes,
+    so the words are the same. The element loop stores and reloads it every step (a chain of
+    dependent memory round trips: an MNIST step's sums of 64 rows took 1.1 ms a VOP, 2.6 ms a step)."""
+    op_code = int(op)
+    zero = element(0)
+
+    def fold(n_pe, n_outer, n_inner, whole, d, d0, dsi, b, b0, bso, bsi):
+        for pe in range(n_pe):
+            if whole:  # every element into one word
+                acc = d[pe, at(d0)]
+                for i in range(n_outer):
+                    for j in range(n_inner):
+                        acc = _fast(op_code, zero, acc, b[pe, at(b0 + i * bso + j * bsi)], zero)
+                d[pe, at(d0)] = acc
+            else:  # column j into word j
+                for j in range(n_inner):
+                    acc = d[pe, at(d0 + j * dsi)]
+                    for i in range(n_outer):
+                        acc = _fast(op_code, zero, acc, b[pe, at(b0 + i * bso + j * bsi)], zero)
+                    d[pe, at(d0 + j * dsi)] = acc
+
+    fold.__name__ = fold.__qualname__ = f"fold_{op.name}_{np.dtype(element).name}"
+    return njit(cache=True, nogil=True)(fold)
+
+
+def _fold_fields(row: np.ndarray, op: int) -> tuple | None:
+    """(whole, (b memory, b0, bso, bsi)) when a VOP folds into its destination (see
+    `_make_fold`): an op with a loop of its own and two operands, A the destination itself (same
+    memory, address and strides), the destination at stride 0 along the outer dimension, and B
+    reading none of the destination's words."""
+    if op not in _FOLDS_F32:
+        return None
+    dm, d0, dso, dsi = (int(x) for x in row[isa.V_DST:isa.V_DST + FIELDS])
+    bm, b0, bso, bsi = (int(x) for x in row[isa.V_B:isa.V_B + FIELDS])
+    n_outer, n_inner = int(row[isa.V_N_OUTER]), int(row[isa.V_N_INNER])
+    whole = dsi == 0 and (dso == 0 or n_outer == 1) and n_outer * n_inner > 1
+    columns = dso == 0 and dsi != 0 and n_outer > 1
+    if tuple(int(x) for x in row[isa.V_A:isa.V_A + FIELDS]) != (dm, d0, dso, dsi) or not (whole or columns):
+        return None
+    if bm == dm:
+        d_hi = d0 + max(0, (n_inner - 1) * dsi)
+        d_lo = d0 + min(0, (n_inner - 1) * dsi)
+        b_span = [b0 + i * bso + j * bsi for i in (0, n_outer - 1) for j in (0, n_inner - 1)]
+        if min(b_span) <= d_hi and d_lo <= max(b_span):
+            return None
+    if bm == IMM:
+        return None
+    return whole, (bm, b0, bso, bsi)
+
+
 _ARITY = {VOp.copy: 1, VOp.add: 2, VOp.sub: 2, VOp.mul: 2, VOp.fma: 3, VOp.max: 2, VOp.relu: 1}
 _F32_LOOPS = {op: _make_loop(op, arity) for op, arity in _ARITY.items()}
 _F64_LOOPS = {op: _make_loop(op, arity, np.float64) for op, arity in _ARITY.items()}
 _I32_LOOPS = {op: _make_loop(op, _ARITY[op], np.int32) for op in (VOp.copy, VOp.add, VOp.sub)}
 _I32_LOOPS[VOp.cvt] = _I32_LOOPS[VOp.copy]  # cvt int32 -> int32 copies the words
+_FOLDS_F32 = {op: _make_fold(op) for op in (VOp.add, VOp.sub, VOp.mul, VOp.max)}
 
 
 @njit(cache=True, nogil=True)
@@ -252,17 +306,27 @@ def _run_f64(row: np.ndarray, op: int, dtype: int, src_dtype: int, shape: tuple,
 def _float_op(row: np.ndarray, op: int, shape: tuple, views: list[np.ndarray], n_pe: int, element: type,
               loops: dict) -> None:
     """A VOP whose operands and result are all `element`s (float32 or float64): a loop of its
-    own for the common ops, else `numerics.apply` element by element."""
-    a, b, c = (_operand(views, f, row, n_pe, element) for f in (isa.V_A, isa.V_B, isa.V_C))
+    own for the common ops (float32 ones that fold into their destination: a fold, `_make_fold`),
+    else `numerics.apply` element by element."""
+    fold = _fold_fields(row, op) if element is np.float32 else None
     dm, d0, dso, dsi = (int(x) for x in row[isa.V_DST:isa.V_DST + FIELDS])
-    dst = (views[dm], d0, dso, dsi)
-    kernel = loops[op] if op in loops else partial(_loop_any, op)
-    extra = () if op in loops else (element,)
+    if fold is not None:
+        whole, (bm, b0, bso, bsi) = fold
 
-    def pes(first: int, last: int) -> None:
-        """The op on PEs [first, last): every operand's rows of those PEs."""
-        rows = [(x[0][first:last], *x[1:]) for x in (dst, a, b, c)]
-        kernel(last - first, *shape[1:], *rows[0], *rows[1], *rows[2], *rows[3], *extra)
+        def pes(first: int, last: int) -> None:
+            """The fold on PEs [first, last)."""
+            _FOLDS_F32[op](last - first, *shape[1:], whole, views[dm][first:last], d0, dsi, views[bm][first:last],
+                           b0, bso, bsi)
+    else:
+        a, b, c = (_operand(views, f, row, n_pe, element) for f in (isa.V_A, isa.V_B, isa.V_C))
+        dst = (views[dm], d0, dso, dsi)
+        kernel = loops[op] if op in loops else partial(_loop_any, op)
+        extra = () if op in loops else (element,)
+
+        def pes(first: int, last: int) -> None:
+            """The op on PEs [first, last): every operand's rows of those PEs."""
+            rows = [(x[0][first:last], *x[1:]) for x in (dst, a, b, c)]
+            kernel(last - first, *shape[1:], *rows[0], *rows[1], *rows[2], *rows[3], *extra)
     if prod(shape) >= SHARED_ELEMENTS:
         run_shares(pes, n_pe)
     else:

@@ -8,7 +8,7 @@ import torch
 
 import hwdesc
 import sim
-from sim import mau
+from sim import isa, mau, vector
 from sim.numerics import HalfCodec
 from sim.numerics import f32_to_half as _f32_to_half
 from sim.numerics import half_to_f32 as _half_to_f32
@@ -131,6 +131,45 @@ def test_strides_broadcast_and_reduce_along_the_address(mini):
     np.testing.assert_allclose(pe_rows(m, "GRF1")[:, :4], (x + bias[:, None, :]).sum(axis=2), rtol=1e-5, atol=1e-6)
 
 
+def _sequential_fold(op: str, start: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """start op items[..., 0] op items[..., 1] ..., left to right in float32 (the element loop's order)."""
+    step = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum}[op]  # maximum: NaN wins
+    acc = start.copy()
+    for k in range(items.shape[-1]):
+        acc = step(acc, items[..., k]).astype(np.float32)
+    return acc
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "max"])
+def test_a_vop_folding_into_its_destination_gives_the_element_loops_words(mini, op):
+    """d = d op b with d at stride 0 along the outer dimension (rows summed into one row) or along
+    both (everything into one word) is run with d in a register (sim.vector's folds): the same
+    words as the element loop, which adds each element to the word it stored one step before.
+    B reading the destination's words (it can only as A, by memories.*.ports) keeps the element loop."""
+    m = sim.Machine(mini)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((16, 6, 5), dtype=np.float32)
+    x[3, 2, 1] = np.nan if op == "max" else x[3, 2, 1]
+    start = rng.standard_normal((16, 5), dtype=np.float32)
+    pe_rows(m, "LM0")[:, :30] = x.reshape(16, 30)
+    pe_rows(m, "LM1")[:, :5] = start
+    pe_rows(m, "GRF0")[:, :1] = start[:, :1]
+    pe_rows(m, "GRF1")[:, :1] = start[:, :1]
+    bld = sim.ProgramBuilder(m.params)
+    bld.vop(op, "float32", 6, 5, ("LM1", 0, 0, 1), ("LM1", 0, 0, 1), ("LM0", 0, 5, 1))  # rows into one row
+    bld.vop(op, "float32", 6, 5, ("GRF0", 0, 0, 0), ("GRF0", 0, 0, 0), ("LM0", 0, 5, 1))  # all into one word
+    bld.vop(op, "float32", 1, 4, ("GRF1", 0, 0, 0), ("GRF1", 0, 0, 0), ("GRF1", 0, 0, 0))  # d op d, four times
+    program = bld.build()
+    assert [vector._fold_fields(row, int(row[isa.V_OP])) is not None for row in program.code] == [True, True, False]
+    m.run(program)
+    np.testing.assert_array_equal(pe_rows(m, "LM1")[:, :5], _sequential_fold(op, start, x.transpose(0, 2, 1)))
+    np.testing.assert_array_equal(pe_rows(m, "GRF0")[:, 0], _sequential_fold(op, start[:, 0], x.reshape(16, 30)))
+    acc = start[:, 0]
+    for _ in range(4):  # each step reads the word the step before stored, as B too
+        acc = _sequential_fold(op, acc, acc[:, None])
+    np.testing.assert_array_equal(pe_rows(m, "GRF1")[:, 0], acc)
+
+
 def test_half_conversions_and_arithmetic(mini):
     m = sim.Machine(mini)
     x = np.random.default_rng(4).standard_normal((16, 64), dtype=np.float32)
@@ -177,6 +216,7 @@ def _place_matmul(m: sim.Machine, a: np.ndarray, b: np.ndarray, *, trans_b: bool
 @pytest.mark.parametrize("dtype, trans_b", [("float32", False), ("float32", True), ("float16", False)])
 @pytest.mark.parametrize("M, K, N, short_slice, form", [
     (8, 16, 16, mau.SHORT_SLICE, mau.LOOP), (8, 64, 8, mau.SHORT_SLICE, mau.LOOP),
+    (16, 16, 8, mau.SHORT_SLICE, mau.LOOP),  # taller than wide: the loop computes B^T A^T
     (8, 16, 16, 0, mau.GATHERED), (8, 64, 8, 0, mau.IN_PLACE)])  # BLAS for these shapes when no slice is short
 def test_matmul_against_torch(chip, dtype, trans_b, M, K, N, short_slice, form, monkeypatch):
     hw = hwdesc.load(chip)
