@@ -73,22 +73,44 @@ def reduction_layout(shape: tuple[int, ...], dims: tuple[int, ...], dtype: str, 
         else:
             dims_out[d] = [Factor(n, None, stride)]
             stride *= n
-    if slice_reduced:  # cut the outermost reduced dim's digit: (Time, rest)
-        f = dims_out[dims[0]][0]
-        below = stride // f.size
-        per = max(1, (budget_lw // 2) // max(1, below))
-        t = ceil(f.size / per)
-        if t > 1:
-            rest = ceil(f.size / t)
-            # slice index: kept slice + kept_slices x reduced slice (ReduceKernel.emit's order)
-            dims_out[dims[0]][0:1] = [Factor(t, TIME_AXIS, kept_slices), Factor(rest, None, f.stride)]
-            stride = below * rest
+    if slice_reduced:
+        stride = _slice_reduced(dims_out, dims, stride, budget_lw // 2, kept_slices)
     for k, d in enumerate(kept):
         dims_out[d] = [Factor(f.size, f.axis, f.stride * stride) if f.axis is None else f for f in outer.dims[k]]
     if not kept:  # nothing kept: the result lives on the PEs the (size-1) axis factors name
         dims_out[dims[0]] = [f for _, f in outer.factors if f.axis not in (None, W_AXIS)] + dims_out[dims[0]]
     broadcast = tuple(b for b in outer.broadcast if not (pack_reduced and b.axis == W_AXIS))
     return Layout.of([dim or [Factor(1, None, 1)] for dim in dims_out], shape, broadcast)
+
+
+def _slice_reduced(dims_out: list[list[Factor]], dims: tuple[int, ...], block: int, half: int, kept_slices: int) -> int:
+    """Cut the reduced dims' outer digits into time slices (Time, rest) until a slice's block fits
+    `half` long words, from the outermost reduced dim inward: an inner dim is cut only once every
+    outer one is one element a slice (so no outer digit's stride counts the inner dim's full
+    size). Slice numbers compose as ReduceKernel.emit counts them (kept slice + kept_slices x
+    reduced slice, the outer reduced dims' slices slowest). Returns the long words of a slice."""
+    time_stride = kept_slices
+    for d in dims:
+        if block <= half:
+            break
+        f = dims_out[d][0]
+        below = block // f.size
+        t = _slice_count(f.size, max(1, half // max(1, below)))
+        if t > 1:
+            rest = ceil(f.size / t)
+            dims_out[d][0:1] = [Factor(t, TIME_AXIS, time_stride), Factor(rest, None, f.stride)]
+            time_stride *= t
+            block = below * rest
+    return block
+
+
+def _slice_count(size: int, per: int) -> int:
+    """Slices of a digit of `size` holding at most `per` each: the fewest, or a few more when
+    that many divide the size evenly (an even cut keeps the source's blocks whole, so the input
+    arrives by block copies rather than a gather into padded slices: 4,096 rows cut in 3 slices of
+    1,376 padded ones, 4 slices of 1,024 do not)."""
+    fewest = ceil(size / per)
+    return next((t for t in range(fewest, min(size, 2 * fewest) + 1) if size % t == 0), fewest)
 
 
 class ReduceKernel(Kernel):

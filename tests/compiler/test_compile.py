@@ -181,14 +181,19 @@ def test_a_reduction_over_lanes_padded_by_its_producer_ignores_the_padding(devic
 @pytest.mark.parametrize("fn", [
     lambda d: {"max0": d["x"].amax(0), "sum1": d["x"].sum(1)},
     lambda d: {"min_mid": d["y"].amin(1), "mean_mid": d["y"].mean(1, keepdim=True)},
-], ids=["matrix", "middle_dim"])
+    lambda d: {"sum_outer_inner": d["z"].sum((0, 2)), "max_outer_inner": d["z"].amax((0, 2))},
+], ids=["matrix", "middle_dim", "inner_dim_alone_too_large"])
 def test_reductions_too_large_for_the_pes_in_both_kept_and_reduced_parts(fn):
     """On mini a 512-element reduced block of 512 kept elements does not fit the PEs: the reduced
     part is cut into time slices, and so is the kept part, one long word per PE a slice (this
-    had failed with "none of 0 candidate layouts works")."""
+    had failed with "none of 0 candidate layouts works"). When one element of the outer reduced
+    dim is still too large (1,536 elements of z's last dim), that dim is cut to one element a
+    slice and the next one inward is cut too (this had failed: "a kernel needs 1536 more words
+    of PE memory")."""
     device = Device(hwdesc.load("mini"))
     g = torch.Generator().manual_seed(6)
-    inputs = {"x": torch.randn(512, 512, generator=g), "y": torch.randn(64, 520, 9, generator=g)}
+    inputs = {"x": torch.randn(512, 512, generator=g), "y": torch.randn(64, 520, 9, generator=g),
+              "z": torch.randn(3, 61, 1536, generator=g)}
     got = device.execute(compile_function(fn, inputs, device.hw), inputs)
     for name, expected in fn(inputs).items():
         torch.testing.assert_close(got[name], expected, rtol=1e-5, atol=1e-4, msg=name)
