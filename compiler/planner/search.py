@@ -35,7 +35,9 @@ from ..kernels.relayout import RelayoutKernel, lane_matched
 from ..layout import Layout, Placement, lanes_innermost
 from ..layout.spread import lm_layouts
 from ..layout.unbroadcast import spread_over_units
+from ..transfer.gather import lw_sources
 from ..transfer.host import host_transfer
+from ..transfer.separable import GatherTooLarge
 from ..transfer.staging import stage
 from .cost import cycles_of
 from .plan import Plan, Step
@@ -387,10 +389,48 @@ class Planner:
             except (CompileError, LayoutError) as e:
                 errors.append(str(e))
                 continue
+            cycles += self.sibling_cycles(kernel, placed)
             rank = (cycles, self.host_cycles(kernel, refs, placed), self.spread_key(kernel, refs))
             if best is None or rank < best[0]:
                 best = (rank, kernel, refs, pre, placed)
         return best, errors
+
+    def sibling_cycles(self, kernel: Kernel, placed: list[tuple[Value, Ref]]) -> int:
+        """What the places a candidate gives values no kernel has read yet (graph inputs, the host
+        uploads them as the first reader wants) cost their other readers that are reductions, at
+        least: the Data Engines' gather into the cheapest layout those reductions wish for, one
+        DRAM latency per long-word run over all the Groups' queues (0 when stored as one of
+        them). So the first reader does not settle a layout a reduction can only gather: x * 2 + 1
+        beside x.sum(0) on MN-Core 2's 4096 x 4096 placed x in rows of single long words for the
+        sum, a gather of 8 M runs that was refused. Products are left out: they read their
+        operands relaid through the matrix registers or transposed, which the estimate does not
+        see (counting them, a small MLP's training step went 78,442 -> 82,612 cycles)."""
+        total = 0
+        for v, ref in placed:
+            wished = []
+            for user in self.users.get(v, []):
+                if user not in kernel.nodes and user.kind == "reduce":
+                    wished += plan_wishes(user, v, self)
+            costs = []
+            for layout in wished:
+                try:
+                    wanted = stage(self.ctx.lm_placement(layout, device_dtype(v))).dram
+                    if ref.placement.same_placement(wanted):
+                        costs = [0]
+                        break
+                    runs = lw_sources(wanted, ref.placement).mv_count
+                except GatherTooLarge as e:
+                    runs = e.runs
+                except (CompileError, LayoutError):
+                    continue  # (lanes move: a relayout through the PEs, which the reader's candidates price)
+                costs.append(runs * self.gather_latency())
+            total += round(min(costs, default=0))
+        return total
+
+    def gather_latency(self) -> float:
+        """Cycles a gather's MV costs at least: a DRAM latency over all the Groups' queues."""
+        down = self.hw.transfers[self.ctx.chain.dram_to_l2]
+        return down.latency_cycles / (self.hw.data_engine.queue_depth * self.ctx.chain.groups)
 
     def meet_cycles(self, kernel: Kernel, refs: dict[Value, Ref]) -> int:
         """What a candidate leaves to do for a constrained graph output it writes: the relayout into
@@ -530,6 +570,11 @@ class Planner:
                 add(self.output_wishes[v])
             for ranked in self.wish_lists(v):  # each consumer's wishes, up to the first the group can make
                 any(add(wish) for wish in ranked)
+        for v in group.inputs:  # an operand not placed yet is placed as the group reads it: offer the
+            if v.shape == group.shape and v not in self.refs and v not in self.provisional:  # layouts the
+                for user in self.users.get(v, []):  # reductions reading it wish for (`sibling_cycles`)
+                    if user.kind == "reduce":
+                        any(add(wish) for wish in plan_wishes(user, v, self))
         spread_inputs = []  # operands' broadcast layouts spread over the MABs: timed beyond the budget below
         for v in group.inputs:
             ref = self.refs.get(v)

@@ -40,7 +40,11 @@ MAX_GATHER_RUNS = 8_000_000
 
 
 class GatherTooLarge(LayoutError):
-    """A gather whose runs would pass MAX_GATHER_RUNS."""
+    """A gather whose runs would pass MAX_GATHER_RUNS (`runs` of them)."""
+
+    def __init__(self, message: str, runs: int) -> None:
+        super().__init__(message)
+        self.runs = runs
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,7 +165,7 @@ def separable_sources(dst: "Placement | DimTerms", src: "Placement | DimTerms") 
         try:
             dst_group, dst_lw, src_group, src_lw, n = _box_runs(d, s, box)
         except GatherTooLarge as e:
-            raise GatherTooLarge(f"{s.placement.layout}{_window(s)} into {d.placement.layout}: {e}") from None
+            raise GatherTooLarge(f"{s.placement.layout}{_window(s)} into {d.placement.layout}: {e}", e.runs) from None
         parts.append((dst_group, dst_lw, src_group + add_group, src_lw + add_lw, n))
     dst_group, dst_lw, src_group, src_lw, n = (np.concatenate(cols) for cols in zip(*parts))
     dst_lw, src_lw = dst_lw + d.base, src_lw + s.base
@@ -253,7 +257,7 @@ def _enumerate(pairs: list[np.ndarray]) -> tuple[np.ndarray, ...]:
     along = int(np.argmin(count))
     if count[along] > MAX_GATHER_RUNS:
         raise GatherTooLarge(f"a gather of {count[along]:,} runs (more than {MAX_GATHER_RUNS:,}); its layouts "
-                             f"keep too few long words adjacent")
+                             f"keep too few long words adjacent", count[along])
     cols = [np.zeros(1, dtype=np.int64) for _ in PAIR]
     for k, rows in enumerate(pairs):
         if k != along:

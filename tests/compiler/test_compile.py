@@ -199,6 +199,31 @@ def test_reductions_too_large_for_the_pes_in_both_kept_and_reduced_parts(fn):
         torch.testing.assert_close(got[name], expected, rtol=1e-5, atol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("first, second", [
+    (lambda x: x * 2 + 1, lambda x: x.sum(0)),
+    (lambda x: x * 2 + 1, lambda x: x.amax(1)),
+    (lambda x: x.sum(), lambda x: x.amax(0)),
+    (lambda x: x.amin(1), lambda x: x.mean(dim=(0, 1), keepdim=True)),
+], ids=["ew_sum0", "ew_amax1", "sum_amax0", "amin1_mean"])
+def test_an_input_two_kernels_read_is_placed_for_both(device, first, second):
+    """A tensor read by two kernels costs about what the two cost apart: the first planned places
+    it (the host uploads any layout) weighing the gather the other would need to read it, and a
+    reduction that reduces all another one reduces and more starts with the other's dims (so both
+    read it in one layout). Each had left the second reader a gather of single long words
+    (mncore2, 512 x 512, x * 2 + 1 beside x.sum(0): 927,244 cycles against 9,194 + 5,098 apart;
+    4096 x 4096 was refused, a gather of 8 M runs; 1024 x 1024, x.sum() beside x.amax(0):
+    4,064,304 cycles)."""
+    from sim import Machine
+    shape = (256, 96) if device.hw.name == "mini" else (512, 512)
+    inputs = {"x": torch.randn(*shape, generator=torch.Generator().manual_seed(9))}
+    both = check(device, lambda d: {"a": first(d["x"]), "b": second(d["x"])}, inputs, rtol=1e-4)
+
+    def cycles(compiled) -> int:
+        return Machine(device.hw).time(compiled.program.code).total_cycles
+    apart = sum(cycles(compile_function(lambda d, f=f: {"y": f(d["x"])}, inputs, device.hw)) for f in (first, second))
+    assert cycles(both) <= 3 * apart
+
+
 def test_two_reductions_over_different_dims_of_one_tensor(device):
     """var over the last dim and std over the middle one: the fused group centring both has no
     layout that stages both means on mini (each is broadcast along another dim), so its nodes
