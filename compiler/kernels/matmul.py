@@ -723,7 +723,9 @@ class _Feed:
     at once, L2BM holds a ring of them: the Data Engines fetch the steps ahead (each region with
     its own tag) while the PE stream drains step i (and multiplies it), which hides the DRAM
     latency; otherwise each slice is downloaded on its own, in pieces. Operands are padded along
-    K with zeros: the padding is multiplied and summed."""
+    K with zeros: the padding is multiplied and summed. Long words of padding arrive as zeros;
+    padding lanes beside elements arrive with their long word, so an operand whose padding is not
+    known to be zero has been relaid first (MatmulKernel.sums_lane_padding)."""
 
     def __init__(self, cg: EmitContext, sources: tuple[Source, Source], layouts: tuple[Layout, Layout]) -> None:
         self.cg = cg
@@ -817,6 +819,20 @@ class MatmulKernel(Kernel):
     def reads(self) -> dict[Value, Layout]:
         a, b = self.node.args
         return {a: self.la, b: self.lb} if a is not b else {a: self.la}
+
+    def sums_lane_padding(self, v: Value, layout: Layout) -> bool:
+        """Whether operand `v`, read in `layout`, has padding in the lanes of K's long words: the
+        MAU multiplies and sums it, so it must hold zeros, and a long word holding elements
+        arrives whole with whatever its producer computed in those lanes (x @ (v / |v|^2).T with
+        K = 5: 0 / 0 in v's padding lane made every product NaN). The planner relays an operand
+        whose padding is not known to be zero into one whose padding is (zero_pad)."""
+        k_dim = layout.rank - 1 if v is self.node.args[0] else layout.rank - 2  # A is (.., M, K), B (.., K, N)
+        factors = layout.dims[k_dim]
+        for j, f in enumerate(factors):
+            if f.axis == W_AXIS and f.size > 1:  # a long word holds K positions `below` apart, f.size of them
+                below = prod(g.size for g in factors[j + 1:])
+                return layout.shape[k_dim] % (f.size * below) != 0  # the last ones only partly elements
+        return False
 
     def writes(self) -> dict[Value, Layout]:
         return {self.node.out: self.summed}

@@ -278,7 +278,10 @@ class Planner:
             pre += made
             wanted = stage(self.ctx.lm_placement(layout, device_dtype(v))).dram
             index = kernel.gather_index(v) if hasattr(kernel, "gather_index") else None
-            if ref.placement.same_placement(wanted) or lane_compatible(wanted, ref.placement, index):
+            clean = ref.symbol in self.clean or any(r is ref for _, r in more)
+            if hasattr(kernel, "sums_lane_padding") and kernel.sums_lane_padding(v, layout) and not clean:
+                refs[v] = relay(v, ref, layout, wanted, zero_pad=True)  # (see MatmulKernel.sums_lane_padding)
+            elif ref.placement.same_placement(wanted) or lane_compatible(wanted, ref.placement, index):
                 refs[v] = ref
             else:
                 refs[v] = relay(v, ref, layout, wanted)

@@ -295,3 +295,30 @@ def test_a_step_is_cut_into_parts_whose_mau_cycles_add_up(mini):
             parts = sum(mau(size, kp) if axis == "m" else mau(mt, size) for _, _, size in cuts)
             assert parts == mau(mt, kp), (dtype, mt, kp, cuts)
             assert len(cuts) == min(count, max(-(-mt // rows), kp // epl))
+
+
+@pytest.mark.parametrize("chip", ["mini", "mncore2"])
+def test_an_operand_whose_k_padding_lanes_hold_non_zeros_is_relaid_with_zero_padding(chip):
+    """K = 5 fills two and a half long words: the half sits beside an element and arrives with it.
+    Here the operand's producer computed 0 / 0 = NaN in that lane (v / |v|^2, as weight
+    normalisation does), and the MAU summed it into every product (all NaN, on both chips). An
+    operand whose padding is not known to be zero is now relaid with zero padding first; an
+    uploaded one is read as it is."""
+    hw = hwdesc.load(chip)
+    device = Device(hw)
+    g = torch.Generator().manual_seed(12)
+    inputs = {"v": torch.randn(3, 5, generator=g), "x": torch.randn(4, 5, generator=g)}
+
+    def fn(d):
+        return {"y": d["x"] @ (d["v"] / (d["v"] * d["v"]).sum(0, keepdim=True)).T, "z": d["x"] @ d["v"].T}
+    compiled = compile_function(fn, inputs, hw)
+    got = device.execute(compiled, inputs)
+    for name, expected in fn(inputs).items():
+        torch.testing.assert_close(got[name], expected, rtol=1e-5, atol=1e-5)
+    relays = [name for _, _, name in compiled.program.labels if name.startswith("relayout")]
+    assert len(relays) == 1, relays  # the quotient's, not the uploaded v's nor x's
+
+    def both_computed(d):  # 1 + 0 in both operands' padding lanes: each product had gained 1
+        return {"y": (d["x"] + 1) @ (d["v"] + 1).T}
+    got = device.execute(compile_function(both_computed, inputs, hw), inputs)
+    torch.testing.assert_close(got["y"], both_computed(inputs)["y"], rtol=1e-5, atol=1e-5)
