@@ -31,7 +31,7 @@ FURTHER = (
     aten.linalg_vector_norm.default, aten.norm.ScalarOpt_dim, aten.logsumexp.default,
     aten.nll_loss_forward.default, aten.mse_loss.default, aten.l1_loss.default, aten.smooth_l1_loss.default,
     aten.huber_loss.default, aten.binary_cross_entropy.default, aten.binary_cross_entropy_with_logits.default,
-    aten.glu.default, aten.silu.default, aten.prod.default, aten.prod.dim_int,
+    aten.glu.default, aten.silu.default, aten.prod.default, aten.prod.dim_int, aten.new_empty_strided.default,
 )
 
 KEEP = (  # lowered as primitives: never decomposed, even where core ATen would

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..errors import UnsupportedOpError
 from ..ir import CONV_RANK, Value
 from .build import Builder
@@ -137,6 +139,15 @@ def _spread_windows(b: Builder, gy: Value, x: Value, geometry, divisor: float | 
             placed = _placed(b, g, x.shape[-2:], (sh, sw), (i * dh - ph, j * dw - pw))
             total = placed if total is None else b.ew("add", total, placed)
     return total
+
+
+@rule("_upsample_nearest_exact2d_backward")
+def _upsample_nearest_exact_backward(b, out, gy, output_size, input_size, *scales):
+    """Nearest-exact resizing's gradient: the gradient of the picks its forward makes (`unpick`),
+    the positions asked of torch's own op (torch has no decomposition of this backward)."""
+    h, w = input_size[-2:]
+    rows, cols = nearest_sources((h, w), output_size, scales, "default", torch.ops.aten._upsample_nearest_exact2d)
+    return unpick(b, unpick(b, ensure_float(b, gy), 3, cols, w), 2, rows, h)
 
 
 @rule("upsample_nearest2d_backward")

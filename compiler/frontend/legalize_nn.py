@@ -211,12 +211,13 @@ def _upsample_nearest(b, out, x, output_size=None, *scales: Any):
     return pick(b, pick(b, x, 2, rows), 3, cols)
 
 
-def nearest_sources(size: tuple[int, int], output_size, scales: tuple, overload: str) -> tuple[list[int], list[int]]:
+def nearest_sources(size: tuple[int, int], output_size, scales: tuple, overload: str,
+                    packet=torch.ops.aten.upsample_nearest2d) -> tuple[list[int], list[int]]:
     """The source row of every output row and the source column of every output column that
-    torch's nearest upsampling picks: its own op (the same overload, sizes and scales) asked at
-    compile time, of an image of position numbers."""
+    torch's nearest resizing picks: its own op (`packet`: nearest, or nearest-exact; the same
+    overload, sizes and scales) asked at compile time, of an image of position numbers."""
     h, w = size
-    op = getattr(torch.ops.aten.upsample_nearest2d, overload)
+    op = getattr(packet, overload)
     numbers = torch.arange(h * w, dtype=torch.float64).reshape(1, 1, h, w)
     picked = op(numbers, output_size, *scales)[0, 0].to(torch.int64)
     return (picked[:, 0] // w).tolist(), (picked[0, :] % w).tolist()

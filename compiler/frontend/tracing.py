@@ -31,6 +31,7 @@ from ..ir import Graph, Value, update_output
 from . import legalize  # noqa: F401  (imported for its rules: they register in rules.RULES)
 from .rules import RULES, ir_dtype
 from .build import Builder
+from .above_autograd import DecomposeAboveAutograd
 from .decompositions import table
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>[^\n]*)')
@@ -147,7 +148,7 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
         with _all_stack_frames(), no_onednn:
             # pass 1, through autograd and the optimizer: backward() and step() become ATen ops on
             # the captured tensors (functionalize would hide autograd, so it comes second)
-            with autograd_phases():
+            with autograd_phases(), DecomposeAboveAutograd():
                 joint = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True,
                                 record_stack_traces=True)(*tensors)
             state, gradients_left = _captured_state(joint, resident, describe)

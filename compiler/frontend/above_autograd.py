@@ -1,0 +1,60 @@
+"""Ops decomposed above autograd while a function is traced, so that autograd differentiates
+torch's own decomposition of their forward.
+
+torch decomposes these ops but not their backward ops, which the tracer would otherwise meet in
+the joint graph and refuse: replication padding (an index at clamped positions;
+aten.replication_pad*d_backward) and weight normalisation (v * g / |v|;
+aten._weight_norm_interface_backward). Replaced by torch's decomposition before autograd sees
+them, their gradient is the one autograd derives for the decomposition's ops (an index_put
+accumulation, products and a norm). Nothing here is a gradient rule: the forward is torch's
+decomposition table entry, the backward autograd's.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch._decomp import decomposition_table
+from torch.overrides import TorchFunctionMode
+
+aten = torch.ops.aten
+
+REPLICATION_PADS = {1: aten.replication_pad1d.default, 2: aten.replication_pad2d.default,
+                    3: aten.replication_pad3d.default}
+
+
+def _pad(input, pad, mode="constant", value=None):
+    """F.pad in replicate mode as torch's replication_pad decomposition (else not handled)."""
+    op = REPLICATION_PADS.get(len(pad) // 2) if mode == "replicate" else None
+    return NotImplemented if op is None else decomposition_table[op](input, list(pad))
+
+
+def _weight_norm(v, g, dim=0):
+    """torch._weight_norm: v * (g / |v|), the norm over every dim but `dim` (torch's decomposition
+    of aten._weight_norm_interface, whose first result it is)."""
+    return decomposition_table[aten._weight_norm_interface.default](v, g, dim)[0]
+
+
+REPLACED: dict[Callable, Callable] = {
+    F.pad: _pad,
+    torch._C._nn.pad: _pad,
+    torch._weight_norm: _weight_norm,
+}
+
+
+class DecomposeAboveAutograd(TorchFunctionMode):
+    """While active, the calls of REPLACED run as torch's decompositions (where they apply). Only
+    calls the traced code makes itself: inside a torch function the mode is off, so an op that
+    F.interpolate reaches is not replaced (nearest-exact resizing, whose backward torch does not
+    decompose either, has a rule of its own: frontend.legalize_backward)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = REPLACED.get(func)
+        if handler is not None:
+            result = handler(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        return func(*args, **kwargs)
