@@ -32,8 +32,10 @@ def restrict(layout: Layout, in_shape: tuple[int, ...]) -> Restricted:
     """The layout of an operand of shape `in_shape` broadcast (torch rules) to `layout.shape`.
 
     Factors of broadcast dimensions are dropped: their hardware axes become replicated, their W
-    factor becomes `B@[W]` (the value in every lane), their address factors vanish; the remaining
-    address factors are renumbered densely, keeping their order."""
+    factor becomes `B@[W]` (the value in every lane), their address and Time factors vanish; the
+    remaining address factors are renumbered densely, keeping their order, and so are the Time
+    factors (slices numbered 0, 2 of 3 were staged as if dense: adaptive max pooling's indices
+    on mini read another channel's slice)."""
     out_shape = layout.shape
     offset = len(out_shape) - len(in_shape)
     if offset < 0:
@@ -45,12 +47,14 @@ def restrict(layout: Layout, in_shape: tuple[int, ...]) -> Restricted:
         if k >= 0 and in_shape[k] not in (1, out_shape[d]):
             raise CompileError(f"an operand of shape {in_shape} does not broadcast to {out_shape}")
     factors = flat_factors(layout)
-    kept_addr = sorted((i for i, (d, f) in enumerate(factors) if keep_dim[d] and f.axis is None),
-                       key=lambda i: factors[i][1].stride)
-    new_stride, acc = {}, 1
-    for i in kept_addr:
-        new_stride[i] = acc
-        acc *= factors[i][1].size
+    new_stride = {}
+    for kind in (None, TIME_AXIS):  # address and Time factors each renumbered densely, in their order
+        kept = sorted((i for i, (d, f) in enumerate(factors) if keep_dim[d] and f.axis == kind),
+                      key=lambda i: factors[i][1].stride)
+        acc = 1
+        for i in kept:
+            new_stride[i] = acc
+            acc *= factors[i][1].size
     dims: list[list[Factor]] = [[] for _ in in_shape]
     position: list[tuple[int, int] | None] = []  # (operand dim, index in it) of each factor
     dropped_w = False
@@ -60,7 +64,7 @@ def restrict(layout: Layout, in_shape: tuple[int, ...]) -> Restricted:
             position.append(None)
             dropped_w |= f.axis == W_AXIS
             continue
-        dims[k].append(Factor(f.size, f.axis, new_stride[i]) if f.axis is None else f)
+        dims[k].append(Factor(f.size, f.axis, new_stride[i]) if i in new_stride else f)
         position.append((k, len(dims[k]) - 1))
     first = [sum(len(dims[j]) or 1 for j in range(k)) for k in range(len(in_shape))]
     source = tuple(None if p is None else first[p[0]] + p[1] for p in position)

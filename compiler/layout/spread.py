@@ -167,7 +167,10 @@ def time_sliced(layout: Layout, budget_lw: int, epl: int) -> Layout | None:
     _, t, d, k, per = best
     dims = [list(dim) for dim in layout.dims]
     f = dims[d][k]
-    dims[d][k:k + 1] = [Factor(t, TIME_AXIS, 1), Factor(per, None, f.stride)]
+    # the new slices go outside the layout's own (another dim's Time factor of a reduction's
+    # layout): numbered from 1 they overlapped them ("factors 2_Time:1, 2_Time:1 overlap")
+    outside = max((g.size * g.stride for _, g in layout.factors if g.axis == TIME_AXIS), default=1)
+    dims[d][k:k + 1] = [Factor(t, TIME_AXIS, outside), Factor(per, None, f.stride)]
     return Layout.of(dims, layout.shape, layout.broadcast)
 
 

@@ -224,6 +224,15 @@ def test_an_input_two_kernels_read_is_placed_for_both(device, first, second):
     assert cycles(both) <= 3 * apart
 
 
+def test_a_reduction_of_a_six_dimensional_broadcast_sum(device):
+    """x and t broadcast against each other into 6 dims, the last two reduced: on mini the sum's
+    iteration layout is cut in time slices beside the reduction layout's own slices (it was
+    refused: "factors 2_Time:1, 2_Time:1 overlap")."""
+    g = torch.Generator().manual_seed(16)
+    check(device, lambda d: {"y": (d["x"].view(2, 3, 1, 1, 7, 10) + d["t"].view(2, 3, 7, 3, 1, 1)).amin((4, 5))},
+          {"x": torch.randn(2, 3, 7, 10, generator=g), "t": torch.randn(2, 3, 7, 3, generator=g)})
+
+
 def test_two_reductions_over_different_dims_of_one_tensor(device):
     """var over the last dim and std over the middle one: the fused group centring both has no
     layout that stages both means on mini (each is broadcast along another dim), so its nodes
@@ -625,10 +634,14 @@ def test_resampling_stays_float32_under_mixed_precision(device):
     lambda d: dict(zip("vi", torch.nn.functional.adaptive_max_pool2d(d["x"], (3, 4), return_indices=True))),
     lambda d: {"v": torch.nn.functional.adaptive_max_pool2d(d["x"], 1)},
     lambda d: dict(zip("vi", torch.nn.functional.adaptive_max_pool1d(d["x"].flatten(2), 6, return_indices=True))),
-], ids=["uneven_2d", "global", "1d"])
+    lambda d: dict(zip("vi", torch.nn.functional.adaptive_max_pool2d(d["x"], (7, 3), return_indices=True))),
+], ids=["uneven_2d", "global", "1d", "rows_kept"])
 def test_adaptive_max_pooling_matches_torch(device, fn):
     """Overlapping windows of different sizes (7 rows into 3, 10 columns into 4), a NaN (its
-    window's maximum and index) and a tie (the first in row-major order)."""
+    window's maximum and index) and a tie (the first in row-major order). (7, 3) on mini: the
+    index search's 6-D group is cut in time slices beside the reduction's own (it was refused,
+    "factors 2_Time:1, 2_Time:1 overlap"), and its operands' slices are renumbered densely (a
+    first fix read another channel's slice: indices of the fill value)."""
     x = torch.randn(2, 3, 7, 10, generator=torch.Generator().manual_seed(15))
     x[0, 1, 2, 3] = float("nan")
     x[1, 2, 4, 4] = x[1, 2, 4, 5] = 5.0
