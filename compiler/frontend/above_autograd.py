@@ -4,10 +4,10 @@ torch's own decomposition of their forward.
 torch decomposes these ops but not their backward ops, which the tracer would otherwise meet in
 the joint graph and refuse: replication padding (an index at clamped positions;
 aten.replication_pad*d_backward) and weight normalisation (v * g / |v|;
-aten._weight_norm_interface_backward). Replaced by torch's decomposition before autograd sees
-them, their gradient is the one autograd derives for the decomposition's ops (an index_put
-accumulation, products and a norm). Nothing here is a gradient rule: the forward is torch's
-decomposition table entry, the backward autograd's.
+aten._weight_norm_interface_backward). Replaced by torch's decomposition (for weight
+normalisation, torch's own composite of it) before autograd sees them, their gradient is the
+one autograd derives for the decomposition's ops (an index_put accumulation, products and a
+norm). Nothing here is a gradient rule: the forward is torch's, the backward autograd's.
 """
 
 from __future__ import annotations
@@ -32,9 +32,13 @@ def _pad(input, pad, mode="constant", value=None):
 
 
 def _weight_norm(v, g, dim=0):
-    """torch._weight_norm: v * (g / |v|), the norm over every dim but `dim` (torch's decomposition
-    of aten._weight_norm_interface, whose first result it is)."""
-    return decomposition_table[aten._weight_norm_interface.default](v, g, dim)[0]
+    """torch._weight_norm as torch computes it where it does not call its fused kernel:
+    v * (g / norm_except_dim(v, 2, dim)), with torch's own handling of `dim` (-1: the whole
+    tensor; another negative dim counts from the end; a 1-D v is normalised element by element).
+    (The decomposition of aten._weight_norm_interface, which stands for the fused kernel torch
+    calls for dim 0 and the last dim only, normalised over the whole tensor for dim=-2 of a
+    matrix and for a 1-D v.)"""
+    return v * (g / torch.norm_except_dim(v, 2, dim))
 
 
 REPLACED: dict[Callable, Callable] = {

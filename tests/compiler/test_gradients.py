@@ -99,8 +99,11 @@ MODELS = {
     "nearest_exact": (lambda: nn.Sequential(nn.Conv2d(2, 2, 3), nn.Upsample(scale_factor=1.7, mode="nearest-exact"),
                                             nn.Upsample(size=(4, 5), mode="nearest-exact")),
                       square_mean, (2, 2, 6, 7)),
+    # dims 0, 1 and -2 (torch's own norm_except_dim: a decomposition of the fused kernel's
+    # interface normalised over the whole matrix for -2)
     "weight_norm": (lambda: nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Linear(6, 5)), nn.Tanh(),
-                                          nn.utils.parametrizations.weight_norm(nn.Linear(5, 3), dim=1)),
+                                          nn.utils.parametrizations.weight_norm(nn.Linear(5, 3), dim=1),
+                                          nn.utils.parametrizations.weight_norm(nn.Linear(3, 4), dim=-2)),
                     square_mean, (4, 6)),
 }
 
