@@ -132,10 +132,20 @@ class Planner:
             symbol, k = f"{stem}#{k}", k + 1
         return symbol
 
+    def uploaded_clean(self, v: Value, role: str | None = None) -> bool:
+        """Whether `v`'s buffer is uploaded by the host, so its padding is zero: a constant or a
+        call's input (a resident tensor may have been written by a program)."""
+        role = role or ROLE[v.kind]
+        return role == "const" or role == "input" and v.name not in self.graph.resident
+
+    def known_clean(self, ref: Ref, placed: list[tuple[Value, Ref]]) -> bool:
+        """Whether `ref`'s padding is known to hold zeros: a buffer marked so, or one the candidate
+        being prepared places for an uploaded value (`placed`)."""
+        return ref.symbol in self.clean or any(r.symbol == ref.symbol and self.uploaded_clean(w) for w, r in placed)
+
     def register(self, v: Value, ref: Ref, role: str | None = None) -> Ref:
         role = role or ROLE[v.kind]
-        if role == "const" or role == "input" and v.name not in self.graph.resident:
-            # uploaded by the host: padding is zero (a resident tensor may have been written by a program)
+        if self.uploaded_clean(v, role):
             self.clean.add(ref.symbol)
         data = v.data.reshape(v.shape or (1,)) if v.kind == "const" else None
         self.buffers[ref.symbol] = Buffer(ref.symbol, role, ref.placement, v.name, data, ref.lm)
@@ -278,7 +288,7 @@ class Planner:
             pre += made
             wanted = stage(self.ctx.lm_placement(layout, device_dtype(v))).dram
             index = kernel.gather_index(v) if hasattr(kernel, "gather_index") else None
-            clean = ref.symbol in self.clean or any(r is ref for _, r in more)
+            clean = self.known_clean(ref, more)
             if hasattr(kernel, "sums_lane_padding") and kernel.sums_lane_padding(v, layout) and not clean:
                 refs[v] = relay(v, ref, layout, wanted, zero_pad=True)  # (see MatmulKernel.sums_lane_padding)
             elif ref.placement.same_placement(wanted) or lane_compatible(wanted, ref.placement, index):
@@ -291,7 +301,7 @@ class Planner:
             placed += more
             self.provisional.update(more)
             pre += made
-            clean = ref.symbol in self.clean or any(r is ref for _, r in more)
+            clean = self.known_clean(ref, more)
             if hasattr(kernel, "source_ok") and not kernel.source_ok(v, ref, self.ctx, clean):
                 ref = relay(v, ref, None, want, zero_pad=True)
             refs[v] = ref

@@ -642,3 +642,30 @@ def test_a_weight_read_as_a_products_b_operand_is_updated_on_every_mab(monkeypat
     monkeypatch.setattr(search.Planner, "over_units", lambda self, ref: None)
     broadcast_cycles, _, _ = train()
     assert spread_cycles < broadcast_cycles
+
+
+@pytest.mark.parametrize("chip", ["mini", "mncore2"])
+def test_resident_tensors_a_program_writes_are_relaid_before_a_product_sums_their_padding(chip):
+    """a and b are updated in place (a + 1 puts 1 in the padding lanes beside their last
+    elements) and read by a product over K = 5: their padding is not known to be zero, so the
+    product reads them relaid with zero padding. It had counted them as uploaded (zero padding):
+    the second call was off by 1 in every element, the third by 4."""
+    ctx = Context(MNDevice(f"{chip}:auto"))
+    g = torch.Generator().manual_seed(18)
+    a, b = torch.randn(4, 5, generator=g), torch.randn(3, 5, generator=g)
+    set_tensor_name(a, "a")
+    set_tensor_name(b, "b")
+    ctx.register_buffer(a)
+    ctx.register_buffer(b)
+    want_a, want_b = a.clone(), b.clone()
+
+    def step(d):
+        y = a @ b.T * d["s"]
+        a.add_(1)
+        b.add_(1)
+        return {"y": y}
+    s = torch.ones(1)
+    fn = ctx.compile(step, {"s": s}, None)
+    for _ in range(3):
+        torch.testing.assert_close(fn({"s": s})["y"].cpu(), want_a @ want_b.T, rtol=1e-5, atol=1e-5)
+        want_a, want_b = want_a + 1, want_b + 1
