@@ -37,13 +37,14 @@ def identity(op: str, dtype: str) -> float | int:
 
 
 def reduction_layout(shape: tuple[int, ...], dims: tuple[int, ...], dtype: str, hw, budget_lw: int,
-                     pack_reduced: bool, cyclic: bool = False) -> Layout | None:
+                     pack_reduced: bool, cyclic: bool = False, even: bool = False) -> Layout | None:
     """A layout of the input with the reduced dims inside each PE: kept dims spread over the axes
     (from `spread`, time-sliced when their share is too large), reduced dims as the innermost
     address digits (lanes on the last reduced dim when `pack_reduced` and it fills them). When one
     kept element's reduced block alone exceeds the budget, the reduced dims are time-sliced
-    instead, and the kept part is cut into slices of one long word per PE. None when neither
-    works."""
+    instead, and the kept part is cut into slices of one long word per PE (with `even`, into
+    slices that divide a dim where a few more than the fewest do: `_slice_count`). None when
+    neither works."""
     epl = hw.elements_per_lw(dtype)
     kept = [d for d in range(len(shape)) if d not in dims]
     last = dims[-1]
@@ -74,7 +75,7 @@ def reduction_layout(shape: tuple[int, ...], dims: tuple[int, ...], dtype: str, 
             dims_out[d] = [Factor(n, None, stride)]
             stride *= n
     if slice_reduced:
-        stride = _slice_reduced(dims_out, dims, stride, budget_lw // 2, kept_slices)
+        stride = _slice_reduced(dims_out, dims, stride, budget_lw, kept_slices, even)
     for k, d in enumerate(kept):
         dims_out[d] = [Factor(f.size, f.axis, f.stride * stride) if f.axis is None else f for f in outer.dims[k]]
     if not kept:  # nothing kept: the result lives on the PEs the (size-1) axis factors name
@@ -83,19 +84,21 @@ def reduction_layout(shape: tuple[int, ...], dims: tuple[int, ...], dtype: str, 
     return Layout.of([dim or [Factor(1, None, 1)] for dim in dims_out], shape, broadcast)
 
 
-def _slice_reduced(dims_out: list[list[Factor]], dims: tuple[int, ...], block: int, half: int, kept_slices: int) -> int:
-    """Cut the reduced dims' outer digits into time slices (Time, rest) until a slice's block fits
-    `half` long words, from the outermost reduced dim inward: an inner dim is cut only once every
-    outer one is one element a slice (so no outer digit's stride counts the inner dim's full
-    size). Slice numbers compose as ReduceKernel.emit counts them (kept slice + kept_slices x
-    reduced slice, the outer reduced dims' slices slowest). Returns the long words of a slice."""
-    time_stride = kept_slices
-    for d in dims:
-        if block <= half:
+def _slice_reduced(dims_out: list[list[Factor]], dims: tuple[int, ...], block: int, budget: int, kept_slices: int,
+                   even: bool) -> int:
+    """Cut the outermost reduced dim's digit into time slices (Time, rest) so that a slice's block
+    fits half the budget; when one element of it alone exceeds the whole budget, cut it to one
+    element a slice and go on inward (an inner dim is cut only once every outer one is one
+    element a slice, so no outer digit's stride counts the inner dim's full size). Slice numbers
+    compose as ReduceKernel.emit counts them (kept slice + kept_slices x reduced slice, the outer
+    reduced dims' slices slowest). Returns the long words of a slice."""
+    time_stride, half = kept_slices, budget // 2
+    for k, d in enumerate(dims):
+        if block <= (half if k == 0 else budget):
             break
         f = dims_out[d][0]
         below = block // f.size
-        t = _slice_count(f.size, max(1, half // max(1, below)))
+        t = _slice_count(f.size, max(1, half // max(1, below)), even)
         if t > 1:
             rest = ceil(f.size / t)
             dims_out[d][0:1] = [Factor(t, TIME_AXIS, time_stride), Factor(rest, None, f.stride)]
@@ -104,12 +107,16 @@ def _slice_reduced(dims_out: list[list[Factor]], dims: tuple[int, ...], block: i
     return block
 
 
-def _slice_count(size: int, per: int) -> int:
-    """Slices of a digit of `size` holding at most `per` each: the fewest, or a few more when
-    that many divide the size evenly (an even cut keeps the source's blocks whole, so the input
-    arrives by block copies rather than a gather into padded slices: 4,096 rows cut in 3 slices of
-    1,376 padded ones, 4 slices of 1,024 do not)."""
+def _slice_count(size: int, per: int, even: bool) -> int:
+    """Slices of a digit of `size` holding at most `per` each: the fewest, or with `even` up to
+    twice as many when that many divide the size evenly. An even cut keeps the source's blocks
+    whole, so the input may arrive by block copies rather than a gather into padded slices
+    (4,096 rows in 4 slices of 1,024 rather than 3 padded ones of 1,376), but more slices cost
+    more steps (512 rows on mini: 4 x 128, 25,450 cycles, against 3 x 171, 21,706): the planner
+    times both."""
     fewest = ceil(size / per)
+    if not even:
+        return fewest
     return next((t for t in range(fewest, min(size, 2 * fewest) + 1) if size % t == 0), fewest)
 
 
@@ -215,11 +222,10 @@ def plan(node: Node, planner) -> list[Kernel]:
     dtype = device_dtype(x)
     budget = planner.budget(2, together=2)
     found: list[Layout] = []
-    for pack in (True, False):
-        for cyclic in (False, True):
-            layout = reduction_layout(shape, tuple(dims), dtype, planner.hw, budget, pack, cyclic)
-            if layout is not None and layout not in found:
-                found.append(layout)
+    for even, pack, cyclic in product((False, True), (True, False), (False, True)):  # even cuts last (wishes)
+        layout = reduction_layout(shape, tuple(dims), dtype, planner.hw, budget, pack, cyclic, even)
+        if layout is not None and layout not in found:
+            found.append(layout)
     ref = planner.refs.get(x)
     if ref is not None and ref.lm is not None and _in_pe(ref.lm, dims):
         found.insert(0, ref.lm)
