@@ -116,8 +116,8 @@ def _make_fold(op: VOp, element: type = np.float32):
 def _fold_fields(row: np.ndarray, op: int) -> tuple | None:
     """(whole, (b memory, b0, bso, bsi)) when a VOP folds into its destination (see
     `_make_fold`): an op with a loop of its own and two operands, A the destination itself (same
-    memory, address and strides), the destination at stride 0 along the outer dimension, and B
-    reading none of the destination's words."""
+    memory, address and strides), the destination at stride 0 along the outer dimension (or both),
+    and B a memory operand reading none of the destination's words."""
     if op not in _FOLDS_F32:
         return None
     dm, d0, dso, dsi = (int(x) for x in row[isa.V_DST:isa.V_DST + FIELDS])
@@ -125,7 +125,8 @@ def _fold_fields(row: np.ndarray, op: int) -> tuple | None:
     n_outer, n_inner = int(row[isa.V_N_OUTER]), int(row[isa.V_N_INNER])
     whole = dsi == 0 and (dso == 0 or n_outer == 1) and n_outer * n_inner > 1
     columns = dso == 0 and dsi != 0 and n_outer > 1
-    if tuple(int(x) for x in row[isa.V_A:isa.V_A + FIELDS]) != (dm, d0, dso, dsi) or not (whole or columns):
+    if bm == IMM or tuple(int(x) for x in row[isa.V_A:isa.V_A + FIELDS]) != (dm, d0, dso, dsi) \
+            or not (whole or columns):
         return None
     if bm == dm:
         d_hi = d0 + max(0, (n_inner - 1) * dsi)
@@ -133,8 +134,6 @@ def _fold_fields(row: np.ndarray, op: int) -> tuple | None:
         b_span = [b0 + i * bso + j * bsi for i in (0, n_outer - 1) for j in (0, n_inner - 1)]
         if min(b_span) <= d_hi and d_lo <= max(b_span):
             return None
-    if bm == IMM:
-        return None
     return whole, (bm, b0, bso, bsi)
 
 

@@ -150,6 +150,12 @@ class EmitContext:
 
     # ---- data movement ----------------------------------------------------------------------
 
+    def gather_mv_cycles(self) -> float:
+        """Cycles one MV of a gather costs at least: a DRAM latency over all the Groups' queues
+        (their latencies overlap, the timing engine's rule)."""
+        down = self.hw.transfers[self.chain.dram_to_l2]
+        return down.latency_cycles / (self.hw.data_engine.queue_depth * self.chain.groups)
+
     def lm_placement(self, layout: Layout, dtype: str) -> Placement:
         return Placement(layout, self.hw, self.chain.lm[0], dtype, check_capacity=False)
 

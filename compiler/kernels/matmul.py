@@ -855,9 +855,7 @@ class MatmulKernel(Kernel):
                     mvs += lw_sources(wanted, held).mv_count
                 except LayoutError:
                     return self.t.cost
-        down = self.ctx.hw.transfers[self.ctx.chain.dram_to_l2]
-        queues = self.ctx.hw.data_engine.queue_depth * self.ctx.chain.groups
-        return max(self.t.cost, mvs * down.latency_cycles / queues)
+        return max(self.t.cost, mvs * self.ctx.gather_mv_cycles())
 
     def key(self, refs: dict[Value, Ref]) -> tuple:
         a, b = self.node.args

@@ -91,7 +91,7 @@ class Planner:
         self.constraints = constraints
         self.output_wishes: dict[Value, Layout] = {}
         self.costs: dict[object, int] = {}
-        self.wish_cache: dict[Value, list[list[Layout]]] = {}
+        self.wish_cache: dict[Value, list[tuple[Node, list[Layout]]]] = {}
         self.clean: set[str] = set()  # buffers whose padding is known to hold zeros
         self.provisional: dict[Value, Ref] = {}  # what the candidate being prepared has placed so far
 
@@ -420,10 +420,8 @@ class Planner:
         see (counting them, a small MLP's training step went 78,442 -> 82,612 cycles)."""
         total = 0
         for v, ref in placed:
-            wished = []
-            for user in self.users.get(v, []):
-                if user not in kernel.nodes and user.kind == "reduce":
-                    wished += plan_wishes(user, v, self)
+            wished = [w for user, ranked in self.wishes_by_user(v) if user not in kernel.nodes and user.kind == "reduce"
+                      for w in ranked]
             costs = []
             for layout in wished:
                 try:
@@ -436,14 +434,9 @@ class Planner:
                     runs = e.runs
                 except (CompileError, LayoutError):
                     continue  # (lanes move: a relayout through the PEs, which the reader's candidates price)
-                costs.append(runs * self.gather_latency())
+                costs.append(runs * self.ctx.gather_mv_cycles())
             total += round(min(costs, default=0))
         return total
-
-    def gather_latency(self) -> float:
-        """Cycles a gather's MV costs at least: a DRAM latency over all the Groups' queues."""
-        down = self.hw.transfers[self.ctx.chain.dram_to_l2]
-        return down.latency_cycles / (self.hw.data_engine.queue_depth * self.ctx.chain.groups)
 
     def meet_cycles(self, kernel: Kernel, refs: dict[Value, Ref]) -> int:
         """What a candidate leaves to do for a constrained graph output it writes: the relayout into
@@ -585,9 +578,9 @@ class Planner:
                 any(add(wish) for wish in ranked)
         for v in group.inputs:  # an operand not placed yet is placed as the group reads it: offer the
             if v.shape == group.shape and v not in self.refs and v not in self.provisional:  # layouts the
-                for user in self.users.get(v, []):  # reductions reading it wish for (`sibling_cycles`)
+                for user, ranked in self.wishes_by_user(v):  # reductions reading it wish for (`sibling_cycles`)
                     if user.kind == "reduce":
-                        any(add(wish) for wish in plan_wishes(user, v, self))
+                        any(add(wish) for wish in ranked)
         spread_inputs = []  # operands' broadcast layouts spread over the MABs: timed beyond the budget below
         for v in group.inputs:
             ref = self.refs.get(v)
@@ -647,9 +640,15 @@ class Planner:
 
     def wish_lists(self, v: Value) -> list[list[Layout]]:
         """Per consumer of `v`, the LM layouts it would like to read it in, best first: a
-        producer offers the first it can compute in (cached)."""
+        producer offers the first it can compute in."""
+        return [ranked for _, ranked in self.wishes_by_user(v)]
+
+    def wishes_by_user(self, v: Value) -> list[tuple[Node, list[Layout]]]:
+        """(consumer, its wishes for `v`, best first) of every consumer that has some (cached: every
+        candidate of every reader of `v` asks)."""
         if v not in self.wish_cache:
-            self.wish_cache[v] = [ranked for user in self.users.get(v, []) if (ranked := plan_wishes(user, v, self))]
+            self.wish_cache[v] = [(user, ranked) for user in self.users.get(v, [])
+                                  if (ranked := plan_wishes(user, v, self))]
         return self.wish_cache[v]
 
     def plan_group(self, group: Group) -> None:
