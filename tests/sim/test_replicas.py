@@ -58,7 +58,7 @@ def _program(m: sim.Machine) -> sim.Program:
     b.matmul("float32", M, K, N, ("LM0", 0, kp), ("LM1", 0, N), ("GRF1", 0, N // pes), accumulate=True)
     b.xfer("distribute", "down", "L1BM", 256, "LM1", 0, hw.fanout("L1B", "PE"))  # one LW into every PE
     b.matmul("float32", M, K, N, ("LM0", 0, kp), ("LM1", 0, N), ("GRF0", 0, N // pes))  # A replicated only
-    K2 = 18 * pes  # K/PE = 18: in place, with A's replicas written out first
+    K2 = 18 * pes  # K/PE = 18: in place, A read replicated (at stride 0)
     b.xfer("mab_broadcast", "down", "L1BM", 0, "LM0", 256, group * (2 * 18) // wpl)
     b.matmul("float32", 2, K2, N, ("LM0", 256, 18), ("LM1", 512, N), ("GRF1", 64, N // pes))
     b.xfer("mab_broadcast", "down", "L1BM", 128, "LM1", 256, group * b_words // wpl)
@@ -163,3 +163,28 @@ def test_a_product_reading_across_the_edge_of_a_replicated_range_reads_every_mab
     whole.run(program, mode="functional")
     _one_by_one(reference, program)
     np.testing.assert_array_equal(whole.memory("GRF1"), reference.memory("GRF1"))
+
+
+@pytest.mark.parametrize("replicated", ["LM0", "LM1"])  # A alone, B alone
+def test_a_product_in_place_reads_one_replicated_operand_where_it_lies(mini, replicated):
+    """K/PE = 24 is computed in place (one BLAS product per PE's slice): with A or B alone
+    replicated, the product reads it from the first MAB, leaves its copies pending, and gives
+    every word it gives without replicas."""
+    pes = mini.fanout("MAB", "PE")
+    kp = mau.SHORT_SLICE + 8
+    M, N = 4, 2 * pes
+    assert mau.form(M, kp * pes, N, pes) == mau.IN_PLACE
+    b = sim.ProgramBuilder(sim.MachineParams.from_hw(mini))
+    words = (M if replicated == "LM0" else N) * kp
+    wpl = mini.long_word_bytes // mini.word_bytes
+    b.xfer("mab_broadcast", "down", "L1BM", 0, replicated, 0, pes * words // wpl)
+    b.matmul("float32", M, kp * pes, N, ("LM0", 0, kp), ("LM1", 0, N), ("GRF0", 0, N // pes))
+    b.matmul("float32", M, kp * pes, N, ("LM0", 0, kp), ("LM1", 0, kp), ("GRF1", 0, N // pes), trans_b=True,
+             accumulate=True)
+    program = b.build()
+    whole, reference = _machine("mini", seed=5), _machine("mini", seed=5)
+    whole.run(program, mode="functional")
+    assert [r.mem for r in whole.replicas.ranges] == [whole.params.memory_id(replicated)], "read where it lies"
+    _one_by_one(reference, program)
+    for name in ("GRF0", "GRF1", replicated):
+        np.testing.assert_array_equal(whole.memory(name), reference.memory(name), err_msg=name)
