@@ -130,7 +130,7 @@ class ReduceKernel(Kernel):
         self.pads = {x: identity(node.op, device_dtype(x))}
         shape = x.shape or (1,)
         self.kept_shape = tuple(1 if d in self.dims else s for d, s in enumerate(shape))
-        self.result = _placed(restrict(layout, self.kept_shape), layout)
+        self.result = _placed(restrict(layout, self.kept_shape), layout, self.dims)
         self.out_layout = self.result.layout if node.attrs["keepdim"] or not x.shape else _squeeze(
             self.result.layout, self.dims, node.out.shape)
 
@@ -189,20 +189,30 @@ class ReduceKernel(Kernel):
             ctx.upload(out_placement, refs[out], memory=res.memory, word=res.word, slice_index=kept_t)
 
 
-def _placed(result, layout: Layout):
-    """The result's layout keeps the input's size-1 axis factors of reduced dims when no kept dim
-    places an axis: a result on one PE is placed there, not broadcast everywhere."""
+def _placed(result, layout: Layout, dims: tuple[int, ...]):
+    """The result's layout keeps the input's size-1 axis factors of reduced dims whose axis no
+    kept dim places: a result on one PE (or in one L2B) is placed there, not broadcast over that
+    level. They join the first kept dim, so a squeezed result keeps them too. (A layout that
+    names no factor of a level is replicated over it: a training step's bias gradient, summed
+    from rows held in one L2B beside columns over MABs and PEs, was read from all four Groups'
+    DRAMs, three of which held none of it.)"""
     from .operands import Restricted
     r = result.layout
-    if any(f.axis not in (None, W_AXIS, TIME_AXIS) for _, f in r.factors):
-        return result
-    units = [Factor(1, f.axis, 1) for _, f in layout.factors if f.axis not in (None, W_AXIS, TIME_AXIS)]
+    placed = {f.axis for _, f in r.factors}
+    units: list[Factor] = []
+    for d, f in layout.factors:
+        if d in dims and f.axis not in (None, W_AXIS, TIME_AXIS) and f.axis not in placed:
+            placed.add(f.axis)
+            units.append(Factor(1, f.axis, 1))
     if not units:
         return result
-    dims = [list(d) for d in r.dims]
-    dims[0] = units + dims[0]
-    return Restricted(Layout.of(dims, r.shape, r.broadcast),
-                      tuple(None if s is None else s + len(units) for s in result.source))
+    kept = [d for d in range(r.rank) if d not in dims] or [0]
+    at_dim = [list(d) for d in r.dims]
+    at_dim[kept[0]] = units + at_dim[kept[0]]
+    moved = len(units)
+    before = sum(len(r.dims[d]) for d in range(kept[0]))  # factors ahead of the kept dim's keep their index
+    return Restricted(Layout.of(at_dim, r.shape, r.broadcast),
+                      tuple(None if s is None else (s if s < before else s + moved) for s in result.source))
 
 
 def _squeeze(layout: Layout, dims: tuple[int, ...], shape: tuple[int, ...]) -> Layout:

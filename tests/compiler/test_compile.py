@@ -450,6 +450,23 @@ def test_broadcast_operand_keeps_copies_where_its_axis_is_still_placed():
     assert set(rows.broadcast) == {Broadcast("L2B", 2, 1), Broadcast("W")}
 
 
+def test_a_reduction_keeps_the_level_its_reduced_rows_were_held_in():
+    """Rows held in one L2B (1_L2B) summed beside columns over MABs and PEs: the sum is in that
+    L2B only, kept or squeezed. Dropped with the reduced dim, the result read as replicated over
+    the Groups, and a training step's bias update read three Groups' DRAMs that held none of it."""
+    from compiler.layout import parse
+    from compiler.kernels.operands import restrict
+    from compiler.kernels.reduce import _placed, _squeeze
+    rows_in_one_l2b = parse("(16, 32)/((8:1, 2_W:1, 1_L2B:1), (8_MAB:1, 4_PE:1))")
+    kept = _placed(restrict(rows_in_one_l2b, (1, 32)), rows_in_one_l2b, (0,)).layout
+    assert str(kept) == "(1, 32)/((1:1), (8_MAB:1, 4_PE:1, 1_L2B:1); B@[W])"
+    assert str(_squeeze(kept, (0,), (32,))) == "(32,)/((8_MAB:1, 4_PE:1, 1_L2B:1); B@[W])"
+    middle = parse("(4, 16, 32)/((4:1), (8:1, 2_W:1, 1_L2B:1), (8_MAB:1, 4_PE:1))")
+    placed = _placed(restrict(middle, (4, 1, 32)), middle, (1,))
+    assert str(placed.layout) == "(4, 1, 32)/((4:1, 1_L2B:1), (1:1), (8_MAB:1, 4_PE:1); B@[W])"
+    assert placed.source == (1, None, None, None, 3, 4)  # the op's factors in the result, past the unit
+
+
 def test_outputs_that_are_views_of_a_kernels_result(device):
     """A convolution's NCHW result is a view of its (N*H*W, C) product when the product's rows
     split into images; returned as it is, the output must be read through the view."""

@@ -8,6 +8,8 @@ to float32 rounding (1e-4 relative).
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -669,3 +671,37 @@ def test_resident_tensors_a_program_writes_are_relaid_before_a_product_sums_thei
     for _ in range(3):
         torch.testing.assert_close(fn({"s": s})["y"].cpu(), want_a @ want_b.T, rtol=1e-5, atol=1e-5)
         want_a, want_b = want_a + 1, want_b + 1
+
+
+def test_a_bias_gradient_summed_in_one_l2b_updates_every_entry():
+    """Linear -> ReLU -> Linear -> LayerNorm, token 0 of each sequence (a BERT classifier head's
+    shape): o.bias's gradient is a sum of rows held in one L2B. Its result had lost that level and
+    was read as replicated over the Groups: after one step, entries 8.. of o.bias were all one
+    wrong value (one Group's share right), while the loss and every other parameter matched."""
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.o, self.ln = nn.Linear(32, 32), nn.Linear(32, 32), nn.LayerNorm(32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.ln(self.o(F.relu(self.q(x))))[:, 0]
+    torch.manual_seed(0)
+    model = Head()
+    ref = copy.deepcopy(model)
+    batch = {"x": torch.randn(2, 8, 32), "t": torch.randn(2, 32)}
+    ctx = Context(MNDevice("mncore2:auto"))
+    optimizer = MNCoreSGD(model.parameters(), lr=1.0)
+    registered(ctx, model, optimizer)
+
+    def step(d: dict) -> dict:
+        optimizer.zero_grad()
+        loss = (model(d["x"]) * d["t"]).sum()
+        loss.backward()
+        optimizer.step()
+        return {"loss": loss}
+    ctx.compile(step, batch, None)(batch)
+    ctx.synchronize()
+    ref_optimizer = torch.optim.SGD(ref.parameters(), lr=1.0)
+    (ref(batch["x"]) * batch["t"]).sum().backward()
+    ref_optimizer.step()
+    assert_state_close(model, ref)
