@@ -16,7 +16,8 @@ from .source import KeyPath
 # word and Time a slice index, so no level may use them.
 RESERVED_AXES = ("W", "Time")
 # The transfer-mode vocabulary the simulator implements; the numbers behind each live in YAML.
-TRANSFER_MODES = ("individual", "broadcast", "mab_broadcast", "distribute", "collect", "reduce", "transpose")
+TRANSFER_MODES = ("individual", "broadcast", "mab_broadcast", "distribute", "collect", "reduce", "transpose",
+                  "distributed_broadcast")
 HOST = "host"
 # The hazard vocabulary: sim.hazards says which pairs of instructions each key separates.
 HAZARDS = ("lm_write_to_read", "grf_write_to_read", "alu_result_to_use", "l2bm_to_l1bm_read",

@@ -115,11 +115,13 @@ def engine_instances(hw: HwDesc, transfer: str) -> int:
     return min(hw.memory_instances(m) for m in (*t.src, *t.dst) if m in hw.memories)
 
 
-def side_shares(hw: HwDesc, transfer: str, mode: str) -> tuple[int, int]:
+def side_shares(hw: HwDesc, transfer: str, mode: str) -> tuple[float, float]:
     """Into how many instances one engine's payload is split on the source and the destination
     side (the timing model's rule, sim.isa.TABLE): a distribute deals it out over the children, a
-    collect gathers it from them, a MAB-wide mode splits it over a group's members; every other
-    side carries all of it (a broadcast writes all of it into every child)."""
+    collect gathers it from them, a MAB-wide mode splits it over a group's members; a distributed
+    broadcast gives each destination every Group's payload over the destinations of a Group (a
+    share below one); every other side carries all of it (a broadcast writes all of it into every
+    child)."""
     t = hw.transfers[transfer]
     if t.engine == "pe_stream":
         mems = [m for m in (*t.src, *t.dst) if m in hw.memories]
@@ -129,6 +131,9 @@ def side_shares(hw: HwDesc, transfer: str, mode: str) -> tuple[int, int]:
         group = hw.fanout(t.group_level, hw.memories[lower].level) if t.group_level else 1
         share = 1 if mode == "broadcast" else fan if mode in ("distribute", "collect") else group
         return (1, share) if upper in t.src else (share, 1)
+    if t.engine == "data_engine" and mode == "distributed_broadcast":  # each destination gets every Group's
+        groups = hw.instances(hw.data_engine.level)
+        return 1, hw.memory_instances(t.dst[0]) / groups / groups
     if t.engine == "data_engine" and mode in ("distribute", "collect"):
         side = t.dst if mode == "distribute" else t.src
         count = hw.memory_instances(side[0]) // hw.instances(hw.data_engine.level)

@@ -80,6 +80,10 @@ class Mode(IntEnum):
     collect = 4
     reduce = 5
     transpose = 6  # the matrix registers' transposed read (mread): blocks of rows come out as columns
+    # mvb4: every Group reads n long words of its own and every Group's L2BMs receive all of them,
+    # block j (chunk_lw long words) of Group g at local L2B j mod L2Bs-per-Group, chunk
+    # n_groups * (j div L2Bs-per-Group) + g: each Group's L2Bs together hold every Group's data
+    distributed_broadcast = 7
 
 
 class Dir(IntEnum):
@@ -221,7 +225,9 @@ TABLE: tuple[InstrDoc, ...] = (
              "issue takes no stream time (a full queue of data_engine.queue_depth stalls it); data flows for "
              "ceil(max(src LW / src rate, LW per destination / dst rate)) cycles, sizes rounded up to unit_lw, "
              "cross_group_lw_per_cycle when it crosses Groups, starting latency_cycles after issue and after the "
-             "data queued before it on each of its engines (pipelined requests)"),
+             "data queued before it on each of its engines (pipelined requests); distributed_broadcast (mvb4) runs "
+             "on every Data Engine at once, each reading n_lw while each destination receives n_groups * n_lw / "
+             "destinations per Group at the mode's own two rates"),
     InstrDoc(Op.HOST_DMA, "dir, pdm_addr, host_buf, host_off_lw, n_lw, tag", "host link",
              "data for ceil(n_lw / rate) cycles of host_to_pdm or pdm_to_host, latency_cycles after issue at the "
              "earliest; FIFO on the one link"),

@@ -10,6 +10,8 @@ layout_notation.md section 7.2, with fan-outs and chunk sizes from the hardware 
 * mab_broadcast: upper LW q goes to member q mod G at q div G of every group of G children
   (l1bmm: the 4 PEs of every MAB); individual (upward) reads a group the same way;
 * broadcast: every child gets the same n long words;
+* distributed_broadcast (mvb4, from every Group's DRAM at once): Group g's chunk j goes to local
+  L2B j mod P (P per Group) of every Group, at chunk n_groups * (j div P) + g;
 * transpose (mread, the matrix registers to the PEs): blocks of side x side elements, their rows
   across a group's members, come out as columns (sim.isa, "the matrix registers").
 
@@ -118,6 +120,11 @@ def _mv_group(g, mode, n, s_inst, s_local, d_inst, d_local, scope, src, sw, sm, 
     elif mode == Mode.distribute:
         first, count = scope_range(mem_instances, n_groups, dm, scope, s // s_per)
         _deal(dst, first, dw, src, s, sw, n, chunk, count, wpl)
+    elif mode == Mode.distributed_broadcast:
+        for j in range(n // chunk):
+            at_dst = dw + wpl * chunk * (n_groups * (j // d_per) + g)
+            for h in range(n_groups):
+                copy_lw(dst, h * d_per + j % d_per, at_dst, src, s, sw + wpl * chunk * j, chunk, wpl)
     else:  # collect
         first, count = scope_range(mem_instances, n_groups, sm, scope, d // d_per)
         _undeal(dst, d, dw, src, first, sw, n, chunk, count, wpl)

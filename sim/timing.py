@@ -114,6 +114,9 @@ def _mv_cost(row, n_groups, mem_instances, path_of, path_latency, mode_src_rate,
             sg = dg = row[isa.MV_DST_INST] // d_per
         mask = (np.int64(1) << sg) | (np.int64(1) << dg)
         crossing = sg != dg
+    if mode == Mode.distributed_broadcast:  # every Group reads n; each destination gets n_groups * n / d_per
+        data = _ceil_div(max(n_eff / mode_src_rate[p, mode], n_eff * n_groups / d_per / mode_dst_rate[p, mode]), 1.0)
+        return path_latency[p], data, all_mask, n * lw_bytes * n_groups * n_groups
     count = 1
     if mode != Mode.individual:
         count = mem_instances[dm] if (mode == Mode.broadcast or mode == Mode.distribute) else mem_instances[sm]

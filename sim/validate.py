@@ -121,7 +121,11 @@ class _Checker:
         self.instance(i, dm, di, int(row[isa.MV_DST_LOCAL]), "destination")
         if (si == ALL_GROUPS) != (di == ALL_GROUPS) and mode == Mode.individual:
             raise self.fail(i, "an individual MV runs either in every Group (both instances -1) or between two instances")
-        if scope == Scope.chip and ALL_GROUPS in (si, di) and mode != Mode.individual:
+        spread = mode == Mode.distributed_broadcast
+        if spread and (si, di, scope) != (ALL_GROUPS, ALL_GROUPS, Scope.chip):
+            raise self.fail(i, "a distributed_broadcast MV reads every Group's source and writes every Group's "
+                               "destinations: both instances -1, scope chip")
+        if scope == Scope.chip and ALL_GROUPS in (si, di) and mode != Mode.individual and not spread:
             raise self.fail(i, "a chip-wide MV has one source or destination instance, not one per Group")
         if mode in (Mode.reduce,) and row[isa.MV_RED] == Red.none:
             raise self.fail(i, "a reduce MV needs a reduction op (add, max, min)")
@@ -133,6 +137,12 @@ class _Checker:
             many //= self.p.n_groups
         chunk = int(self.p.mode_chunk[p, mode])
         src_n, dst_n = n, n
+        if spread:
+            per = int(self.p.mem_instances[dm]) // self.p.n_groups
+            if n % (chunk * per):
+                raise self.fail(i, f"n={n} must be a multiple of chunk {chunk} x {per} destinations per Group for "
+                                   f"{mode.name}")
+            dst_n = n * self.p.n_groups // per
         if mode in (Mode.distribute, Mode.collect):
             if n % (chunk * many):
                 raise self.fail(i, f"n={n} must be a multiple of chunk {chunk} x {many} instances for {mode.name}")

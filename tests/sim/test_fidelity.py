@@ -50,7 +50,7 @@ def _microbenchmark(m: sim.Machine, transfer: str, mode: str) -> tuple[sim.Progr
         n = _largest(unit, cap)
         if src == "DRAM" or dst == "DRAM":
             m.grow("DRAM", n * 2 * hw.long_word_bytes // hw.word_bytes)
-        b.mv(mode, src, 0, dst, 0, n, tag=1, red=red)
+        b.mv(mode, src, 0, dst, 0, n, tag=1, red=red, scope="chip" if mode == "distributed_broadcast" else "group")
     else:
         mems = [x for x in (*t.src, *t.dst) if x in hw.memories]
         upper, lower = min(mems, key=hw.memory_instances), max(mems, key=hw.memory_instances)

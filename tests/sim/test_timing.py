@@ -5,6 +5,7 @@ from __future__ import annotations
 from math import ceil
 
 import numpy as np
+import pytest
 
 import sim
 
@@ -109,6 +110,31 @@ def test_cross_group_mv_runs_at_the_cross_group_rate(mncore2):
     data = 1024 / mode.cross_group_lw_per_cycle
     assert stats.total_cycles == mncore2.transfers["dram_to_l2bm"].latency_cycles + data
     assert stats.engine_busy[0] == stats.engine_busy[3] == data and stats.engine_busy[1] == 0
+
+
+def test_distributed_broadcast_runs_on_every_engine_at_both_side_rates(mncore2):
+    """mvb4 on MN-Core 2: each Group reads n at 8 LW/cycle while each L2BM takes 4 n / 2 at 16: n / 8
+    cycles on all four Data Engines at once."""
+    m = sim.Machine(mncore2)
+    n = 4096
+    m.grow("DRAM", 2 * n)
+    b = sim.ProgramBuilder(m.params)
+    b.mv("distributed_broadcast", "DRAM", 0, "L2BM", 0, n, tag=1, scope="chip")
+    b.wait(1)
+    stats = m.run(b.build(), mode="timing")
+    mode = mncore2.transfers["dram_to_l2bm"].modes["distributed_broadcast"]
+    data = max(n / mode.src_lw_per_cycle, n * 4 / 2 / mode.dst_lw_per_cycle)
+    assert data == n / 8
+    assert stats.total_cycles == mncore2.transfers["dram_to_l2bm"].latency_cycles + data
+    assert list(stats.engine_busy) == [data] * 4
+
+
+def test_distributed_broadcast_needs_every_group_on_both_ends(mncore2):
+    b = sim.ProgramBuilder(sim.MachineParams.from_hw(mncore2))
+    b.mv("distributed_broadcast", "DRAM", 0, "L2BM", 0, 64, tag=1)  # scope group
+    b.wait(1)
+    with pytest.raises(sim.SimError, match="distributed_broadcast MV reads every Group's source"):
+        sim.Machine(mncore2).run(b.build(), mode="timing")
 
 
 def test_timing_only_and_functional_only(mini):

@@ -108,17 +108,24 @@ def test_broadcasts_and_individuals(chip):
     np.testing.assert_array_equal(rows(m, "L2BM")[:, 200:232], src[:, :32])
 
 
+def in_dram(m: sim.Machine, mode: str, rounds: int, seed: int, room: int) -> tuple[int, int, int, np.ndarray]:
+    """(Groups, L2Bs per Group, the mode's chunk, random float32 words) for an MV test moving
+    `rounds` rounds of chunks over a Group's L2Bs: the words written at the start of every Group's
+    DRAM, which holds `room` times as many."""
+    groups = m.hw.instances("Group")
+    per = m.hw.instances("L2B") // groups
+    chunk = m.hw.transfers["dram_to_l2bm"].modes[mode].chunk_lw
+    data = np.random.default_rng(seed).standard_normal((groups, 2 * chunk * per * rounds), dtype=np.float32)
+    m.grow("DRAM", room * data.shape[1])
+    rows(m, "DRAM")[:, : data.shape[1]] = data
+    return groups, per, chunk, data
+
+
 @pytest.mark.parametrize("chip", CHIPS)
 def test_mv_broadcast_distribute_collect(chip):
     m = machine(chip)
-    hw = m.hw
-    groups, l2b = hw.instances("Group"), hw.instances("L2B")
-    per = l2b // groups
-    chunk = hw.transfers["dram_to_l2bm"].modes["distribute"].chunk_lw
-    n = chunk * per * 4
-    data = np.random.default_rng(4).standard_normal((groups, 2 * n), dtype=np.float32)
-    m.grow("DRAM", 4 * n)
-    rows(m, "DRAM")[:, : 2 * n] = data
+    groups, per, chunk, data = in_dram(m, "distribute", 4, seed=4, room=2)
+    l2b, n = groups * per, data.shape[1] // 2
     b = sim.ProgramBuilder(m.params)
     b.mv("broadcast", "DRAM", 0, "L2BM", 0, n, tag=1)  # each Group's DRAM -> both its L2Bs
     b.mv("distribute", "DRAM", 0, "L2BM", 1024, n, tag=2)  # chunks round-robin over the Group's L2Bs
@@ -132,6 +139,24 @@ def test_mv_broadcast_distribute_collect(chip):
     lw = data.reshape(groups, n // (chunk * per), per, chunk, 2)  # [G, row, L2B, chunk LW, W]
     np.testing.assert_array_equal(l2[:, 2048: 2048 + 2 * n // per], lw.transpose(0, 2, 1, 3, 4).reshape(l2b, -1))
     np.testing.assert_array_equal(rows(m, "DRAM")[:, 4 * n: 6 * n], data)
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_mv_distributed_broadcast_gives_every_group_all_groups_data(chip):
+    """mvb4: Group g's chunk j lands in local L2B j mod P of every Group, at chunk G*(j div P) + g."""
+    m = machine(chip)
+    groups, per, chunk, data = in_dram(m, "distributed_broadcast", 3, seed=5, room=1)
+    n = data.shape[1] // 2
+    b = sim.ProgramBuilder(m.params)
+    b.mv("distributed_broadcast", "DRAM", 0, "L2BM", 64, n, tag=1, scope="chip")
+    b.wait(1)
+    m.run(b.build())
+    got = rows(m, "L2BM")[:, 128: 128 + 2 * n * groups // per].reshape(groups, per, n // (chunk * per), groups,
+                                                                        2 * chunk)  # [G', L2B, round, G, chunk]
+    sent = data.reshape(groups, n // (chunk * per), per, 2 * chunk)  # [G, round, local L2B, chunk]
+    for g_to in range(groups):
+        np.testing.assert_array_equal(got[g_to], sent.transpose(2, 1, 0, 3))
+    assert not rows(m, "L2BM")[:, :128].any() and not rows(m, "L2BM")[:, 128 + 2 * n * groups // per:].any()
 
 
 def test_host_dma_round_trip(mini):
