@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from hwdesc import HwDesc
+from hwdesc.figures import side_rates
 
 from .errors import CompileError
 
@@ -57,6 +58,29 @@ class Chain:
     def scratch(self) -> tuple[str, ...]:
         """PE memories a kernel may use for its operands and temporaries, Locations first."""
         return self.lm + tuple(m for m in self.pe_memories if m not in self.lm)
+
+    @property
+    def spread_chunk(self) -> int:
+        """The block of the Data Engines' distributed broadcast (mvb4: every Group's DRAM to every
+        Group's L2Bs at once), 0 when the chip has none, or none that an upload can invert (a
+        collect over a Group's L2Bs in blocks of the same size) or more than one Group."""
+        down = self.hw.transfers[self.dram_to_l2].modes.get("distributed_broadcast")
+        up = self.hw.transfers[self.l2_to_dram].modes.get("collect")
+        if down is None or up is None or self.groups < 2 or (down.chunk_lw or 1) != (up.chunk_lw or 1):
+            return 0
+        return down.chunk_lw or 1
+
+    def spread_saving(self, n_l2: float) -> float:
+        """Data Engine cycles each Group saves bringing `n_l2` long words into every one of its
+        L2Bs by distributed broadcast (each Group reads 1/groups of them) instead of one
+        individual MV per L2B from its own copy; worth a spread image when it exceeds the DRAM
+        latency (below that, a tensor's fetch is its latency either way)."""
+        own = side_rates(self.hw, self.dram_to_l2, "individual")[0]
+        src, dst = side_rates(self.hw, self.dram_to_l2, "distributed_broadcast")
+        return self.l2_per_group * n_l2 / own - max(self.l2_per_group * n_l2 / self.groups / src, n_l2 / dst)
+
+    def worth_spreading(self, n_l2: float) -> bool:
+        return bool(self.spread_chunk) and self.spread_saving(n_l2) >= self.hw.transfers[self.dram_to_l2].latency_cycles
 
     def level_of(self, memory: str) -> str:
         return self.hw.memories[memory].level

@@ -26,7 +26,7 @@ from ..errors import CompileError, LayoutError
 from ..layout import W_AXIS, Broadcast, Factor, Layout, Placement
 from ..transfer.gather import LaneMismatch, LwSources, emit_convert, lw_sources
 from ..transfer.separable import DimTerms
-from ..transfer.staging import Staging, Transit, emit_download, emit_upload, stage
+from ..transfer.staging import Staging, Transit, emit_download, emit_upload, stage, stored_staging
 
 TAGS = {"transit": (1, 2), "drain": (3, 4), "convert": (5, 6)}
 FIRST_FREE_TAG = max(max(pair) for pair in TAGS.values()) + 1  # from here to the chip's tag count: kernels' own pipelines
@@ -177,7 +177,7 @@ class EmitContext:
                      ) -> tuple[Staging, tuple[LwSources, Sym, Sym | None] | None]:
         """How `ref` reaches LM layout `lm`: its staging, and unless `ref` is stored as that
         staging's image, the long-word gather the Data Engines run instead of a block copy."""
-        st = stage(lm)
+        st = stored_staging(lm, ref.placement) or stage(lm)
         plain = ref.placement.same_placement(st.dram)
         holes = window is not None and window.boxes is not None  # a window's reads outside its storage
         padded = pad is not None and (lm.layout.extents != lm.layout.shape or holes)

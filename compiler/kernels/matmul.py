@@ -36,7 +36,7 @@ from ..layout import TIME_AXIS, W_AXIS, Broadcast, Factor, Layout, Placement
 from ..layout.layout import spread
 from ..transfer.gather import lw_sources
 from ..transfer.staging import (Leg, emit_fetch, emit_legs, first_hop, leg_bundles, slice_legs, slice_pieces,
-                                stage)
+                                stage, stored_staging)
 from ..transfer.separable import DimTerms
 from .base import Kernel, device_dtype
 from .context import FIRST_FREE_TAG, Arena, EmitContext, Ref
@@ -320,17 +320,21 @@ def _gather_mvs(cg: EmitContext, t: Tiling, a_l2_lw: float, in_bytes: int, sourc
 
 
 def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None = None,
-          bound: bool = False, source_groups: int = 1) -> Work:
+          bound: bool = False, source_groups: int = 1, spread: tuple[bool, bool] = (False, False)) -> Work:
     hw, params, chain = cg.hw, cg.params, cg.chain
     traffic = _traffic(cg, t, in_bytes)
     l2_in_group = _l2_per_group_used(t, chain)
     unit = hw.transfers[chain.dram_to_l2].modes["individual"].unit_lw
     block = [ceil(v / unit) * unit for v in traffic.l2]  # one MV per operand, whole units
+    # per operand: (long words at the individual mode's rate, MVs) each Group's Data Engine moves a step
+    # (`spread`: the operand is stored spread over the Groups' DRAMs where its layout allows, see _spread_fetch)
+    steps = t.batch_local * t.rounds * t.chunks
+    fetches = [(_spread_fetch(cg, t, op, v, raw, steps) if sp else None) or (l2_in_group * v, l2_in_group)
+               for op, v, raw, sp in zip(("a", "b"), block, traffic.l2, spread)]
     if a_runs is not None:  # A's long words come in short runs, not blocks
         mvs, lw = _gather_mvs(cg, t, traffic.l2[0], in_bytes, a_runs, bound, source_groups)
-        engine_lw, engine_mvs = lw + l2_in_group * block[1], mvs + l2_in_group
-    else:
-        engine_lw, engine_mvs = l2_in_group * sum(block), 2 * l2_in_group
+        fetches[0] = (lw, mvs)
+    engine_lw, engine_mvs = fetches[0][0] + fetches[1][0], fetches[0][1] + fetches[1][1]
     modes = {(chain.l2_to_l1, m): [0.0, 0.0] for m in ("broadcast", "distribute")}
     modes.update({(chain.l1_to_pe, m): [0.0, 0.0] for m in ("mab_broadcast", "distribute")})
     for op, l2, l1, pe in zip(("a", "b"), traffic.l2, traffic.l1, traffic.pe):
@@ -348,13 +352,33 @@ def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_
         lanes = min(params.vop_lanes[VOp.cvt, DType.float32], params.vop_lanes[VOp.cvt, other])
         issues = max(params.vop_dtype_issues[VOp.cvt, other], params.vop_dtype_issues[VOp.cvt, DType.float32])
         mm += ceil((t.mt * t.kp + t.kp * t.nt) / lanes) * issues * hw.step_cycles  # as sim.timing costs a cvt
-    steps = t.batch_local * t.rounds * t.chunks
     c_lw = t.mt * t.tiles("m", (chain.l1_axis, chain.unit_axis)) * t.nt * t.tiles("n", (chain.l1_axis, chain.unit_axis)) \
         * hw.element_bytes("float32") / hw.long_word_bytes * l2_in_group / t.tiles("k")  # partial sums reduce on the way
     serial = int(t.chunks == 1 or 2 * sum(traffic.l2) > hw.memory_lw(chain.l2))  # nothing to fetch ahead (see _Feed)
     stream = tuple(v * steps for key in sorted(modes) for v in modes[key])
     return Work(mm * steps, engine_lw * steps, engine_mvs * steps, stream, steps, t.batch_local * t.rounds, serial,
                 c_lw * t.batch_local * t.rounds, NO_OVERLAP if serial else t.overlap)
+
+
+def _spread_fetch(cg: EmitContext, t: Tiling, operand: str, block: int, raw: float, steps: int
+                  ) -> tuple[float, int] | None:
+    """(long words at the individual mode's rate, MVs) a Group's Data Engine spends on an operand
+    its staging reads by one distributed broadcast a step (transfer.staging._spread: copied over
+    every Group, each L2B of a Group holding its own `block`, `raw` long words before rounding
+    to whole MV units, in whole rounds of the broadcast's blocks, and worth it over the `steps`),
+    or None when it is not read so."""
+    chain = cg.chain
+    ch = chain.spread_chunk
+    if not ch or raw % (ch * chain.groups) or not chain.worth_spreading(raw * steps):
+        return None
+    roles, per = OPERAND_ROLES[operand], chain.l2_per_group
+    takes = [k for k in t.takes if k.axis == chain.l2_axis and k.n > 1]
+    local = prod(k.n for k in takes if k.stride < per and k.role in roles)
+    across = [k for k in takes if k.stride >= per]
+    if local != per or prod(k.n for k in across) != chain.groups or any(k.role in roles for k in across):
+        return None
+    own = side_rates(cg.hw, chain.dram_to_l2, "individual")[0]
+    return (per * block / own - chain.spread_saving(block)) * own, 1
 
 
 def tiling_bound(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None,
@@ -446,10 +470,12 @@ def _axis_options(axis: str, size: int, roles: tuple[str, ...], chain: Chain) ->
 
 def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool,
             in_bytes: int, out_half: bool = False, a_runs: float | None = None, limit: int = CANDIDATES,
-            pseudo: bool = False, float64: bool = False) -> list[Tiling]:
+            pseudo: bool = False, float64: bool = False, spread: tuple[bool, bool] = (False, False)) -> list[Tiling]:
     """The tilings that fit the PE memories and whose product has a storable image, the most
     promising first (by the work each step does, see `_cost`); the planner times the first few.
-    The same product is asked for often (candidates, consumers' wishes): the answer is cached."""
+    The same product is asked for often (candidates, consumers' wishes): the answer is cached.
+    `spread`: whether A and B are tensors the host writes (stored spread over the Groups' DRAMs
+    when copied over them, read by distributed broadcast: cheaper to fetch)."""
     pseudo, float64 = pseudo and not half, float64 and not half and not out_half
     modes = cg.hw.units[cg.chain.matrix_unit].matrix
     for wanted, option, what in ((pseudo, "pfloat32", "pseudo-single"), (float64, "float64", "float64")):
@@ -457,12 +483,13 @@ def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: 
             raise CompileError(f"float_dtype {option!r} multiplies in {what}, but {cg.hw.name} has no "
                                f"units.{cg.chain.matrix_unit}.matrix.{option} (its matrix formats: {', '.join(modes)})")
     return list(_tilings(cg.hw, p, batched, trans_b, half, staged_in_float32, in_bytes, out_half,
-                         None if a_runs is None else float(np.float32(a_runs)), limit, pseudo, float64))
+                         None if a_runs is None else float(np.float32(a_runs)), limit, pseudo, float64, spread))
 
 
 @lru_cache(maxsize=256)
 def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool, in_bytes: int,
-             out_half: bool, a_runs: float | None, limit: int, pseudo: bool, float64: bool) -> tuple[Tiling, ...]:
+             out_half: bool, a_runs: float | None, limit: int, pseudo: bool, float64: bool,
+             spread: tuple[bool, bool]) -> tuple[Tiling, ...]:
     cg = EmitContext(hw)
     chain = Chain.of(cg.hw)
     axes = [a for a in cg.hw.axes if a != chain.pe_axis]
@@ -524,7 +551,7 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
             overlaps = (OVERLAP_ALL, OVERLAP_EARLY)[:t.chunks - 1] if overlapping(t) else (NO_OVERLAP,)
             for overlap in overlaps:
                 t = replace(t, overlap=overlap)
-                work = _work(cg, t, in_bytes, staged_in_float32, a_runs)
+                work = _work(cg, t, in_bytes, staged_in_float32, a_runs, spread=spread)
                 feasible.append((replace(t, cost=_cost(cg, t, work)), work))
     # The product is stored in the image of its layout: that image needs notation.
     epl_staged = cg.hw.elements_per_lw("float32") if staged_in_float32 else epl_in
@@ -849,8 +876,9 @@ class MatmulKernel(Kernel):
         mvs = 0
         for v, layout in zip(self.node.args, (self.la, self.lb)):
             held = refs[v].placement
-            wanted = stage(self.ctx.lm_placement(layout, held.dtype)).dram
-            if not held.same_placement(wanted):
+            lm = self.ctx.lm_placement(layout, held.dtype)
+            if stored_staging(lm, held) is None:
+                wanted = stage(lm).dram
                 try:
                     mvs += lw_sources(wanted, held).mv_count
                 except LayoutError:
@@ -886,7 +914,8 @@ def _tilings_for(node: Node, planner, trans_b: bool) -> list[Tiling]:
                    out_half=device_dtype(node.out) == "float16",
                    in_bytes=planner.hw.element_bytes("float16" if half_in else "float32"),
                    pseudo=planner.options.get("float_dtype") == "pfloat32" and inexact,
-                   float64=planner.options.get("float_dtype") == "float64" and inexact)
+                   float64=planner.options.get("float_dtype") == "float64" and inexact,
+                   spread=(planner.host_written(a), planner.host_written(b)))
 
 
 def plan(node: Node, planner) -> list[Kernel]:

@@ -153,6 +153,29 @@ class Planner:
         self.refs[v] = ref
         return ref
 
+    def host_written(self, v: Value) -> bool:
+        """Whether `v` is (a view of) a tensor the host writes and the program does not, an input
+        or constant outside graph.updates, that only products read: its copies over the Groups
+        are then stored spread over their DRAMs (`tentative`; transfer.staging._spread), which a
+        product fetches by distributed broadcast at half the Data Engine time on MN-Core 2. Any
+        other reader would gather from it, in blocks spread over the Groups (an embedding's rows
+        looked up by index cost twice as much so)."""
+        while v in self.pending:
+            v = self.pending[v].base
+        return v.kind in ("input", "const") and v.name not in self.graph.updates and \
+            all(u.kind == "matmul" for u in self._readers_through_views(v))
+
+    def _readers_through_views(self, v: Value) -> list[Node]:
+        """The nodes that read `v` or a reshape or permute of it (the views the planner places
+        without moving data)."""
+        found = []
+        for user in self.users.get(v, []):
+            if user.kind in ("reshape", "permute"):
+                found += self._readers_through_views(user.out)
+            else:
+                found.append(user)
+        return found
+
     def unplaced(self, v: Value) -> bool:
         return v not in self.refs and (v in self.pending or v.kind in ("input", "const"))
 
@@ -184,7 +207,10 @@ class Planner:
             return ref, placed + [(v, ref)], steps + [Step(kernel, refs, None, (p.base,), (v,))]
         if v.kind in ("input", "const"):
             layout = wanted if wanted is not None and self._stageable(wanted, v) else self.default_layout(v)
-            ref = Ref(self.symbol_for(v), stage(self.ctx.lm_placement(layout, device_dtype(v))).dram, layout)
+            # what the host writes and the program does not is stored for the cheapest read: copies
+            # over the Groups spread over their DRAMs (transfer.staging._spread)
+            ref = Ref(self.symbol_for(v), stage(self.ctx.lm_placement(layout, device_dtype(v)),
+                                                spread=self.host_written(v)).dram, layout)
             return ref, [(v, ref)], []
         raise CompileError(f"internal: {v!r} is read before it is computed")
 

@@ -161,10 +161,11 @@ def runs(sources: LwSources, group: int, first: int, last: int) -> list[Run]:
     return [Run(int(d), int(g), int(s), int(n), int(b)) for d, g, s, n, b in zip(*run_arrays(sources, group, first, last))]
 
 
-def emit_pieces(b: ProgramBuilder, sources: LwSources, pieces: list[tuple[int, int, int, int]], *,
+def emit_pieces(b: ProgramBuilder, sources: LwSources, pieces: list[tuple[int, ...]], *,
                 src: Address | list[Address], zeros: Address | None, l2_addr: int, tag: int) -> int:
     """MV the sources of destination long words [first, last) of each (dst Group, first, last, L2BM
-    instance) piece into that L2BM (destination long word first + k lands at l2_addr + k), as
+    instance[, shift]) piece into that L2BM (destination long word first + k lands at l2_addr +
+    shift + k), as
     one block of MVs: each piece's runs in destination order, the Data Engines' MVs in turn
     (`engines_in_turn`). A run that every Group makes alike, each from its own DRAM, is one MV
     in every Group at once (the hardware's parallel individual MV; `in_every_group`). `src`
@@ -172,7 +173,8 @@ def emit_pieces(b: ProgramBuilder, sources: LwSources, pieces: list[tuple[int, i
     srcs = src if isinstance(src, list) else [src]
     if not pieces:
         return 0
-    group_of, first, last, l2_instance = (np.array(c, dtype=np.int64) for c in zip(*pieces))
+    group_of, first, last, l2_instance, *shifts = (np.array(c, dtype=np.int64) for c in zip(*pieces))
+    shift = shifts[0] if shifts else np.zeros_like(first)
     piece, dst, group, address, n, buffer = run_arrays_many(sources, group_of, first, last)
     if len(dst) == 0:
         return 0
@@ -183,7 +185,8 @@ def emit_pieces(b: ProgramBuilder, sources: LwSources, pieces: list[tuple[int, i
     per_group = b.params.instances_per_group(b.params.memory_id(L2BM))
     dst_group, local = np.divmod(l2_instance[piece], per_group)
     src_inst = np.where(zero, group_of[piece], group)
-    address, offset, which = np.where(zero, 0, address), dst - first[piece], np.where(zero, len(srcs), buffer)
+    address, which = np.where(zero, 0, address), np.where(zero, len(srcs), buffer)
+    offset = dst - first[piece] + shift[piece]
     every, alone = in_every_group(b.params.n_groups, dst_group, src_inst == dst_group,
                                   np.stack([offset, address, n, which, local], 1))
     if len(every):

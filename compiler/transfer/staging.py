@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache, partial
-from math import gcd
+from math import gcd, lcm
 
 import numpy as np
 
@@ -58,6 +58,8 @@ class Staging:
     fitted: Placement | None  # the image as a PFN layout
     why_not: str = ""
     l2_replicas: tuple[int, ...] = (0,)  # local L2B offsets each slot is also sent to (a sized B@ on L2B)
+    # The image is spread over the Groups' DRAMs and read by a distributed broadcast (see `_spread`)
+    spread: bool = False
 
     def l2_targets(self, local: int) -> tuple[int, ...]:
         """The local L2Bs that receive the image slot of local L2B `local`."""
@@ -79,23 +81,43 @@ class Staging:
     @cached_property
     def piece_quantum(self) -> int:
         """LM long words whose L1BM range is a whole number of l2bm chunks."""
-        if self.l1_mode != "distribute":
-            return 1
-        return self.chain.l2_chunk // gcd(self.chain.l2_chunk, self.per_lm_lw)
+        q1_unit, fan = (self.chain.l2_chunk, self.chain.l1_per_l2) if self.l1_mode == "distribute" else (1, 1)
+        if self.spread:  # a distributed broadcast moves whole rounds of blocks over the Groups
+            block = self.chain.spread_chunk * self.chain.groups
+            q1_unit = lcm(q1_unit, block // gcd(block, fan))
+        return q1_unit // gcd(q1_unit, self.per_lm_lw)
 
 
 CACHED_STAGINGS = 2048  # a planner asks for a few per candidate (compile-time cache; each is small)
 
 
-def stage(lm: Placement) -> Staging:
+def stage(lm: Placement, *, spread: bool = False) -> Staging:
     """The staging of an LM placement; raises LayoutError when block copies cannot produce it.
-    Kernels ask for the same stagings repeatedly (planning, then emitting), so they are cached."""
-    return _stage_cached(lm.layout, lm.hw, lm.memory, lm.dtype)
+    Kernels ask for the same stagings repeatedly (planning, then emitting), so they are cached.
+
+    With `spread`, a layout copied over every Group is fed from an image spread over the Groups'
+    DRAMs by distributed broadcast where the chip has one (`_spread`): half the Data Engine time
+    of a read on MN-Core 2, but an upload needs one MV per block and Group, so only tensors the
+    host writes (inputs, constants) are stored so (the planner's choice)."""
+    return _stage_cached(lm.layout, lm.hw, lm.memory, lm.dtype, spread)
+
+
+def stored_staging(lm: Placement, held: Placement) -> Staging | None:
+    """The staging of `lm` whose image `held` is (plain or spread), or None: the tensor must be
+    gathered."""
+    for spread in (False, True):
+        try:
+            st = stage(lm, spread=spread)
+        except LayoutError:
+            return None
+        if held.same_placement(st.dram):
+            return st
+    return None
 
 
 @lru_cache(maxsize=CACHED_STAGINGS)
-def _stage_cached(layout, hw, memory: str, dtype: str) -> Staging:
-    return _stage(Placement(layout, hw, memory, dtype, check_capacity=False))
+def _stage_cached(layout, hw, memory: str, dtype: str, spread: bool) -> Staging:
+    return _stage(Placement(layout, hw, memory, dtype, check_capacity=False), spread)
 
 
 @dataclass
@@ -135,7 +157,7 @@ def _cut(digits: list[_Digit], key: str, unit: int, layout) -> tuple[list[_Digit
     return out, below
 
 
-def _stage(lm: Placement) -> Staging:
+def _stage(lm: Placement, spread: bool = False) -> Staging:
     """The staging of an LM placement, computed on the layout's digits (no per-element arrays).
 
     Every quantity along the chain is linear in the digits of the LM layout: the L1BM position
@@ -237,10 +259,57 @@ def _stage(lm: Placement) -> Staging:
         broadcast = (Broadcast(chain.l2_axis),)
     elif g_copies > 1:
         broadcast = (Broadcast(chain.l2_axis, g_copies, g_step * g2),)
+    if spread and g_copies == chain.groups and locals_ == tuple(range(g2)) and replicas == (0,) and \
+            chain.worth_spreading(n_l2 * lm.time_slices):
+        spread_image = _spread(chain, digits, layout, n_l2)
+        if spread_image is not None:
+            fitted = Placement(spread_image, lm.hw, chain.dram, lm.dtype, check_capacity=False)
+            return Staging(lm, chain, pe_mode, l1_mode, locals_, span, per_lm, n_l1, n_l2, n_l2 * g2 // chain.groups,
+                           lm.time_slices, fitted, "", replicas, spread=True)
     image = Layout.of([_major_first(dim) for dim in dims], layout.shape, broadcast)
     fitted = Placement(image, lm.hw, chain.dram, lm.dtype, check_capacity=False)
     return Staging(lm, chain, pe_mode, l1_mode, locals_, span, per_lm, n_l1, n_l2, image_lw, lm.time_slices,
                    fitted, "", replicas)
+
+
+def _spread(chain: Chain, digits: list[_Digit], layout: Layout, n_l2: int) -> Layout | None:
+    """The image of a layout copied over every Group, each of a Group's L2Bs holding a slot of its
+    own, spread over the Groups' DRAMs for a distributed broadcast (mvb4), or None when its digits
+    do not split at the broadcast's blocks.
+
+    The broadcast sends Group g's block j (`spread_chunk` long words) to local L2B j mod P of every
+    Group, at block G * (j div P) + g: so L2BM long word t of local L2B c comes from Group
+    (t div chunk) mod G at chunk * (P * (t div (chunk * G)) + c) + t mod chunk. Each Group holds
+    1/G of the image instead of all of it, and reads it at the broadcast's rate: for MN-Core 2 half
+    the Data Engine time of reading every slot from each Group's own copy."""
+    ch, groups, per = chain.spread_chunk, chain.groups, chain.l2_per_group
+    if n_l2 % (ch * groups):
+        return None
+    try:
+        cut, _ = _cut(digits, "q2", ch, layout)
+        cut, _ = _cut(cut, "q2", ch * groups, layout)
+    except LayoutError:
+        return None
+    image_lw = n_l2 * per // groups
+    dims: list[list[Factor]] = [[] for _ in layout.shape]
+    for dg in cut:
+        k, slot = dg.coef["q2"], dg.coef[chain.l2_axis]
+        if dg.coef["w"]:
+            factor = Factor(dg.size, "W", dg.coef["w"])
+        elif dg.coef["time"]:
+            factor = Factor(dg.size, None, dg.coef["time"] * image_lw)
+        elif slot:
+            factor = Factor(dg.size, None, ch * slot)
+        elif 0 < k < ch:
+            factor = Factor(dg.size, None, k)
+        elif ch <= k < ch * groups:
+            factor = Factor(dg.size, chain.l2_axis, k // ch * per)
+        elif k:
+            factor = Factor(dg.size, None, k * per // groups)
+        else:
+            return None
+        dims[dg.dim].append(factor)
+    return Layout.of([_major_first(dim) for dim in dims], layout.shape, ())
 
 
 def _major_first(factors: list[Factor]) -> list[Factor]:
@@ -306,7 +375,11 @@ def emit_fetch(b: ProgramBuilder, st: Staging, *, dram: Address, l2_addr: int, f
     the runs into L2BM instead of copying one block."""
     l2_per_group = st.chain.l2_per_group
     base = dram + slice_index * st.image_lw
-    if source is not None:
+    if source is not None and st.spread:
+        sources, address, zeros = source
+        emit_pieces(b, sources, _spread_pieces(st, slice_index, first, count), src=address, zeros=zeros,
+                    l2_addr=l2_addr, tag=tag)
+    elif source is not None:
         sources, address, zeros = source
         pieces = []
         for slot, local in enumerate(st.l2_locals if st.l2_locals is not None else (0,)):
@@ -316,6 +389,13 @@ def emit_fetch(b: ProgramBuilder, st: Staging, *, dram: Address, l2_addr: int, f
                 for target in targets:  # a broadcast over L2Bs: every L2B of the Group gets the same data
                     pieces.append((g, start, start + count, g * l2_per_group + target))
         emit_pieces(b, sources, pieces, src=address, zeros=zeros, l2_addr=l2_addr, tag=tag)
+    elif st.spread:
+        groups, block = st.chain.groups, st.chain.spread_chunk * st.chain.groups
+        if first % block or count % block:
+            raise LayoutError(f"internal: a distributed broadcast of L2BM long words {first}..{first + count} of "
+                              f"{st.lm.layout}, not whole rounds of {block}")
+        b.mv("distributed_broadcast", DRAM, base + first * l2_per_group // groups, L2BM, l2_addr,
+             count * l2_per_group // groups, tag=tag, scope="chip")
     elif st.l2_locals is None:
         b.mv("broadcast", DRAM, base + first, L2BM, l2_addr, count, tag=tag)
     else:
@@ -323,6 +403,20 @@ def emit_fetch(b: ProgramBuilder, st: Staging, *, dram: Address, l2_addr: int, f
             for target in st.l2_targets(local):
                 b.mv("individual", DRAM, base + slot * st.n_l2 + first, L2BM, l2_addr, count, tag=tag,
                      dst_local=target)
+
+
+def _spread_pieces(st: Staging, slice_index: int, first: int, count: int) -> list[tuple[int, int, int, int, int]]:
+    """A gather into a spread image's L2BM long words [first, first + count): per block and L2B,
+    (the image's Group, its first and last long word there, the L2BM instance, where the block
+    lands after `first`), the inverse of the distributed broadcast's pattern (`_spread`)."""
+    ch, groups, per = st.chain.spread_chunk, st.chain.groups, st.chain.l2_per_group
+    out = []
+    for t in range(first, first + count, ch):
+        group, round_ = (t // ch) % groups, t // (ch * groups)
+        for local in range(per):
+            at = slice_index * st.image_lw + ch * (per * round_ + local)
+            out += [(group, at, at + ch, g * per + local, t - first) for g in range(groups)]
+    return out
 
 
 @dataclass(frozen=True)
@@ -455,7 +549,9 @@ def emit_upload(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, l
         b.nop(hz["l1bm_write_to_l2bm_read"])
         b.xfer(l1_mode, "up", L2BM, transit.l2[k % 2], L1BM, transit.l1[k % 2], p.q2_count, index=0)
         b.nop(hz["l2bm_write_to_mv_read"])
-        for slot, local in enumerate(st.l2_locals if st.l2_locals is not None else (0,)):
+        if st.spread:
+            _collect_spread(b, st, transit.l2[k % 2], base, p, tag)
+        for slot, local in enumerate(() if st.spread else st.l2_locals if st.l2_locals is not None else (0,)):
             if reduce:
                 b.mv("reduce", L2BM, transit.l2[k % 2], DRAM, base + slot * st.n_l2 + p.q2_first, p.q2_count,
                      tag=tag, red="add", dtype=st.lm.dtype)
@@ -465,3 +561,14 @@ def emit_upload(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, l
         in_flight.append(tag)
     for tag in dict.fromkeys(in_flight[-2:]):
         b.wait(tag)
+
+
+def _collect_spread(b: ProgramBuilder, st: Staging, l2_addr: int, base: Address, p: Piece, tag: int) -> None:
+    """A piece of a spread image from L2BM (at `l2_addr`) to DRAM: Group g writes its blocks of
+    each round, one from each of its L2Bs, as one collect (the inverse of `_spread`'s pattern)."""
+    ch, groups, per = st.chain.spread_chunk, st.chain.groups, st.chain.l2_per_group
+    block = ch * groups
+    for r in range(p.q2_count // block):
+        for g in range(groups):
+            b.mv("collect", L2BM, l2_addr + block * r + ch * g, DRAM, base + ch * per * (p.q2_first // block + r),
+                 ch * per, tag=tag, src_inst=g * per, dst_inst=g)

@@ -11,6 +11,7 @@ from compiler.errors import LayoutError
 from compiler.layout import Placement, parse
 from compiler.layout.candidates import candidates
 from compiler.layout.hostio import gather, scatter
+from compiler.transfer.gather import lw_sources
 from compiler.transfer.staging import Transit, emit_download, emit_upload, pieces, stage
 
 
@@ -154,3 +155,55 @@ def test_downloads_write_nothing_past_the_lm_region(mncore2, lm):
     words = st.span * machine.params.words_per_lw
     assert (lm[:, words:] == -7.0).all()
     np.testing.assert_array_equal(gather(st.lm, machine.memory("LM0")).view(np.float32), x)
+
+
+SPREAD = "((2_L2B:1, 512:2), (4_PE:1, 2:1, 2_W:1); B@[4_L2B:2])"  # each L2B of a Group its own rows, every Group alike
+
+
+def test_a_layout_copied_over_every_group_is_spread_over_their_drams(mncore2):
+    """Copied over the four Groups, each of a Group's two L2Bs holding its own rows, and asked
+    for (`spread`, what the host writes): the image is not kept whole in every Group's DRAM but
+    spread over them, a quarter each, and one distributed broadcast (mvb4) a piece brings every
+    Group all of it. Worked by hand from `_spread`'s pattern (16-LW blocks, L2BM long word t of
+    local L2B c from Group (t div 16) mod 4 at 16 (2 (t div 64) + c) + t mod 16) on the LM digits:
+    rows 512 x 2 LW at 4 PEs a long word make t = 8 r + 4 q + pe. Without `spread`, or when the
+    saving is below a DRAM latency (2 x 4,096 / 16 - 4,096 / 16 = 256 cycles here, 32 for 64 rows),
+    the image is the whole copy in every Group."""
+    st = stage(Placement(parse(SPREAD), mncore2, "LM0", "float32"), spread=True)
+    assert st.spread and st.image_lw == st.n_l2 * 2 // 4
+    assert st.dram.layout == parse("((2:16, 64:32, 4_L2B:2, 2:8), (4:1, 2:4, 2_W:1))").with_shape((1024, 16))
+    assert not stage(Placement(parse(SPREAD), mncore2, "LM0", "float32")).spread
+    assert not stage(Placement(parse(SPREAD.replace("512:2", "64:2")), mncore2, "LM0", "float32"), spread=True).spread
+    machine = sim.Machine(mncore2)
+    src, dst = machine.alloc_dram(st.dram_lw), machine.alloc_dram(st.dram_lw)
+    x = np.random.default_rng(6).standard_normal((1024, 16), dtype=np.float32)
+    scatter(st.dram, x, machine.memory("DRAM"), src)
+    down, up = sim.ProgramBuilder(machine.params), sim.ProgramBuilder(machine.params)
+    emit_download(down, st, dram=src, lm_mem="LM1", lm_word=0, transit=transit_for(mncore2))
+    emit_upload(up, st, dram=dst, lm_mem="LM1", lm_word=0, transit=transit_for(mncore2))
+    down, up = down.build(), up.build()
+    read = machine.run(down)
+    machine.run(up)
+    np.testing.assert_array_equal(gather(st.lm, machine.memory("LM1"), check_replicas=True).view(np.float32), x)
+    np.testing.assert_array_equal(gather(st.dram, machine.memory("DRAM"), dst).view(np.float32), x)
+    modes = [[sim.Mode(int(r[sim.isa.MV_MODE])).name for r in p.code if r[0] == sim.Op.MV] for p in (down, up)]
+    assert modes == [["distributed_broadcast"], ["collect"] * (4 * st.n_l2 // 64)]  # up: each Group its blocks
+    # each Group reads its quarter at the DRAM-side rate: 8 LW/cycle, 2,048 / 8 cycles on every Data Engine
+    rate = mncore2.transfers["dram_to_l2bm"].modes["distributed_broadcast"].src_lw_per_cycle
+    assert list(read.engine_busy) == [st.image_lw / rate] * 4 == [256] * 4
+
+
+def test_a_gather_into_a_spread_image_lands_every_block(mncore2):
+    """A tensor stored otherwise (row-major in Group 0's DRAM) gathered into a spread staging:
+    each 16-LW block of every L2B comes from the runs the spread image would hold there."""
+    st = stage(Placement(parse(SPREAD), mncore2, "LM0", "float32"), spread=True)
+    held = Placement(parse("(1024, 16)/((1024:8), (8:1, 2_W:1))"), mncore2, "DRAM", "float32")
+    machine = sim.Machine(mncore2)
+    src = machine.alloc_dram(held.layout.numel)
+    x = np.random.default_rng(7).standard_normal((1024, 16), dtype=np.float32)
+    scatter(held, x, machine.memory("DRAM"), src)
+    b = sim.ProgramBuilder(machine.params)
+    emit_download(b, st, dram=src, lm_mem="LM0", lm_word=0, transit=transit_for(mncore2),
+                  source=(lw_sources(st.dram, held), src, None))
+    machine.run(b.build())
+    np.testing.assert_array_equal(gather(st.lm, machine.memory("LM0"), check_replicas=True).view(np.float32), x)
