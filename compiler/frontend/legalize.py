@@ -46,11 +46,26 @@ ROUNDING = {"floor": "floor", "ceil": "ceil", "trunc": "trunc", "round": "round"
 
 def _unary(name: str, op: str) -> None:
     @rule(name)
-    def fn(b: Builder, out: Any, x: Value, *rest: Any) -> Value:
+    def fn(b: Builder, out: Any, x: Value, *rest: Any, **options: Any) -> Value:
         dtype = out_dtype(out)
+        if name == "round" and (rest or options):
+            return _round_decimals(b, x, dtype, *rest, **options)
+        if rest or options:
+            raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"{name} with arguments "
+                                     f"{list(rest) + [f'{k}={v!r}' for k, v in options.items()]}")
         if name in ROUNDING and x.dtype in ("int32", "bool"):
             return b.cast(x, dtype)
         return b.ew(op, b.cast(x, dtype), dtype=dtype)
+
+
+def _round_decimals(b: Builder, x: Value, dtype: str, decimals: int = 0) -> Value:
+    """torch.round(x, decimals=d) as torch computes it: round(x * 10^d) / 10^d, and for d < 0
+    round(x / 10^-d) * 10^-d (halves to even, in x's format)."""
+    x = b.cast(x, dtype)
+    scale = float(10 ** abs(decimals))
+    if decimals >= 0:
+        return b.ew("div", b.ew("round", b.ew("mul", x, scale), dtype=dtype), scale)
+    return b.ew("mul", b.ew("round", b.ew("div", x, scale), dtype=dtype), scale)
 
 
 for _name, _op in {**UNARY_FLOAT, **UNARY_SAME, **ROUNDING}.items():
@@ -358,10 +373,14 @@ def _argmax(b, out, x, dim=None, keepdim=False):
 
 def _arg_index(b: Builder, x: Value, dim: int, keepdim: bool, op: str, extreme: Value) -> Value:
     """The first index along `dim` where x reaches `extreme` (kept dim): the smallest index among
-    the positions equal to it, as torch returns."""
+    the positions equal to it, as torch returns. A NaN is the extreme of its row (max and min
+    propagate it) but equals nothing, so a NaN position counts as a hit: the first NaN's index,
+    torch's answer, where the comparison alone found none (and answered the row length)."""
     dim = norm_dim(dim, x.rank)
     index = b.iota(x.shape, dim, "int32")
     hit = b.ew("eq", x, extreme)
+    if x.dtype.startswith("float"):
+        hit = b.ew("or", hit, b.ew("ne", x, x))
     candidates = b.ew("where", hit, index, x.shape[dim], dtype="int32")
     return b.reduce("min", candidates, [dim], keepdim)
 

@@ -258,17 +258,28 @@ def _hits(b, index: Value, dim: int, size: int) -> Value:
 def _scatter(b, out, x, dim, index, src, reduce=None):
     """torch.scatter / scatter_add: along `dim`, position index[..., j, ...] of the result takes
     src[..., j, ...] (a tensor or a number; added to x for scatter_add). Computed as gather is:
-    the index compared with an iota of the dimension, the hits' values summed over j (where one
-    position is hit twice, scatter's result is the sum; torch leaves the winner unspecified).
-    This is how a cross-entropy's gradient puts -1 at each label."""
+    the index compared with an iota of the dimension, the hits' values summed over j. This is how
+    a cross-entropy's gradient puts -1 at each label. Where one position is hit twice, scatter_add
+    adds both and scatter keeps the last write (`_last_hits`), as torch on the host does."""
     dim = norm_dim(dim, x.rank)
     if reduce is not None:
         raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"scatter with reduce={reduce!r}")
     hit, src = _scattered(b, x, dim, index, src)
-    placed = b.reduce("sum", b.ew("where", hit, src, 0, dtype=x.dtype), [dim])
     if b.aten.startswith("aten.scatter_add"):
-        return b.ew("add", x, placed, dtype=x.dtype)
+        return b.ew("add", x, b.reduce("sum", b.ew("where", hit, src, 0, dtype=x.dtype), [dim]), dtype=x.dtype)
+    placed = b.reduce("sum", b.ew("where", _last_hits(b, hit, dim), src, 0, dtype=x.dtype), [dim])
     return b.ew("where", b.reduce("max", hit, [dim]), placed, x, dtype=x.dtype)
+
+
+def _last_hits(b, hit: Value, along: int) -> Value:
+    """Of the hits on each position, only the last along `along` (the writes' order): a write
+    through a repeated index keeps one value, as torch's loop leaves it, instead of their sum (a
+    multi-hot vector `zeros.scatter(1, ids, 1.0)` with a repeated id read 2 there)."""
+    if hit.shape[along] == 1:  # one write per position (a cross-entropy gradient's label): nothing to drop
+        return hit
+    order = b.iota(hit.shape, along, "int32")
+    last = b.reduce("max", b.ew("where", hit, order, -1, dtype="int32"), [along], True)
+    return b.ew("and", hit, b.ew("eq", order, last))
 
 
 def _scattered(b, x: Value, dim: int, index: Value, src) -> tuple[Value, Value | Any]:
@@ -360,8 +371,8 @@ def _slice_scatter(b, out, x, src, dim=0, start=None, end=None, step=1):
 def _index_put(b, out, x, indices, values, accumulate=False):
     """x[i0, i1, ...] = values (+= with accumulate; an embedding's gradient) for index tensors on
     adjacent dimensions: the indexed dimensions are brought first and flattened, and the rows a
-    one-hot of the flat index selects are summed by a matrix product (repeated indices add up,
-    where torch's plain index_put leaves the winner unspecified)."""
+    one-hot of the flat index selects are summed by a matrix product. A repeated index adds up
+    with accumulate, and otherwise keeps the last write (`_last_hits`), as torch on the host."""
     used = [d for d, i in enumerate(indices) if i is not None]
     shapes = [list(x.shape), list(values.shape)]
     if not used or used != list(range(used[0], used[-1] + 1)) or \
@@ -383,7 +394,7 @@ def _index_put(b, out, x, indices, values, accumulate=False):
                      list(range(lead + len(shape), vals.rank)))
     vals = b.reshape(vals, (n, prod(rest)))
     hits = b.ew("eq", b.iota((rows, 1), 0, "int32"), b.reshape(flat, (1, n)))  # (rows, n)
-    summed = b.matmul(b.cast(hits, "float32"), vals, dtype="float32")
+    summed = b.matmul(b.cast(hits if accumulate else _last_hits(b, hits, 1), "float32"), vals, dtype="float32")
     b.graph.nodes[-1].attrs["exact"] = True  # a selection: never in reduced precision
     summed = b.cast(b.reshape(summed, (rows,) + rest), x.dtype)
     base = b.reshape(moved, (rows,) + rest)

@@ -70,8 +70,13 @@ def user_line(stack_trace: str | None) -> str:
 
 
 def _exception_line(e: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_INTERNAL)]
-    return f"{frames[-1].filename}:{frames[-1].lineno}: {(frames[-1].line or '').strip()}" if frames else ""
+    return _user_line(traceback.extract_tb(e.__traceback__))
+
+
+def _user_line(frames: traceback.StackSummary) -> str:
+    """The innermost frame outside torch and mnsim, as file:line: source."""
+    mine = [f for f in frames if not f.filename.startswith(_INTERNAL)]
+    return f"{mine[-1].filename}:{mine[-1].lineno}: {(mine[-1].line or '').strip()}" if mine else ""
 
 
 def key_name(path: tuple) -> str:
@@ -148,7 +153,7 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
         with _all_stack_frames(), no_onednn:
             # pass 1, through autograd and the optimizer: backward() and step() become ATen ops on
             # the captured tensors (functionalize would hide autograd, so it comes second)
-            with autograd_phases(), DecomposeAboveAutograd():
+            with autograd_phases(resident), DecomposeAboveAutograd():
                 joint = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True,
                                 record_stack_traces=True)(*tensors)
             state, gradients_left = _captured_state(joint, resident, describe)
@@ -169,8 +174,10 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
     except Exception as e:  # data-dependent control flow, unsupported Python, ...
         line = _exception_line(e)
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        hint = f"\n  {_DATA_DEPENDENT}" if type(e).__name__ in ("GuardOnDataDependentSymNode",
+                                                               "DataDependentOutputException") else ""
         raise CompileError(f"tracing {getattr(fn, '__name__', fn)} failed: {type(e).__name__}: {first}"
-                           + (f"\n  at {line}" if line else "")) from e
+                           + (f"\n  at {line}" if line else "") + hint) from e
     graph = _legalize(gm, [*names, *state], [*tensors, *state.values()], out_info["names"], out_info["spec"],
                       in_spec, state)
     graph.gradients_left = gradients_left
@@ -192,13 +199,18 @@ class _TrainingTrace(torch.overrides.TorchFunctionMode):
     restored by `restore()`."""
 
     GRADIENTS = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
+    HOST_READS = (torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__int__, torch.Tensor.__bool__,
+                  torch.Tensor.__index__, torch.Tensor.tolist)
 
-    def __init__(self) -> None:
+    def __init__(self, resident: Callable[[torch.Tensor], str | None] | None = None) -> None:
         super().__init__()
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.resident = resident
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in self.HOST_READS and args and _is_real(args[0]) and self.resident is not None:
+            self._refuse_host_read(func, args[0])
         if func in self.GRADIENTS:
             with torch.autograd.profiler.record_function(_PHASE_MARK + BACKWARD):
                 return func(*args, **kwargs)
@@ -214,6 +226,20 @@ class _TrainingTrace(torch.overrides.TorchFunctionMode):
                 with torch.no_grad(), unset_fake_temporarily(), disable_proxy_modes_tracing():  # a real copy
                     self.saved[id(t)] = (t, t.data, t.detach().clone())
         return func(*args, **kwargs)
+
+    def _refuse_host_read(self, func: Any, t: torch.Tensor) -> None:
+        """A registered tensor read as a Python number (float(), .item(), a condition) would be
+        read once, here, and frozen into the program, while the device keeps updating it: a
+        counter `x / float(self.count)` divided by 1 on every call, and BatchNorm with
+        momentum=None kept the last batch's statistics instead of their running average."""
+        name = self.resident(t)
+        if name is None:
+            return
+        line = _user_line(traceback.extract_stack())
+        raise CompileError(f"registered tensor {name!r} is read as a Python number ({func.__name__}) while "
+                           f"tracing: its value then would be frozen into the program although the device "
+                           f"updates it; keep it a tensor (x / t rather than x / float(t))"
+                           + (f"\n  at {line}" if line else ""))
 
     def restore(self) -> None:
         with torch.no_grad():
@@ -236,6 +262,9 @@ def _is_real(t: Any) -> bool:
 
 
 _FUSED_ATTENTION = torch.nn.functional.scaled_dot_product_attention
+_DATA_DEPENDENT = ("the code takes a Python branch on a tensor's values, which a compiled program cannot: "
+                   "nn.Transformer and nn.TransformerEncoder test whether a mask is causal unless given "
+                   "is_causal=, gaussian_nll_loss tests var < 0; pass the flag or keep the branch out")
 _TRACING = threading.RLock()
 
 
@@ -257,16 +286,17 @@ def _math_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 
 @contextlib.contextmanager
-def autograd_phases() -> Iterator[None]:
-    """While tracing: mark the backward pass, refuse optimizers that keep state on the host, and
-    run attention as its math composite (called directly, or through torch.nn.functional from
-    inside other torch functions, such as multi-head attention, which the mode does not see)."""
+def autograd_phases(resident: Callable[[torch.Tensor], str | None] | None = None) -> Iterator[None]:
+    """While tracing: mark the backward pass, refuse optimizers that keep state on the host and
+    reads of `resident` tensors as Python numbers, and run attention as its math composite
+    (called directly, or through torch.nn.functional from inside other torch functions, such as
+    multi-head attention, which the mode does not see)."""
     with _TRACING, contextlib.ExitStack() as undo:  # process-wide patches: one trace at a time
         undo.callback(register_optimizer_step_pre_hook(_check_optimizer).remove)
         attention = torch.nn.functional.scaled_dot_product_attention
         torch.nn.functional.scaled_dot_product_attention = _math_attention
         undo.callback(setattr, torch.nn.functional, "scaled_dot_product_attention", attention)
-        mode = _TrainingTrace()
+        mode = _TrainingTrace(resident)
         undo.callback(mode.restore)
         with mode:
             yield

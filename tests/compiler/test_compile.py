@@ -282,6 +282,34 @@ def test_medians_match_torch_with_nan_infinities_and_ties(device, fn):
         torch.testing.assert_close(got[name], expected, rtol=0, atol=0, equal_nan=True, check_dtype=False, msg=name)
 
 
+def test_round_with_decimals_matches_torch_bit_for_bit(device):
+    """torch.round(x, decimals=d) scales by 10^d, rounds half to even and scales back (d < 0:
+    divides first); the rule for round took no decimals and the compile crashed with a TypeError."""
+    x = torch.randn(64, generator=torch.Generator().manual_seed(6)) * 30
+    x[:4] = torch.tensor([0.25, 0.35, -2.5, 15.0])  # halves after scaling: to even
+
+    def fn(d):
+        return {"one": torch.round(d["x"], decimals=1), "minus": torch.round(d["x"], decimals=-1),
+                "three": d["x"].round(decimals=3), "plain": d["x"].round()}
+    inputs = {"x": x}
+    got = device.execute(compile_function(fn, inputs, device.hw), inputs)
+    for name, expected in fn(inputs).items():
+        torch.testing.assert_close(got[name], expected, rtol=0, atol=0, msg=name)
+
+
+def test_argmax_and_argmin_find_the_first_nan_as_torch(device):
+    """max and min propagate a NaN, and torch's argmax/argmin answer the first NaN's index; an
+    index taken as "the first position equal to the max" found none (NaN equals nothing) and
+    answered the row length, one past the end (a sweep of new programs found it)."""
+    inputs = {"x": special_rows()}
+    fn = lambda d: {"argmax": d["x"].argmax(1), "argmin": d["x"].argmin(1, keepdim=True),  # noqa: E731
+                    "max_indices": d["x"].max(1).indices, "whole": d["x"].argmax(), "columns": d["x"].argmin(0)}
+    got = device.execute(compile_function(fn, inputs, device.hw), inputs)
+    for name, expected in fn(inputs).items():
+        torch.testing.assert_close(got[name], expected, rtol=0, atol=0, check_dtype=False, msg=name)
+    assert got["argmax"][1] == 2 and got["whole"] == 11  # row 1's NaN; the flat index of the first NaN
+
+
 @pytest.mark.parametrize("fn", [
     lambda d: {"left": torch.bucketize(d["x"], d["b"]), "right": torch.bucketize(d["x"], d["b"], right=True,
                                                                                      out_int32=True)},
@@ -435,6 +463,18 @@ def test_a_value_read_on_the_host_is_refused_saying_so():
                                                  r"host \(\.item\(\), a Python condition on a tensor\)") as info:
         compile_function(fn, {"x": torch.randn(4, 8)}, hwdesc.load("mini"))
     assert 'd["x"].sum().item()' in str(info.value)
+
+
+def test_a_python_branch_on_values_inside_torch_is_refused_with_a_hint():
+    """torch's own code testing a tensor's values in Python (gaussian_nll_loss's var < 0 check,
+    nn.Transformer's causal-mask test) fails under tracing with torch's internal guard message;
+    the refusal adds what it means and the user's line."""
+    def fn(d):
+        return {"y": torch.nn.functional.gaussian_nll_loss(d["x"], d["t"], d["v"])}  # the line
+    inputs = {"x": torch.randn(4, 3), "t": torch.randn(4, 3), "v": torch.rand(4, 3) + 0.1}
+    with pytest.raises(CompileError, match="takes a Python branch on a tensor's values") as info:
+        compile_function(fn, inputs, hwdesc.load("mini"))
+    assert "gaussian_nll_loss(d[\"x\"], d[\"t\"], d[\"v\"])" in str(info.value)
 
 
 def test_broadcast_operand_keeps_copies_where_its_axis_is_still_placed():

@@ -199,3 +199,27 @@ def test_scatter_matches_torch(device):
     got = device.execute(compile_function(fn, inputs, device.hw), inputs)
     for name, expected in fn(inputs).items():
         torch.testing.assert_close(got[name], expected, rtol=1e-6, atol=1e-6)
+
+
+def test_writes_through_a_repeated_index_keep_the_last_write(device):
+    """A write (not an accumulation) through a repeated index keeps one value, the last one, as
+    torch on the host does: a multi-hot vector of ids with a repeat, index_put and `y[i] = v`
+    with a repeated row, scatter of distinct values into one position. A sum of the writes (what
+    a one-hot product gives) read 2 in the multi-hot vector; the adds still add."""
+    ids = torch.tensor([[1, 3, 3, 3], [0, 0, 5, 0]])
+    rows = torch.tensor([3, 1, 3])
+
+    def fn(d):
+        y = torch.zeros(6, 2)
+        y[d["rows"]] = d["v"]
+        return {"multi_hot": torch.zeros(2, 6).scatter(1, d["ids"], 1.0),
+                "distinct": torch.zeros(2, 6).scatter(1, d["ids"], d["src"]),
+                "add": torch.zeros(2, 6).scatter_add(1, d["ids"], d["src"]),
+                "put": torch.zeros(6).index_put((d["rows"],), torch.tensor(2.0)), "setitem": y,
+                "accumulated": torch.zeros(6).index_put((d["rows"],), d["v"][:, 0], accumulate=True),
+                "fill": torch.ones(6, 2).index_fill(0, d["rows"], -1.0)}
+    inputs = {"ids": ids, "rows": rows, "src": torch.arange(8.0).reshape(2, 4), "v": torch.arange(6.0).reshape(3, 2)}
+    got = device.execute(compile_function(fn, inputs, device.hw), inputs)
+    for name, expected in fn(inputs).items():
+        torch.testing.assert_close(got[name], expected, rtol=0, atol=0, msg=name)
+    assert got["multi_hot"][0, 3] == 1 and got["distinct"][1, 0] == 7 and got["setitem"][3, 1] == 5

@@ -708,3 +708,39 @@ def test_a_bias_gradient_summed_in_one_l2b_updates_every_entry():
     (ref(batch["x"]) * batch["t"]).sum().backward()
     ref_optimizer.step()
     assert_state_close(model, ref)
+
+
+class _Counter(nn.Module):
+    """Divides by how often it was called, read as a Python number (frozen if traced so)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count += 1
+        return x / float(self.count)  # the line the refusal names
+
+
+def test_a_registered_tensor_read_as_a_number_is_refused_and_the_context_stays_usable():
+    """float(buffer) while tracing would bake the buffer's value at compile into the program while
+    the device keeps updating the buffer: x / float(count) divided by 1 on every call, and
+    BatchNorm(momentum=None) kept the last batch's statistics. Refused, naming the tensor and the
+    line; the same Context then compiles and runs the tensor form."""
+    counter = _Counter()
+    ctx = Context(MNDevice("mini"))
+    ctx.registry.register("counter", counter)
+    x = torch.ones(3)
+    with pytest.raises(CompileError, match=r"registered tensor 'counter@count' is read as a Python number") as info:
+        ctx.compile(lambda d: {"y": counter(d["x"])}, {"x": x}, None)
+    assert "x / float(self.count)" in str(info.value)
+    bn = nn.BatchNorm1d(4, momentum=None)
+    ctx.registry.register("bn", bn)
+    with pytest.raises(CompileError, match=r"'bn@num_batches_tracked' is read as a Python number"):
+        ctx.compile(lambda d: {"y": bn(d["x"])}, {"x": torch.randn(8, 4)}, None)
+
+    def tensor_form(d):
+        counter.count += 1
+        return {"y": d["x"] / counter.count}
+    step = ctx.compile(tensor_form, {"x": x}, None)
+    assert [step({"x": x})["y"].cpu()[0].item() for _ in range(3)] == [1.0, 0.5, pytest.approx(1 / 3)]
