@@ -210,6 +210,7 @@ class Context:
         compile the loss alone."""
         self.runtime.check()
         t0 = time.perf_counter()
+        opts = options_mod.check(options)
         legacy = [type(o).__name__ for o in (optimizers or []) if not isinstance(o, MNCoreOptimizer)]
         if (options or {}).get("backprop") or legacy:
             raise OptionError(f"{self.runtime.label}: the legacy torch.onnx training path ("
@@ -218,7 +219,6 @@ class Context:
                               + (f"optimizers={legacy}" if legacy else "") + ") is not simulated; write the step "
                               "as the fx2onnx path does: loss.backward() and an MNCore optimizer's step() inside "
                               "the compiled function")
-        opts = options_mod.check(options)
         mode = options_mod.simulation_mode(options)
         constraints = dict(io_spec_constraints or {})
         name = function_name(function)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import contextlib
 import warnings
 from typing import Iterator
@@ -38,6 +40,9 @@ SIMULATION_MODES = ("both", "timing", "functional")
 
 def check(options: dict | None) -> dict:
     """Validated options: unknown keys warn (listing the known ones), bad values raise."""
+    if options is not None and not isinstance(options, Mapping):
+        raise OptionError(f"options must be a dict such as {{'float_dtype': 'mixed'}}, not "
+                          f"{type(options).__name__} {options!r:.60}")
     options = dict(options or {})
     unknown = [k for k in options if k not in USED and k not in IGNORED]
     if unknown:

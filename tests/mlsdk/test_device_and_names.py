@@ -109,6 +109,16 @@ def test_options_bad_float_dtype_raises():
         options_mod.check({"float_dtype": "double"})
 
 
+@pytest.mark.parametrize("options", ["mixed", ["float_dtype"], 3])
+def test_options_that_are_not_a_dict_are_refused_naming_what_was_given(options):
+    """options="mixed" (the value without its key) crashed inside compile with an AttributeError."""
+    from mlsdk import Context, MNDevice, OptionError
+    ctx = Context(MNDevice("mini"))
+    with pytest.raises(OptionError, match=rf"options must be a dict such as .*, not {type(options).__name__} "):
+        ctx.compile(lambda d: {"y": d["x"] + 1}, {"x": torch.ones(3)}, None, options=options)
+    assert ctx.compile(lambda d: {"y": d["x"] + 1}, {"x": torch.ones(3)}, None)({"x": torch.ones(3)})["y"].cpu()[0] == 2
+
+
 def test_readme_documents_every_option():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     missing = [name for name in [*options_mod.USED, *options_mod.IGNORED] if f"`{name}`" not in readme]
