@@ -133,6 +133,7 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
         if t.dtype not in INPUT_DTYPES:
             raise CompileError(f"input {name!r} has dtype {t.dtype}; the device takes "
                                f"{', '.join(str(d).replace('torch.', '') for d in INPUT_DTYPES)}")
+    tensors = _unaliased(tensors)
     spec = pytree.tree_structure(inputs)
     out_info: dict[str, Any] = {}
 
@@ -183,6 +184,21 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
     graph.gradients_left = gradients_left
     graph.module = gm  # the traced function itself, runnable with real tensors (reference runs)
     return graph
+
+
+def _unaliased(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The sample inputs with each one that shares memory with an earlier one copied. One tensor
+    under two names (z = zeros(...); {"x": z, "y": z}), or a view of another, is two inputs of
+    the program: traced as one (tracing follows the storage), the program read the same buffer for
+    both, whatever the call passed."""
+    seen: set[int] = set()
+    out = []
+    for t in tensors:
+        storage = t.untyped_storage().data_ptr() if t.numel() else None
+        out.append(t.clone() if storage in seen else t)
+        if storage is not None:
+            seen.add(storage)
+    return out
 
 
 BACKWARD, OPTIMIZER, FORWARD = "backward", "optimizer", "forward"

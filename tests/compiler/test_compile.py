@@ -282,6 +282,18 @@ def test_medians_match_torch_with_nan_infinities_and_ties(device, fn):
         torch.testing.assert_close(got[name], expected, rtol=0, atol=0, equal_nan=True, check_dtype=False, msg=name)
 
 
+def test_sample_inputs_sharing_memory_stay_separate_inputs(device):
+    """One tensor under two names in the sample (z = zeros(...); {"x": z, "y": z}), and a view of
+    it under a third: three inputs, each read from its own buffer; traced as one, the program read
+    x for y whatever the call passed (x + 10 y gave 22 for 21)."""
+    z = torch.zeros(2, 3)
+    fn = lambda d: {"out": d["x"] + 10 * d["y"] + 100 * d["v"]}  # noqa: E731
+    compiled = compile_function(fn, {"x": z, "y": z, "v": z[:, :1]}, device.hw)
+    inputs = {"x": torch.ones(2, 3), "y": torch.full((2, 3), 2.0), "v": torch.full((2, 1), 3.0)}
+    got = device.execute(compiled, inputs)
+    torch.testing.assert_close(got["out"], fn(inputs)["out"], rtol=0, atol=0)
+
+
 def test_round_with_decimals_matches_torch_bit_for_bit(device):
     """torch.round(x, decimals=d) scales by 10^d, rounds half to even and scales back (d < 0:
     divides first); the rule for round took no decimals and the compile crashed with a TypeError."""
