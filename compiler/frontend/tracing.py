@@ -304,11 +304,16 @@ def _math_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 @contextlib.contextmanager
 def autograd_phases(resident: Callable[[torch.Tensor], str | None] | None = None) -> Iterator[None]:
     """While tracing: mark the backward pass, refuse optimizers that keep state on the host and
-    reads of `resident` tensors as Python numbers, and run attention as its math composite
-    (called directly, or through torch.nn.functional from inside other torch functions, such as
-    multi-head attention, which the mode does not see)."""
+    reads of `resident` tensors as Python numbers, clear resident gradients in place on zero_grad
+    (`_zeroing`), and run attention as its math composite (called directly, or through
+    torch.nn.functional from inside other torch functions, such as multi-head attention, which the
+    mode does not see)."""
     with _TRACING, contextlib.ExitStack() as undo:  # process-wide patches: one trace at a time
         undo.callback(register_optimizer_step_pre_hook(_check_optimizer).remove)
+        for owner, params in ((torch.optim.Optimizer, lambda o: [p for g in o.param_groups for p in g["params"]]),
+                              (torch.nn.Module, lambda m: list(m.parameters()))):
+            undo.callback(setattr, owner, "zero_grad", owner.zero_grad)
+            owner.zero_grad = _zeroing(owner.zero_grad, params, resident)
         attention = torch.nn.functional.scaled_dot_product_attention
         torch.nn.functional.scaled_dot_product_attention = _math_attention
         undo.callback(setattr, torch.nn.functional, "scaled_dot_product_attention", attention)
@@ -316,6 +321,22 @@ def autograd_phases(resident: Callable[[torch.Tensor], str | None] | None = None
         undo.callback(mode.restore)
         with mode:
             yield
+
+
+def _zeroing(zero_grad: Callable, params: Callable[[Any], list], resident: Callable[[torch.Tensor], str | None] | None
+             ) -> Callable:
+    """`zero_grad` for tracing: a gradient the device keeps (a registered p.grad, slm_sft's
+    pre-allocated ones) is zeroed in place, which the trace records as its update, where
+    set_to_none=True (the default) only dropped the Python reference: the device kept the sum,
+    and a step after gradient accumulation over compiled calls used every round's gradients."""
+    def traced_zero_grad(self: Any, *args: Any, **kwargs: Any) -> None:
+        kept = {p: p.grad for p in params(self)
+                if _is_real(p.grad) and resident is not None and resident(p.grad) is not None}
+        zero_grad(self, *args, **kwargs)
+        for p, grad in kept.items():
+            grad.zero_()
+            p.grad = grad
+    return traced_zero_grad
 
 
 def _check_optimizer(optimizer: Any, args: Any, kwargs: Any) -> None:

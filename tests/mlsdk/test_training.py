@@ -388,22 +388,33 @@ def test_host_optimizers_and_unregistered_state_are_refused():
     assert torch.equal(model.bn.running_mean, running)
 
 
-def test_gradient_only_step_that_sets_grads_to_none_is_refused():
-    """zero_grad() inside a backward-only step would replace the registered p.grad: refused."""
+def test_gradient_only_step_with_zero_grad_leaves_this_steps_gradient():
+    """zero_grad() inside a backward-only step clears the registered p.grad in place (it was
+    refused while zero_grad only dropped the Python reference): after each call p.grad holds that
+    call's gradient alone, as torch's."""
+    torch.manual_seed(3)
     model = MLP()
+    ref = copy.deepcopy(model)
     ctx = Context(MNDevice("mini:auto"))
     optimizer = MNCoreSGD(model.parameters(), 0.1)
     registered(ctx, model, optimizer)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
 
-    def backward_only(inp):
-        optimizer.zero_grad()
-        loss = model(inp["x"], inp["t"])
+    def backward_only(inp, m=model, o=optimizer):
+        o.zero_grad()
+        loss = m(inp["x"], inp["t"])
         loss.backward()
         return {"loss": loss}
-    with pytest.raises(CompileError, match=r"sets .grad to None first \(zero_grad\(\)\)"):
-        ctx.compile(backward_only, batches((8, 16), 1)[0], None)
+    data = batches((8, 16), 2)
+    step = ctx.compile(backward_only, data[0], None)
+    ref_optimizer = torch.optim.SGD(ref.parameters(), 0.1)
+    for inp in data:
+        step(inp)
+        backward_only(inp, ref, ref_optimizer)
+    ctx.synchronize()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_tracing_leaves_host_tensors_as_they_were():
@@ -744,3 +755,49 @@ def test_a_registered_tensor_read_as_a_number_is_refused_and_the_context_stays_u
         return {"y": d["x"] / counter.count}
     step = ctx.compile(tensor_form, {"x": x}, None)
     assert [step({"x": x})["y"].cpu()[0].item() for _ in range(3)] == [1.0, 0.5, pytest.approx(1 / 3)]
+
+
+def test_zero_grad_clears_gradients_the_device_keeps():
+    """Gradient accumulation over compiled calls (slm_sft's pattern): one function runs backward()
+    into the device's p.grad, another steps and calls zero_grad(), whose default set_to_none=True
+    only drops a Python reference while tracing; the device kept the sum, so every update used
+    all rounds' gradients (bias -1.39 for torch's -0.99). The gradients are zeroed in place now,
+    with the optimizer's zero_grad and the module's."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    ref = copy.deepcopy(model)
+    ctx = Context(MNDevice("mini"))
+    ctx.registry.register("m", model)
+    optimizer = MNCoreSGD(model.parameters(), lr=0.1)
+    ctx.registry.register("o", optimizer)
+    ref_optimizer = torch.optim.SGD(ref.parameters(), lr=0.1)
+
+    def accumulate(d, m=model):
+        loss = (m(d["x"]) - d["y"]).pow(2).mean()
+        loss.backward()
+        return {"loss": loss}
+
+    def update_zeroing_the_optimizer(d):
+        optimizer.step()
+        optimizer.zero_grad()
+        return {}
+
+    def update_zeroing_the_module(d):
+        optimizer.step()
+        model.zero_grad()
+        return {}
+
+    data = [{"x": torch.randn(3, 4), "y": torch.randn(3, 2)} for _ in range(6)]
+    accumulated = ctx.compile(accumulate, data[0], None)
+    steps = {"optimizer": ctx.compile(update_zeroing_the_optimizer, {}, None),
+             "module": ctx.compile(update_zeroing_the_module, {}, None)}
+    for k, which in enumerate(["optimizer", "module", "optimizer"]):
+        for d in data[2 * k: 2 * k + 2]:
+            accumulated(d)
+            accumulate(d, ref)
+        steps[which]({})
+        ref_optimizer.step()
+        ref_optimizer.zero_grad()
+    ctx.synchronize()
+    torch.testing.assert_close(model.weight, ref.weight, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model.bias, ref.bias, rtol=1e-5, atol=1e-6)
