@@ -251,7 +251,8 @@ class Context:
                 self._register_grad(t)
         with _grads_kept(resident.tensors()):
             graph = trace_graph(function, inputs, resident.name_of, get_tensor_name)
-        if training is False and graph.has_phase("backward"):
+        if training is False and (graph.has_phase("backward") or graph.gradients_left):  # (a gradient-only
+            # step's backward has no reader before its gradients are registered: the nodes were dropped)
             line = next((n.source for n in graph.nodes if n.phase == "backward" and n.source), "")
             raise CompileError(f"{name}: training=False, but the function computes gradients (backward() or "
                                f"torch.autograd.grad)" + (f"\n  at {line}" if line else "")

@@ -125,7 +125,7 @@ def trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tenso
 def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tensor], str | None] | None,
            describe: Callable[[torch.Tensor], str | None] | None) -> Graph:
     leaves, in_spec = pytree.tree_flatten_with_path(inputs)
-    names = [key_name(path) for path, _ in leaves]
+    names = _distinct_names([key_name(path) for path, _ in leaves], "inputs")
     tensors = [leaf for _, leaf in leaves]
     for name, t in zip(names, tensors):
         if not isinstance(t, torch.Tensor):
@@ -140,7 +140,7 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
     def flat_fn(*args: torch.Tensor) -> list[torch.Tensor]:
         result = fn(pytree.tree_unflatten(list(args), spec))
         out_leaves, _ = pytree.tree_flatten_with_path(result)
-        out_info["names"] = [key_name(p) for p, _ in out_leaves]
+        out_info["names"] = _distinct_names([key_name(p) for p, _ in out_leaves], "outputs")
         out_info["spec"] = pytree.tree_structure(result)
         bad = [key_name(p) for p, leaf in out_leaves if not isinstance(leaf, torch.Tensor)]
         if bad:
@@ -184,6 +184,19 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
     graph.gradients_left = gradients_left
     graph.module = gm  # the traced function itself, runnable with real tensors (reference runs)
     return graph
+
+
+def _distinct_names(names: list[str], what: str) -> list[str]:
+    """The dotted names of a pytree's leaves, refused when two meet: a key "a.b" beside a nested
+    {"a": {"b": ...}} named one tensor for both (the program read one for two inputs; outputs
+    compiled, then every call failed inside torch's pytree)."""
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise CompileError(f"two {what} are both named {name!r} once nested keys are joined with dots (a key "
+                               f"with a dot beside nested dicts); rename one")
+        seen.add(name)
+    return names
 
 
 def _unaliased(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -520,8 +533,10 @@ def _write_back(b: Builder, args: tuple, aten: str, shapes: list, source: str) -
     device-resident tensor that is its update; a user's input cannot be written."""
     dst, src = args[0], args[1]
     if not (isinstance(dst, Value) and dst.kind == "input" and dst.name in b.graph.resident):
-        raise UnsupportedOpError(aten, shapes, source, "the function writes one of its inputs in place; return the "
-                                 "new value instead")
+        # functionalize adds the copy_ at the end of the trace: the user's line is the write's, the new value's
+        written = src.producer.source if isinstance(src, Value) and src.producer is not None else ""
+        raise UnsupportedOpError(aten, shapes, written or source, "the function writes one of its inputs in place; "
+                                 "return the new value instead")
     if tuple(src.shape) != dst.shape:
         src = b.expand(src, dst.shape)
     b.graph.updates[dst.name] = b.cast(src, dst.dtype)

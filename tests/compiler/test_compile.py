@@ -294,6 +294,28 @@ def test_sample_inputs_sharing_memory_stay_separate_inputs(device):
     torch.testing.assert_close(got["out"], fn(inputs)["out"], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("fn, inputs, what", [
+    (lambda d: {"y": d["a.b"] + 10 * d["a"]["b"]}, {"a.b": torch.ones(3), "a": {"b": torch.ones(3)}}, "inputs"),
+    (lambda d: {"y.z": d["x"] * 1, "y": {"z": d["x"] * 2}}, {"x": torch.ones(3)}, "outputs"),
+], ids=["inputs", "outputs"])
+def test_names_that_meet_once_joined_are_refused(fn, inputs, what):
+    """A key with a dot beside nested dicts names two tensors alike: the program read one for
+    both inputs, and outputs so named failed at every call inside torch's pytree."""
+    with pytest.raises(CompileError, match=rf"two {what} are both named 'a\.b'|two {what} are both named 'y\.z'"):
+        compile_function(fn, inputs, hwdesc.load("mini"))
+
+
+def test_an_in_place_write_into_an_input_is_refused_at_the_users_line():
+    """The write-back that functionalize adds at the end of the trace carried the trace call's
+    line (mnsim's own); the refusal names the line that wrote."""
+    def fn(d):
+        d["x"].mul_(3)  # the line the error must point at
+        return {"y": d["x"] + 1}
+    with pytest.raises(UnsupportedOpError, match="writes one of its inputs in place") as info:
+        compile_function(fn, {"x": torch.randn(4)}, hwdesc.load("mini"))
+    assert 'test_compile.py' in str(info.value) and 'd["x"].mul_(3)' in str(info.value)
+
+
 def test_round_with_decimals_matches_torch_bit_for_bit(device):
     """torch.round(x, decimals=d) scales by 10^d, rounds half to even and scales back (d < 0:
     divides first); the rule for round took no decimals and the compile crashed with a TypeError."""

@@ -46,3 +46,16 @@ def test_candidates_differ_between_chips(capsys):
     _, big = run(capsys, "layout", "candidates", "32,64")
     _, small = run(capsys, "layout", "candidates", "32,64", "--hw", "mini")
     assert "8_L1B" in big and "2_L1B" in small and "8_L1B" not in small
+
+
+def test_the_readmes_layout_examples_run(capsys):
+    """Every `mnsim layout` line of the README's examples runs (one named the 1-L2B mini chip for
+    a layout over four L2Bs and failed)."""
+    import shlex
+    from pathlib import Path
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    lines = [line for line in readme.splitlines() if line.startswith("mnsim layout ")]
+    assert len(lines) >= 3
+    for line in lines:
+        code, out = run(capsys, *shlex.split(line)[1:])
+        assert code == 0, (line, out)

@@ -328,6 +328,23 @@ def test_adam_spellings_agree_with_torch():
         MNCoreAdam([a], lr=0.1, learning_rate=0.1)
 
 
+def test_training_false_with_a_gradient_only_step_is_refused():
+    """A backward with no optimizer has no reader of its gradients in the first trace, so the check
+    saw no backward and the step compiled with training=False, accumulating into p.grad anyway."""
+    ctx = Context(MNDevice("mini"))
+    w = nn.Parameter(torch.randn(8))
+    set_tensor_name(w, "w")
+    ctx.register_param(w)
+
+    def step(d):
+        loss = (d["x"] * w).sum()
+        loss.backward()
+        return {"loss": loss}
+    with pytest.raises(CompileError, match=r"training=False, but the function computes gradients"):
+        ctx.compile(step, {"x": torch.randn(4, 8)}, None, training=False)
+    assert w.grad is None
+
+
 def test_training_false_with_a_backward_is_refused():
     torch.manual_seed(7)
     model = MLP()
