@@ -210,6 +210,7 @@ class Context:
         compile the loss alone."""
         self.runtime.check()
         t0 = time.perf_counter()
+        _check_arguments(codegen_dir, cache_options, training)
         opts = options_mod.check(options)
         legacy = [type(o).__name__ for o in (optimizers or []) if not isinstance(o, MNCoreOptimizer)]
         if (options or {}).get("backprop") or legacy:
@@ -400,3 +401,16 @@ def _grads_kept(tensors: Any) -> Iterator[None]:
             if t.grad is not grad:
                 t.grad = grad
 
+
+
+def _check_arguments(codegen_dir: Any, cache_options: Any, training: Any) -> None:
+    """compile's arguments of the wrong type, refused before they reach the compiler (a string
+    for cache_options failed on a missing attribute, a number for codegen_dir inside os.fspath)."""
+    if codegen_dir is not None and not isinstance(codegen_dir, (str, os.PathLike)):
+        raise ArgumentError(f"codegen_dir must be a path (str or os.PathLike) or None, not "
+                            f"{type(codegen_dir).__name__} {codegen_dir!r:.60}")
+    if cache_options is not None and not isinstance(cache_options, CacheOptions):
+        raise ArgumentError(f"cache_options must be an mlsdk.CacheOptions or None, not "
+                            f"{type(cache_options).__name__} {cache_options!r:.60}")
+    if training is not None and not isinstance(training, bool):
+        raise ArgumentError(f"training must be True, False or None, not {type(training).__name__} {training!r:.60}")

@@ -22,7 +22,7 @@ from compiler.iospec import IOSpec
 from runtime import TORCH_DTYPES, Call, Executable, Runtime, run_reference
 
 from . import trace
-from .errors import InputError
+from .errors import ArgumentError, InputError
 from .proxy import TensorProxy
 
 
@@ -91,6 +91,10 @@ class CompiledFunction:
         self._runtime.check()
         t0 = time.perf_counter()
         values = self._flatten(inputs)
+        if any(isinstance(v, torch._subclasses.FakeTensor) for v in values.values()):
+            raise ArgumentError(f"{self.name} is called inside a function being compiled: a compiled function "
+                                "runs on the device and cannot be traced into another; call the Python function "
+                                "it was compiled from instead")
         if self._reference is not None:
             host = {k: v.cpu() if isinstance(v, TensorProxy) else v for k, v in values.items()}
             results = run_reference(self._reference, host)

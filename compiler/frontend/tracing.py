@@ -35,7 +35,10 @@ from .above_autograd import DecomposeAboveAutograd
 from .decompositions import table
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>[^\n]*)')
-_INTERNAL = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+# frames of torch and of mnsim's own packages (by path: the compiler imports none of the others)
+_INTERNAL = (os.path.dirname(torch.__file__), *(os.path.join(_ROOT, p) + os.sep for p in ("compiler", "runtime",
+                                                                                         "mlsdk", "sim")))
 INPUT_DTYPES = (torch.float32, torch.float16, torch.int64, torch.int32, torch.bool)
 
 

@@ -119,6 +119,26 @@ def test_options_that_are_not_a_dict_are_refused_naming_what_was_given(options):
     assert ctx.compile(lambda d: {"y": d["x"] + 1}, {"x": torch.ones(3)}, None)({"x": torch.ones(3)})["y"].cpu()[0] == 2
 
 
+def test_compile_arguments_of_the_wrong_type_are_refused_and_the_context_stays_usable():
+    """cache_options as a path string and codegen_dir as a number failed inside (an AttributeError,
+    os.fspath's TypeError); training="yes" was taken as true; a compiled function called while
+    another is traced failed on .numpy() of a fake tensor. Each is an ArgumentError naming it."""
+    from mlsdk import ArgumentError, Context, MNDevice
+    from compiler.errors import CompileError
+    ctx = Context(MNDevice("mini"))
+    fn, x = (lambda d: {"y": d["x"] * 2}), torch.ones(3)
+    for kwargs, message in ((dict(cache_options="/tmp/cache"), "cache_options must be an mlsdk.CacheOptions"),
+                            (dict(codegen_dir=123), "codegen_dir must be a path"),
+                            (dict(training="yes"), "training must be True, False or None, not str 'yes'")):
+        kwargs.setdefault("codegen_dir", None)
+        with pytest.raises(ArgumentError, match=message):
+            ctx.compile(fn, {"x": x}, **kwargs)
+    doubled = ctx.compile(fn, {"x": x}, None)
+    with pytest.raises(CompileError, match=r"is called inside a function being compiled.*\n  at .*test_device_and_names"):
+        ctx.compile(lambda d: {"z": doubled({"x": d["x"]})["y"] + 1}, {"x": x}, None)
+    assert doubled({"x": x})["y"].cpu().tolist() == [2.0, 2.0, 2.0]
+
+
 def test_readme_documents_every_option():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     missing = [name for name in [*options_mod.USED, *options_mod.IGNORED] if f"`{name}`" not in readme]
