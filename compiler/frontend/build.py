@@ -50,6 +50,9 @@ class Builder:
         # whether the ATen node's result is a torch int32 tensor: its arithmetic wraps a scalar
         # beyond int32 as the device does (an int64 result would not: torch keeps 64 bits)
         self.int32_result = False
+        # values that are a device-resident input's content after an in-place write (copy_) into
+        # it, by that input's name: a later write into them writes the input again
+        self.resident_contents: dict[Value, str] = {}
 
     def wants_output(self, k: int) -> bool:
         return k in self.used

@@ -483,6 +483,11 @@ def _legalize(gm: torch.fx.GraphModule, in_names: list[str], samples: list[torch
             graph.constants.append(v)
         elif fx_node.op == "call_function":
             env[fx_node] = _call(b, fx_node, val, convert)
+            written = fx_node.args[0] if _op_key(fx_node.target) == "copy_" else None
+            while isinstance(written, torch.fx.Node):  # later reads of the written tensor see what it holds now
+                env[written] = env[fx_node]
+                written = written.args[0] if written.op == "call_function" and _op_key(written.target) == "copy_" \
+                    else None
         elif fx_node.op == "output":
             results = convert(fx_node.args[0])
             for name, v, fx_out in zip(out_names, results, fx_node.args[0]):
@@ -532,18 +537,25 @@ def _call(b: Builder, fx_node: torch.fx.Node, val: Any, convert: Callable[[Any],
 
 
 def _write_back(b: Builder, args: tuple, aten: str, shapes: list, source: str) -> Value:
-    """functionalize ends with `copy_(input, new)` for each input the function wrote: for a
-    device-resident tensor that is its update; a user's input cannot be written."""
+    """`copy_(input, new)`: functionalize ends with one for each input the function wrote, and
+    decompositions below it (BatchNorm's running statistics) write in place. For a device-resident
+    tensor that is its update, and the new value is what the tensor holds from here on (the
+    result, which `_legalize` also gives every later read of the written node); a user's input
+    cannot be written."""
     dst, src = args[0], args[1]
-    if not (isinstance(dst, Value) and dst.kind == "input" and dst.name in b.graph.resident):
+    name = dst.name if isinstance(dst, Value) and dst.kind == "input" and dst.name in b.graph.resident else \
+        b.resident_contents.get(dst) if isinstance(dst, Value) else None
+    if name is None:
         # functionalize adds the copy_ at the end of the trace: the user's line is the write's, the new value's
         written = src.producer.source if isinstance(src, Value) and src.producer is not None else ""
         raise UnsupportedOpError(aten, shapes, written or source, "the function writes one of its inputs in place; "
                                  "return the new value instead")
     if tuple(src.shape) != dst.shape:
         src = b.expand(src, dst.shape)
-    b.graph.updates[dst.name] = b.cast(src, dst.dtype)
-    return dst
+    new = b.cast(src, dst.dtype)
+    b.graph.updates[name] = new
+    b.resident_contents[new] = name
+    return new
 
 
 def _check(b: Builder, aten: str, source: str, shapes: list, val: Any, result: Any) -> Any:

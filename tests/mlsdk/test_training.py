@@ -818,3 +818,33 @@ def test_zero_grad_clears_gradients_the_device_keeps():
     ctx.synchronize()
     torch.testing.assert_close(model.weight, ref.weight, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(model.bias, ref.bias, rtol=1e-5, atol=1e-6)
+
+
+def test_a_batchnorm_used_twice_in_one_function_sees_its_own_update():
+    """Two train-mode calls of one BatchNorm (micro-batches in one call) and a train-mode call
+    followed by an eval-mode one: torch's decomposition writes the running statistics in place
+    (below functionalization), and a later read took the tensor as it was before the function:
+    running_mean kept only the second update (0.36 for 0.63) and the eval output was off by 0.15."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm1d(4)
+    with torch.no_grad():
+        bn.running_mean.fill_(1.0)
+        bn.running_var.fill_(2.0)
+    ref = copy.deepcopy(bn)
+    ctx = Context(MNDevice("mini"))
+    ctx.registry.register("bn", bn)
+    x = torch.randn(6, 4) + 3
+
+    def both(d, m=bn):
+        m.train()
+        first = m(d["x"][:3]).sum() + m(d["x"][3:]).sum()
+        m.eval()
+        evaluated = m(d["x"])
+        m.train()
+        return {"first": first, "evaluated": evaluated}
+    got = ctx.compile(both, {"x": x}, None)({"x": x})
+    want = both({"x": x}, ref)
+    torch.testing.assert_close(got["evaluated"].cpu(), want["evaluated"].detach(), rtol=1e-5, atol=1e-5)
+    ctx.synchronize()
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(bn, name), getattr(ref, name), rtol=1e-5, atol=1e-6, msg=name)
