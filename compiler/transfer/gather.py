@@ -71,7 +71,9 @@ def lw_sources(dst: "Placement | DimTerms", src: "Placement | DimTerms", index: 
                         raise LayoutError("internal: a window whose terms do not separate")
                     found = _element_sources(dst, src, None)
         except LaneMismatch as e:
-            found = e
+            # kept without its traceback: its frames held the caller's objects (a whole Context and
+            # its device buffers) for as long as the cache kept the answer
+            found = e.with_traceback(None)
         _CACHE[key] = found
         _cached_bytes[0] += _nbytes(found)
         while len(_CACHE) > 1 and (len(_CACHE) > CACHED_GATHERS or _cached_bytes[0] > CACHED_GATHER_BYTES):

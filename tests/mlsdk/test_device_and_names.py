@@ -143,3 +143,22 @@ def test_readme_documents_every_option():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     missing = [name for name in [*options_mod.USED, *options_mod.IGNORED] if f"`{name}`" not in readme]
     assert not missing, f"README does not say what mnsim does with: {missing}"
+
+
+def test_a_dropped_context_is_collected():
+    """The gather cache kept a failed match's exception with its traceback, whose frames held the
+    compiling Context (and through it the registered modules and device buffers) for as long as
+    the cache lived."""
+    import gc
+    import weakref
+    from mlsdk import Context, MNDevice
+    ctx = Context(MNDevice("mini"))
+    model = torch.nn.Linear(64, 64)
+    ctx.registry.register("m", model)
+    x = torch.randn(8, 64)
+    fn = ctx.compile(lambda d: {"y": model(d["x"])}, {"x": x}, None)
+    fn({"x": x})["y"].cpu()
+    dropped = weakref.ref(ctx)
+    del ctx, fn
+    gc.collect()
+    assert dropped() is None
