@@ -167,6 +167,9 @@ class Graph:
     `update_output(name)`): what a training step writes back into its state."""
     gradients_left: list[torch.Tensor] = field(default_factory=list, repr=False)
     """Captured tensors whose `.grad` the function left holding a gradient it computed."""
+    zeroed: set[int] = field(default_factory=set, repr=False)
+    """ids of the parameters whose gradients the function cleared (an optimizer's or a module's
+    zero_grad): the others' gradients add up over calls, as torch's do."""
 
     def update_outputs(self) -> dict[str, str]:
         """Resident input name -> the output carrying its new value."""

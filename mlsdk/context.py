@@ -244,8 +244,9 @@ class Context:
     def _trace(self, function: Callable, inputs: Any, name: str, training: bool | None) -> Any:
         """The primitive graph of `function`, registered tensors as resident inputs. A function
         that computes gradients of registered parameters and applies no optimizer (the
-        gradient-only pattern) accumulates them into `p.grad`, which is registered (as
-        `<name>@grad`, zeros if it was None) so the device keeps it for `synchronize()`."""
+        gradient-only pattern), or steps without ever clearing some of them (no zero_grad: torch
+        adds each call's gradients to the last's), accumulates them into `p.grad`, which is
+        registered (as `<name>@grad`, zeros if it was None) so the device keeps it."""
         resident = self.runtime.resident
         for t in resident.tensors():  # gradients the host allocated: kept with their parameter
             if t.grad is not None:
@@ -260,13 +261,16 @@ class Context:
                                + "; compile it with training=True or without the argument")
         got_grad = {id(t) for t in graph.gradients_left}
         left = [t for t in graph.resident.values() if id(t) in got_grad]
-        if left and not graph.has_phase("optimizer"):
-            if any(t.grad is not None for t in left):  # registered .grad replaced, not accumulated into
-                raise CompileError(f"{name}: backward() leaves new gradients in .grad of "
-                                   f"{', '.join(resident.name_of(t) for t in left[:3])}: the function sets .grad "
-                                   "to None first (zero_grad()); in a step without an optimizer, gradients "
-                                   "accumulate into the registered p.grad: remove zero_grad() and zero them "
-                                   "with get_registered_value_proxy(p.grad).load_from(...)")
+        stepped = graph.has_phase("optimizer")
+        if stepped:  # a step that never clears some gradients: they add up over calls, as torch's
+            left = [t for t in left if id(t) not in graph.zeroed]
+        elif any(t.grad is not None for t in left):  # registered .grad replaced, not accumulated into
+            raise CompileError(f"{name}: backward() leaves new gradients in .grad of "
+                               f"{', '.join(resident.name_of(t) for t in left[:3])}: the function sets .grad "
+                               "to None first (zero_grad()); in a step without an optimizer, gradients "
+                               "accumulate into the registered p.grad: remove zero_grad() and zero them "
+                               "with get_registered_value_proxy(p.grad).load_from(...)")
+        if left:  # kept on the device as `<name>@grad`, from zeros
             for t in left:
                 t.grad = torch.zeros_like(t)
                 self._register_grad(t)

@@ -157,7 +157,8 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
         with _all_stack_frames(), no_onednn:
             # pass 1, through autograd and the optimizer: backward() and step() become ATen ops on
             # the captured tensors (functionalize would hide autograd, so it comes second)
-            with autograd_phases(resident), DecomposeAboveAutograd():
+            zeroed: set[int] = set()
+            with autograd_phases(resident, zeroed), DecomposeAboveAutograd():
                 joint = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True,
                                 record_stack_traces=True)(*tensors)
             state, gradients_left = _captured_state(joint, resident, describe)
@@ -184,7 +185,7 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
                            + (f"\n  at {line}" if line else "") + hint) from e
     graph = _legalize(gm, [*names, *state], [*tensors, *state.values()], out_info["names"], out_info["spec"],
                       in_spec, state)
-    graph.gradients_left = gradients_left
+    graph.gradients_left, graph.zeroed = gradients_left, zeroed
     graph.module = gm  # the traced function itself, runnable with real tensors (reference runs)
     return graph
 
@@ -318,10 +319,11 @@ def _math_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 
 @contextlib.contextmanager
-def autograd_phases(resident: Callable[[torch.Tensor], str | None] | None = None) -> Iterator[None]:
+def autograd_phases(resident: Callable[[torch.Tensor], str | None] | None = None,
+                    zeroed: set[int] | None = None) -> Iterator[None]:
     """While tracing: mark the backward pass, refuse optimizers that keep state on the host and
     reads of `resident` tensors as Python numbers, clear resident gradients in place on zero_grad
-    (`_zeroing`), and run attention as its math composite (called directly, or through
+    (`_zeroing`, noting the parameters' ids in `zeroed`), and run attention as its math composite (called directly, or through
     torch.nn.functional from inside other torch functions, such as multi-head attention, which the
     mode does not see)."""
     with _TRACING, contextlib.ExitStack() as undo:  # process-wide patches: one trace at a time
@@ -329,7 +331,7 @@ def autograd_phases(resident: Callable[[torch.Tensor], str | None] | None = None
         for owner, params in ((torch.optim.Optimizer, lambda o: [p for g in o.param_groups for p in g["params"]]),
                               (torch.nn.Module, lambda m: list(m.parameters()))):
             undo.callback(setattr, owner, "zero_grad", owner.zero_grad)
-            owner.zero_grad = _zeroing(owner.zero_grad, params, resident)
+            owner.zero_grad = _zeroing(owner.zero_grad, params, resident, set() if zeroed is None else zeroed)
         attention = torch.nn.functional.scaled_dot_product_attention
         torch.nn.functional.scaled_dot_product_attention = _math_attention
         undo.callback(setattr, torch.nn.functional, "scaled_dot_product_attention", attention)
@@ -339,13 +341,14 @@ def autograd_phases(resident: Callable[[torch.Tensor], str | None] | None = None
             yield
 
 
-def _zeroing(zero_grad: Callable, params: Callable[[Any], list], resident: Callable[[torch.Tensor], str | None] | None
-             ) -> Callable:
+def _zeroing(zero_grad: Callable, params: Callable[[Any], list], resident: Callable[[torch.Tensor], str | None] | None,
+             zeroed: set[int]) -> Callable:
     """`zero_grad` for tracing: a gradient the device keeps (a registered p.grad, slm_sft's
     pre-allocated ones) is zeroed in place, which the trace records as its update, where
     set_to_none=True (the default) only dropped the Python reference: the device kept the sum,
     and a step after gradient accumulation over compiled calls used every round's gradients."""
     def traced_zero_grad(self: Any, *args: Any, **kwargs: Any) -> None:
+        zeroed.update(id(p) for p in params(self))
         kept = {p: p.grad for p in params(self)
                 if _is_real(p.grad) and resident is not None and resident(p.grad) is not None}
         zero_grad(self, *args, **kwargs)
