@@ -548,6 +548,9 @@ def _write_back(b: Builder, args: tuple, aten: str, shapes: list, source: str) -
     dst, src = args[0], args[1]
     name = dst.name if isinstance(dst, Value) and dst.kind == "input" and dst.name in b.graph.resident else \
         b.resident_contents.get(dst) if isinstance(dst, Value) else None
+    if name is None and isinstance(dst, Value) and dst.kind == "node":  # a temporary written in place
+        # (InstanceNorm's running statistics, repeated per sample, updated by its batch norm)
+        return b.cast(b.expand(src, dst.shape) if tuple(src.shape) != dst.shape else src, dst.dtype)
     if name is None:
         # functionalize adds the copy_ at the end of the trace: the user's line is the write's, the new value's
         written = src.producer.source if isinstance(src, Value) and src.producer is not None else ""

@@ -878,3 +878,37 @@ def test_a_step_that_never_clears_gradients_adds_them_up_as_torch():
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=f"{name}.grad")
+
+
+def test_instance_norm_with_running_statistics_trains_as_torch():
+    """InstanceNorm2d(track_running_stats=True): torch repeats the running statistics per sample
+    and its batch norm writes that temporary in place, below functionalization; the write was
+    refused as one into an input. It is the temporary's new value now: the step, the running
+    statistics and an eval call match torch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.InstanceNorm2d(4, track_running_stats=True, affine=True))
+    ref = copy.deepcopy(model)
+    ctx = Context(MNDevice("mini"))
+    optimizer = MNCoreSGD(model.parameters(), lr=0.01)
+    ctx.registry.register("model", model)
+    ctx.registry.register("optimizer", optimizer)
+    ref_optimizer = torch.optim.SGD(ref.parameters(), lr=0.01)
+
+    def step(d, m=model, o=optimizer):
+        o.zero_grad()
+        loss = m(d["x"]).pow(2).mean()
+        loss.backward()
+        o.step()
+        return {"loss": loss}
+    xs = [torch.randn(3, 2, 5, 5) for _ in range(3)]
+    compiled = ctx.compile(step, {"x": xs[0]}, None)
+    for x in xs:
+        assert compiled({"x": x})["loss"].cpu().item() == pytest.approx(step({"x": x}, ref, ref_optimizer)["loss"].item(),
+                                                                         rel=1e-5)
+    ctx.synchronize()
+    for name in ("running_mean", "running_var"):
+        torch.testing.assert_close(getattr(model[1], name), getattr(ref[1], name), rtol=1e-5, atol=1e-6, msg=name)
+    model.eval()
+    ref.eval()
+    evaluated = ctx.compile(lambda d: {"y": model(d["x"])}, {"x": xs[0]}, None)
+    torch.testing.assert_close(evaluated({"x": xs[0]})["y"].cpu(), ref(xs[0]).detach(), rtol=1e-5, atol=1e-5)
