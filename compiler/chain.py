@@ -62,8 +62,8 @@ class Chain:
     @property
     def spread_chunk(self) -> int:
         """The block of the Data Engines' distributed broadcast (mvb4: every Group's DRAM to every
-        Group's L2Bs at once), 0 when the chip has none, or none that an upload can invert (a
-        collect over a Group's L2Bs in blocks of the same size) or more than one Group."""
+        Group's L2Bs at once); 0 when the chip has none, has one Group, or has no upload that
+        inverts it (a collect over a Group's L2Bs in blocks of the same size)."""
         down = self.hw.transfers[self.dram_to_l2].modes.get("distributed_broadcast")
         up = self.hw.transfers[self.l2_to_dram].modes.get("collect")
         if down is None or up is None or self.groups < 2 or (down.chunk_lw or 1) != (up.chunk_lw or 1):
@@ -80,7 +80,8 @@ class Chain:
         return self.l2_per_group * n_l2 / own - max(self.l2_per_group * n_l2 / self.groups / src, n_l2 / dst)
 
     def worth_spreading(self, n_l2: float) -> bool:
-        return bool(self.spread_chunk) and self.spread_saving(n_l2) >= self.hw.transfers[self.dram_to_l2].latency_cycles
+        latency = self.hw.transfers[self.dram_to_l2].latency_cycles
+        return bool(self.spread_chunk) and self.spread_saving(n_l2) >= latency
 
     def level_of(self, memory: str) -> str:
         return self.hw.memories[memory].level

@@ -406,7 +406,6 @@ def _grads_kept(tensors: Any) -> Iterator[None]:
                 t.grad = grad
 
 
-
 def _check_arguments(codegen_dir: Any, cache_options: Any, training: Any) -> None:
     """compile's arguments of the wrong type, refused before they reach the compiler (a string
     for cache_options failed on a missing attribute, a number for codegen_dir inside os.fspath)."""

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import contextlib
 import warnings
+from collections.abc import Mapping
 from typing import Iterator
 
 from .errors import OptionError

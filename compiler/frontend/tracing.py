@@ -323,9 +323,9 @@ def autograd_phases(resident: Callable[[torch.Tensor], str | None] | None = None
                     zeroed: set[int] | None = None) -> Iterator[None]:
     """While tracing: mark the backward pass, refuse optimizers that keep state on the host and
     reads of `resident` tensors as Python numbers, clear resident gradients in place on zero_grad
-    (`_zeroing`, noting the parameters' ids in `zeroed`), and run attention as its math composite (called directly, or through
-    torch.nn.functional from inside other torch functions, such as multi-head attention, which the
-    mode does not see)."""
+    (`_zeroing`, noting the parameters' ids in `zeroed`), and run attention as its math composite
+    (called directly, or through torch.nn.functional from inside other torch functions, such as
+    multi-head attention, which the mode does not see)."""
     with _TRACING, contextlib.ExitStack() as undo:  # process-wide patches: one trace at a time
         undo.callback(register_optimizer_step_pre_hook(_check_optimizer).remove)
         for owner, params in ((torch.optim.Optimizer, lambda o: [p for g in o.param_groups for p in g["params"]]),
@@ -348,8 +348,9 @@ def _zeroing(zero_grad: Callable, params: Callable[[Any], list], resident: Calla
     set_to_none=True (the default) only dropped the Python reference: the device kept the sum,
     and a step after gradient accumulation over compiled calls used every round's gradients."""
     def traced_zero_grad(self: Any, *args: Any, **kwargs: Any) -> None:
-        zeroed.update(id(p) for p in params(self))
-        kept = {p: p.grad for p in params(self)
+        cleared = params(self)
+        zeroed.update(id(p) for p in cleared)
+        kept = {p: p.grad for p in cleared
                 if _is_real(p.grad) and resident is not None and resident(p.grad) is not None}
         zero_grad(self, *args, **kwargs)
         for p, grad in kept.items():
@@ -548,10 +549,9 @@ def _write_back(b: Builder, args: tuple, aten: str, shapes: list, source: str) -
     dst, src = args[0], args[1]
     name = dst.name if isinstance(dst, Value) and dst.kind == "input" and dst.name in b.graph.resident else \
         b.resident_contents.get(dst) if isinstance(dst, Value) else None
-    if name is None and isinstance(dst, Value) and dst.kind == "node":  # a temporary written in place
-        # (InstanceNorm's running statistics, repeated per sample, updated by its batch norm)
-        return b.cast(b.expand(src, dst.shape) if tuple(src.shape) != dst.shape else src, dst.dtype)
-    if name is None:
+    # a temporary may be written too (InstanceNorm's running statistics, repeated per sample, updated
+    # by its batch norm): its new value is all there is to it
+    if name is None and not (isinstance(dst, Value) and dst.kind == "node"):
         # functionalize adds the copy_ at the end of the trace: the user's line is the write's, the new value's
         written = src.producer.source if isinstance(src, Value) and src.producer is not None else ""
         raise UnsupportedOpError(aten, shapes, written or source, "the function writes one of its inputs in place; "
@@ -559,8 +559,9 @@ def _write_back(b: Builder, args: tuple, aten: str, shapes: list, source: str) -
     if tuple(src.shape) != dst.shape:
         src = b.expand(src, dst.shape)
     new = b.cast(src, dst.dtype)
-    b.graph.updates[name] = new
-    b.resident_contents[new] = name
+    if name is not None:  # a device-resident tensor: its update
+        b.graph.updates[name] = new
+        b.resident_contents[new] = name
     return new
 
 

@@ -378,7 +378,7 @@ def _spread_fetch(cg: EmitContext, t: Tiling, operand: str, block: int, raw: flo
     if local != per or prod(k.n for k in across) != chain.groups or any(k.role in roles for k in across):
         return None
     own = side_rates(cg.hw, chain.dram_to_l2, "individual")[0]
-    return (per * block / own - chain.spread_saving(block)) * own, 1
+    return per * block - chain.spread_saving(block) * own, 1
 
 
 def tiling_bound(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None,
