@@ -167,8 +167,12 @@ class Runtime:
                 bound[name] = b.buffer
                 bindings.append(b.binding)
                 sources[name] = Source(RESIDENT, spec, cycles=b.binding.cycles, fresh=fresh)
-            into = {out: bound[name] for name, out in compiled.updates.items()  # written in place when it fits
-                    if out in compiled.donated and bound[name].lw >= exe.output_lw(out)}
+            # written in place when it fits, unless an input of the call reads the same buffer (a
+            # registered tensor's handle passed as an input): the program would read it mid-update
+            read_as_input = {id(bound[name]) for name in values}
+            into = {out: bound[name] for name, out in compiled.updates.items()
+                    if out in compiled.donated and bound[name].lw >= exe.output_lw(out)
+                    and id(bound[name]) not in read_as_input}
             outputs, stats = device.call(exe.loaded, bound, into, exe.mode)
         finally:  # inputs uploaded or converted for this call only, also when a later one fails
             for buf in temporary:

@@ -912,3 +912,35 @@ def test_instance_norm_with_running_statistics_trains_as_torch():
     ref.eval()
     evaluated = ctx.compile(lambda d: {"y": model(d["x"])}, {"x": xs[0]}, None)
     torch.testing.assert_close(evaluated({"x": xs[0]})["y"].cpu(), ref(xs[0]).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_registered_tensors_handle_as_an_input_of_a_step_that_updates_it_reads_its_value_at_the_call():
+    """A registered tensor's device handle passed as an input of a step that updates that tensor:
+    relocated, the input and the parameter were one buffer, which the step wrote in place while
+    reading the input (a read before the update saw the new bias, one after it the old). The
+    update goes to a buffer of its own now: every read of the input is the value at the call."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 8)
+    ctx = Context(MNDevice("mini"))
+    ctx.registry.register("m", model)
+    optimizer = MNCoreSGD(model.parameters(), lr=0.5)
+    ctx.registry.register("o", optimizer)
+
+    def step(d):
+        before = d["b_in"] * 1.0
+        optimizer.zero_grad()
+        model(d["x"]).sum().backward()
+        optimizer.step()
+        return {"before": before, "after": d["b_in"] + 0.0}
+    x = torch.randn(2, 4)
+    compiled = ctx.compile(step, {"b_in": torch.randn(8), "x": x}, None)
+    handle = ctx.get_registered_value_proxy(model.bias)
+    old = model.bias.detach().clone()
+    out = compiled({"b_in": handle, "x": x})
+    assert [b.path for b in compiled.last_call.bindings if b.input == "b_in"] == ["relocation"]
+    torch.testing.assert_close(out["before"].cpu(), old)
+    torch.testing.assert_close(out["after"].cpu(), old)
+    new = old - 0.5 * 2  # d(sum)/d(bias) is the batch size
+    torch.testing.assert_close(handle.cpu(), new)  # the handle follows the update
+    ctx.synchronize()
+    torch.testing.assert_close(model.bias.detach(), new)
