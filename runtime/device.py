@@ -10,7 +10,9 @@ programs on the simulator, so their cycles come from the YAML like any other.
 from __future__ import annotations
 
 import functools
+import gc
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -19,6 +21,7 @@ import torch
 
 from hwdesc import HwDesc
 from sim import Machine, RunStats
+from sim.errors import DeviceMemoryError
 
 from compiler.compile import Compiled
 from compiler.dtypes import DEVICE_DTYPE, INT32_MAX, INT32_MIN
@@ -43,6 +46,8 @@ class DeviceBuffer:
     lw: int
     freed: bool = False
     valid: bool = True  # False once a timing-only run wrote it: it holds no values
+    # returns the region to the device when the buffer is collected unfreed (Device._buffer)
+    release: weakref.finalize | None = field(default=None, repr=False)
 
 
 def check_host_value(tensor: torch.Tensor, dtype: str, name: str = "tensor") -> None:
@@ -117,6 +122,27 @@ class Device:
         # calls from several threads (or Contexts sharing a device) run one after another.
         self.lock = threading.RLock()
         self.images = HostImages(self.params.words_per_lw)
+        # Regions of buffers collected without being freed (a Context dropped without
+        # invalidate(), with its functions and values): returned to the allocator at the next
+        # allocation, under the lock, not from the collector, which may run in the middle of one.
+        self._dropped: list[int] = []
+
+    def _buffer(self, lw: int, placement: Placement | None) -> DeviceBuffer:
+        """A new buffer of `lw` long words whose region comes back when nothing holds it any more."""
+        self._free_dropped()
+        try:
+            address = self.machine.alloc_dram(lw)
+        except DeviceMemoryError:  # buffers only a reference cycle still holds may be garbage: collect, retry
+            gc.collect()
+            self._free_dropped()
+            address = self.machine.alloc_dram(lw)
+        buf = DeviceBuffer(address, placement, lw)
+        buf.release = weakref.finalize(buf, self._dropped.append, buf.address)
+        return buf
+
+    def _free_dropped(self) -> None:
+        while self._dropped:
+            self.machine.free_dram(self._dropped.pop())
 
     # ---- buffers ----------------------------------------------------------------------------
 
@@ -124,16 +150,20 @@ class Device:
     def alloc(self, placement: Placement, lw: int = 0) -> DeviceBuffer:
         """A buffer for a tensor in `placement`, of at least `lw` long words (what programs touch)."""
         lw = max(1, placement.span_lw, lw)
-        return DeviceBuffer(self.machine.alloc_dram(lw), placement, lw)
+        return self._buffer(lw, placement)
 
     @locked
     def free(self, buf: DeviceBuffer) -> None:
         if not buf.freed:
+            if buf.release is not None:
+                buf.release.detach()
             self.machine.free_dram(buf.address)
             buf.freed = True
 
+    @locked
     def allocated_lw(self) -> int:
         """Long words of DRAM (per Group) held by live buffers, loaded programs and temporaries."""
+        self._free_dropped()
         return self.machine.dram.used
 
     # ---- host transfers ---------------------------------------------------------------------
@@ -191,7 +221,7 @@ class Device:
         loaded = Loaded(compiled)
         scratch = None
         if compiled.scratch_lw:
-            scratch = DeviceBuffer(self.machine.alloc_dram(compiled.scratch_lw), None, compiled.scratch_lw)
+            scratch = self._buffer(compiled.scratch_lw, None)
             loaded.scratch = scratch
         for symbol, buf in compiled.buffers.items():
             if buf.role == "temp":
