@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 
 from compiler.compile import Compiled
 from compiler.frontend import key_name
+from compiler.frontend.mappings import register_mappings
 from compiler.iospec import IOSpec
 from runtime import TORCH_DTYPES, Call, Executable, Runtime, run_reference
 
@@ -119,6 +120,7 @@ class CompiledFunction:
         return value.device_value
 
     def _flatten(self, inputs: Any) -> dict[str, Any]:
+        register_mappings(inputs)
         leaves, _ = pytree.tree_flatten_with_path(inputs, is_leaf=lambda x: isinstance(x, TensorProxy))
         values = {key_name(path): leaf for path, leaf in leaves}
         missing = [k for k in self._inputs if k not in values]

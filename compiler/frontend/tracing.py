@@ -32,6 +32,7 @@ from . import legalize  # noqa: F401  (imported for its rules: they register in 
 from .rules import RULES, ir_dtype
 from .build import Builder
 from .above_autograd import DecomposeAboveAutograd
+from .mappings import register_mappings
 from .decompositions import table
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>[^\n]*)')
@@ -127,6 +128,7 @@ def trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tenso
 
 def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tensor], str | None] | None,
            describe: Callable[[torch.Tensor], str | None] | None) -> Graph:
+    register_mappings(inputs)
     leaves, in_spec = pytree.tree_flatten_with_path(inputs)
     names = _distinct_names([key_name(path) for path, _ in leaves], "inputs")
     tensors = [leaf for _, leaf in leaves]

@@ -3,6 +3,7 @@ the pfvm:cpu reference device."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -139,6 +140,28 @@ def test_compile_automap_traces_the_function_once(ctx, tmp_path):
     fn = ctx.compile_automap(f, (torch.zeros(2, 2),), {}, tmp_path / "once")
     assert len(calls) == 1, "the function runs once, to be traced"
     assert torch.equal(fn(torch.ones(2, 2)).cpu(), torch.full((2, 2), 2.0))
+
+
+class Encoding(collections.UserDict):
+    """Like a tokenizer's BatchEncoding: a Mapping that is not a dict, its keys also attributes."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self.data[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def test_a_mapping_that_is_not_a_dict_is_inputs_like_a_dict(ctx, tmp_path):
+    """PFN's llm_infer.py compiles and calls with the tokenizer's BatchEncoding. torch's pytree
+    takes such a Mapping for one leaf: compile said "input 'out' is a UserDict". Its items are the
+    inputs now, and the function gets its own class back (attribute access works)."""
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    fn = ctx.compile(lambda d: {"z": d.x * 2 + d["y"]}, Encoding({"x": x, "y": y}), tmp_path / "enc")
+    assert list(fn.allocate_input_proxy()) == ["x", "y"]
+    torch.testing.assert_close(fn(Encoding({"x": x, "y": y}))["z"].cpu(), x * 2 + y)
+    plain = ctx.compile(lambda d: {"z": d["x"] - d["y"]}, {"x": x, "y": y}, tmp_path / "plain")
+    torch.testing.assert_close(plain(collections.UserDict({"x": x, "y": y}))["z"].cpu(), x - y)
 
 
 def test_pytree_registration_rejects_other_types():
