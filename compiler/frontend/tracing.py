@@ -97,9 +97,11 @@ def key_name(path: tuple) -> str:
 
 
 def device_constant(name: str, data: torch.Tensor) -> tuple[str, torch.Tensor]:
-    """A captured tensor in its device dtype (int64 -> int32, checked; float64 -> float32)."""
+    """A captured tensor in its device dtype (int64 -> int32, checked; float64 -> float32), copied:
+    a program's constants are the values at compile (what a saved codegen_dir holds), not at the
+    first call, when the program is loaded, after host edits made since."""
     dtype = ir_dtype(data.dtype)
-    data = data.detach()
+    data = data.detach().clone()
     if dtype == "int32" and data.dtype != torch.int32:
         if data.numel() and (data.min() < INT32_MIN or data.max() > INT32_MAX):
             raise CompileError(f"constant {name!r} holds integers outside int32 (the device's integers)")

@@ -271,3 +271,20 @@ def test_pfvm_cpu_runs_the_traced_graph_with_torch(tmp_path):
     assert torch.allclose(again.cpu(), x * 9)
     with pytest.raises(Exception, match="pfvm:cpu runs the traced Python function"):
         ctx.load_codegen_dir(tmp_path / "s")
+
+
+def test_a_captured_tensor_is_a_constant_of_its_value_at_compile(ctx, tmp_path):
+    """An unregistered weight is a program constant. It was read when the program was loaded, at
+    the first call: a host edit between compile and that call was used, a later one not, and the
+    saved codegen_dir held the compile-time value. All three are the value at compile now."""
+    x = torch.ones(1, 4)
+    model = torch.nn.Linear(4, 1, bias=False)
+    torch.nn.init.constant_(model.weight, 1.0)
+    fn = ctx.compile(lambda d: {"y": model(d["x"])}, {"x": x}, tmp_path / "const")
+    with torch.no_grad():
+        model.weight.fill_(2.0)
+    assert fn({"x": x})["y"].item() == 4.0
+    with torch.no_grad():
+        model.weight.fill_(3.0)
+    assert fn({"x": x})["y"].item() == 4.0
+    assert Context(MNDevice("mini")).load_codegen_dir(tmp_path / "const")({"x": x})["y"].item() == 4.0
