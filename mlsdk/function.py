@@ -22,7 +22,7 @@ from compiler.frontend.mappings import register_mappings
 from compiler.iospec import IOSpec
 from runtime import TORCH_DTYPES, Call, Executable, Runtime, run_reference
 
-from . import trace
+from . import optim, trace
 from .errors import ArgumentError, InputError
 from .proxy import TensorProxy
 
@@ -102,6 +102,7 @@ class CompiledFunction:
             proxies = [TensorProxy(self._runtime, self._outputs[name], host=results[name]) for name in self._outputs]
             out_spec = self._reference.out_spec
         else:
+            self._send_rates()
             device = {k: self._device_input(k, v) for k, v in values.items()}
             outputs, self._last.call = self._runtime.call(self._executable, device)
             proxies = [TensorProxy(self._runtime, self._outputs[name], value=outputs[name]) for name in self._outputs]
@@ -110,6 +111,15 @@ class CompiledFunction:
         if out_spec is None:
             return dict(zip(self._outputs, proxies))
         return pytree.tree_unflatten(proxies, out_spec)
+
+    def _send_rates(self) -> None:
+        """Learning rates changed on the host (mlsdk.optim: `group["lr"] = x`, a torch scheduler's
+        step) into the device copies of this Context, before the step reads them."""
+        for rate in optim.changed_rates():
+            if self._runtime.resident.name_of(rate) is not None:
+                handle = self._runtime.handle(rate)
+                TensorProxy(self._runtime, handle.spec, value=handle).load_from(rate)
+                optim.sent(rate)
 
     def _device_input(self, name: str, value: Any) -> Any:
         if not isinstance(value, TensorProxy):

@@ -15,11 +15,12 @@ trained here matches one trained with torch.optim on the host to float32 roundin
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Iterable
 
 import torch
 
-from .errors import OptionError
+from .errors import ArgumentError, OptionError
 
 LR_KEY = "lr"
 
@@ -33,6 +34,43 @@ def _scalar(value: Any) -> torch.Tensor:
 
 def _scalar_value(value: Any) -> float:
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+
+
+# Every MNCore optimizer's learning-rate tensors. Host code changes them in place (`group["lr"] = x`,
+# torch's schedulers' fill_, load_state_dict); mlsdk.function sends a changed one to the device
+# before a call of a compiled step, which reads the device copy (`changed_rates`, `sent`).
+_RATES: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
+_SENT = "_mnsim_sent_version"  # attribute of a rate: its tensor version when last sent
+
+
+class _ParamGroup(dict):
+    """A parameter group whose learning rate stays its registered 0-d tensor: `group["lr"] = x`
+    (torch's idiom for changing it) writes x into that tensor. Replaced by a number instead,
+    compiled steps kept reading the old tensor, and steps compiled afterwards the number."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        current = self.get(key)
+        if key == LR_KEY and isinstance(current, torch.Tensor) and value is not current:
+            with torch.no_grad():
+                current.fill_(_scalar_value(value))
+            return
+        super().__setitem__(key, value)
+
+
+def _rate(value: Any) -> torch.Tensor:
+    rate = _scalar(value)
+    _RATES.add(rate)
+    sent(rate)
+    return rate
+
+
+def changed_rates() -> list[torch.Tensor]:
+    """The learning rates changed on the host since they were last sent to a device."""
+    return [rate for rate in list(_RATES) if getattr(rate, _SENT, None) != rate._version]
+
+
+def sent(rate: torch.Tensor) -> None:
+    setattr(rate, _SENT, rate._version)
 
 
 class MNCoreOptimizer(torch.optim.Optimizer):
@@ -49,8 +87,8 @@ class MNCoreOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        group[LR_KEY] = _scalar(group[LR_KEY])
+        group = self.param_groups[-1] = _ParamGroup(self.param_groups[-1])
+        dict.__setitem__(group, LR_KEY, _rate(group[LR_KEY]))
         for p in group["params"]:
             if not p.is_floating_point():
                 raise OptionError(f"{type(self).__name__}: parameter of dtype {p.dtype} cannot be trained")
@@ -68,10 +106,11 @@ class MNCoreOptimizer(torch.optim.Optimizer):
         to the device."""
         own = [(group[LR_KEY], {p: dict(self.state[p]) for p in group["params"]}) for group in self.param_groups]
         super().load_state_dict(state_dict)
+        self.param_groups[:] = [_ParamGroup(group) for group in self.param_groups]  # torch made plain dicts
         with torch.no_grad():
             for group, (rate, states) in zip(self.param_groups, own):
                 rate.fill_(_scalar_value(group[LR_KEY]))
-                group[LR_KEY] = rate
+                dict.__setitem__(group, LR_KEY, rate)
                 for p, tensors in states.items():
                     loaded = self.state[p]
                     for key, t in tensors.items():
@@ -219,7 +258,7 @@ class MNCoreAdam(_AdamBase):
         torch_eps = bool(kwargs.pop("chainer_use_torch", True))
         maximize = bool(kwargs.pop("maximize", False))
         if kwargs:
-            raise OptionError(f"{owner}: unknown arguments {', '.join(sorted(kwargs))}")
+            raise ArgumentError(f"{owner}: unexpected keyword arguments {', '.join(sorted(kwargs))}")
         super().__init__(params, lr, betas, eps, weight_decay, torch_eps, maximize)
 
 
@@ -240,7 +279,7 @@ class MNCoreAdamW(_AdamBase):
         betas = _betas(kwargs, ("beta1",), ("beta2",), owner)
         maximize = bool(kwargs.pop("maximize", False))
         if kwargs:
-            raise OptionError(f"{owner}: unknown arguments {', '.join(sorted(kwargs))}")
+            raise ArgumentError(f"{owner}: unexpected keyword arguments {', '.join(sorted(kwargs))}")
         super().__init__(params, lr, betas, eps, weight_decay, True, maximize)
 
 
@@ -262,9 +301,9 @@ class MNCoreLRScheduler:
     def step(self, *args: Any, **kwargs: Any) -> None:
         self.scheduler.step(*args, **kwargs)
         for g, (group, rate) in enumerate(zip(self.scheduler.optimizer.param_groups, self._rates)):
-            if group[LR_KEY] is not rate:  # a scheduler that assigned a number: into the same tensor
+            if group[LR_KEY] is not rate:  # a group torch rebuilt as a plain dict: the number into the tensor
                 rate.fill_(_scalar_value(group[LR_KEY]))
-                group[LR_KEY] = rate
+                dict.__setitem__(group, LR_KEY, rate)
             changed = [k for k, v in self._fixed[g].items() if k in group and group[k] != v]
             if changed:
                 raise OptionError(f"MNCoreLRScheduler: the scheduler changed {', '.join(changed)} of parameter group "
@@ -275,6 +314,7 @@ class MNCoreLRScheduler:
                                  "steps hold it as a number; call context.register_optimizer_buffers(optimizer) "
                                  "before compiling")
             self.context.get_registered_value_proxy(rate).load_from(rate)
+            sent(rate)
 
     def get_last_lr(self) -> list[float]:
         return [_scalar_value(x) for x in self.scheduler.get_last_lr()]
