@@ -35,6 +35,16 @@ class UnsupportedOpError(CompileError, NotImplementedError):
         super().__init__(f"unsupported op {op} with shapes {shapes}{why}\n  at {source or 'an unknown line'}")
 
 
+class UnregisteredWriteError(CompileError):
+    """The function writes captured tensors that are named but not registered (a BatchNorm's
+    running statistics when only the parameters were registered); `tensors` lists them, so that
+    a Context can register them and trace again."""
+
+    def __init__(self, message: str, tensors: list) -> None:
+        super().__init__(message)
+        self.tensors = tensors
+
+
 class SpecMismatchError(CompileError):
     """An io_spec_constraints entry does not fit the value it constrains (shape, dtype, name)."""
 

@@ -16,8 +16,8 @@ from .context import CacheOptions, Context
 from .device import MNDevice
 from .errors import (ArgumentError, ArtifactError, CompileError, DeviceError, DeviceMemoryError, DeviceNameError,
                      HwDescError, InputError, InvalidatedError, LayoutError, MLSDKError, OptionError, ReadOnlyError,
-                     RegistrationError, ReportError, ScriptError, SimError, SpecMismatchError, UnsupportedOpError,
-                     LocatedError, SweepError, SweepSpecError, WorkloadError)
+                     RegistrationError, ReportError, ScriptError, SimError, SpecMismatchError, UnregisteredWriteError,
+                     UnsupportedOpError, LocatedError, SweepError, SweepSpecError, WorkloadError)
 from .function import CompiledFunction
 from .naming import get_tensor_name, set_buffer_name_in_optimizer, set_tensor_name, set_tensor_name_in_module
 from .optim import MNCoreAdam, MNCoreAdamW, MNCoreLRScheduler, MNCoreOptimizer, MNCoreSGD
@@ -34,7 +34,7 @@ __all__ = [
     "ArgumentError", "ArtifactError", "CacheOptions", "CompileError", "CompiledFunction", "Context", "DeviceError",
     "DeviceMemoryError", "DeviceNameError", "HwDescError", "IOSpec", "InputError", "InvalidatedError", "LayoutError",
     "MLSDKError", "OptionError", "ReadOnlyError", "RegistrationError", "ReportError", "ScriptError", "SimError", "SpecMismatchError",
-    "UnsupportedOpError", "LocatedError", "SweepError", "SweepSpecError", "WorkloadError",
+    "UnregisteredWriteError", "UnsupportedOpError", "LocatedError", "SweepError", "SweepSpecError", "WorkloadError",
     "MNCoreAdam", "MNCoreAdamW", "MNCoreLRScheduler", "MNCoreOptimizer", "MNCoreSGD", "MNDevice", "TensorLike", "TensorProxy", "get_tensor_name", "path", "register_pytree_dataclass",
     "register_pytree_namedtuple", "set_buffer_name_in_optimizer", "set_tensor_name", "set_tensor_name_in_module",
     "storage", "trace_event", "trace_scope",

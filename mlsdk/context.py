@@ -20,6 +20,7 @@ import os
 import shutil
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -27,7 +28,7 @@ import torch
 
 from compiler import artifact
 from compiler.compile import Compiled, compile_traced
-from compiler.errors import ArtifactError, CompileError
+from compiler.errors import ArtifactError, CompileError, UnregisteredWriteError
 from compiler.frontend import trace as trace_graph
 from compiler.iospec import IOSpec
 from runtime import Executable, Run, Runtime, Session, host_spec
@@ -251,8 +252,7 @@ class Context:
         for t in resident.tensors():  # gradients the host allocated: kept with their parameter
             if t.grad is not None:
                 self._register_grad(t)
-        with _grads_kept(resident.tensors()):
-            graph = trace_graph(function, inputs, resident.name_of, get_tensor_name)
+        graph = self._trace_registering(function, inputs, name)
         if training is False and (graph.has_phase("backward") or graph.gradients_left):  # (a gradient-only
             # step's backward has no reader before its gradients are registered: the nodes were dropped)
             line = next((n.source for n in graph.nodes if n.phase == "backward" and n.source), "")
@@ -274,9 +274,28 @@ class Context:
             for t in left:
                 t.grad = torch.zeros_like(t)
                 self._register_grad(t)
-            with _grads_kept(resident.tensors()):
-                graph = trace_graph(function, inputs, resident.name_of, get_tensor_name)
+            graph = self._trace_registering(function, inputs, name)
         return graph
+
+    def _trace_registering(self, function: Callable, inputs: Any, name: str) -> Any:
+        """The traced graph; named tensors the function writes without their being registered (a
+        BatchNorm's running statistics when only the parameters were, as PFN's run_timm.py does)
+        are registered, with a warning, and the function traced again: the device keeps their new
+        values, as torch keeps them in the module."""
+        resident = self.runtime.resident
+        try:
+            with _grads_kept(resident.tensors()):
+                return trace_graph(function, inputs, resident.name_of, get_tensor_name)
+        except UnregisteredWriteError as e:
+            names = [get_tensor_name(t) for t in e.tensors]
+            for t in e.tensors:
+                self.register_buffer(t)
+        warnings.warn(f"{name}: registered {len(names)} tensor(s) the function writes ({', '.join(names[:4])}"
+                      f"{', ...' if len(names) > 4 else ''}): the device keeps their values between calls and "
+                      "synchronize() writes them back; register them before compiling to silence this",
+                      stacklevel=4)
+        with _grads_kept(resident.tensors()):
+            return trace_graph(function, inputs, resident.name_of, get_tensor_name)
 
     def _register_grad(self, t: torch.Tensor) -> None:
         resident = self.runtime.resident

@@ -10,6 +10,7 @@ fits, e.g. ValueError). A failed call leaves the Context usable.
       CompileError          a function that cannot be compiled (op, source line)   ValueError
         UnsupportedOpError  an op mnsim cannot lower                               NotImplementedError
         SpecMismatchError   an io_spec_constraints entry that does not fit         ValueError
+        UnregisteredWriteError  writes into named tensors not registered           ValueError
       ArtifactError         a codegen_dir missing, corrupt, edited or foreign      OSError
       SimError              an instruction that cannot run                         RuntimeError
       DeviceMemoryError     a memory that is full                                  MemoryError
@@ -28,7 +29,8 @@ fits, e.g. ValueError). A failed call leaves the Context usable.
 
 from __future__ import annotations
 
-from compiler.errors import ArtifactError, CompileError, LayoutError, SpecMismatchError, UnsupportedOpError
+from compiler.errors import (ArtifactError, CompileError, LayoutError, SpecMismatchError, UnregisteredWriteError,
+                             UnsupportedOpError)
 from hwdesc.errors import HwDescError, LocatedError, ReadOnlyError
 from hwdesc.errors import MnsimError as MLSDKError
 from runtime.errors import DeviceError, InputError, InvalidatedError, RegistrationError
@@ -70,5 +72,5 @@ class WorkloadError(MLSDKError, RuntimeError):
 __all__ = [
     "ArgumentError", "ArtifactError", "CompileError", "DeviceError", "DeviceMemoryError", "DeviceNameError", "HwDescError",
     "InputError", "InvalidatedError", "LayoutError", "MLSDKError", "OptionError", "ReadOnlyError", "RegistrationError", "ReportError", "ScriptError",
-    "SimError", "SpecMismatchError", "UnsupportedOpError", "LocatedError", "SweepError", "SweepSpecError", "WorkloadError",
+    "SimError", "SpecMismatchError", "UnregisteredWriteError", "UnsupportedOpError", "LocatedError", "SweepError", "SweepSpecError", "WorkloadError",
 ]

@@ -26,7 +26,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils import _pytree as pytree
 
 from ..dtypes import INT32_MAX, INT32_MIN
-from ..errors import CompileError, UnsupportedOpError
+from ..errors import CompileError, UnregisteredWriteError, UnsupportedOpError
 from ..ir import Graph, Value, update_output
 from . import legalize  # noqa: F401  (imported for its rules: they register in rules.RULES)
 from .rules import RULES, ir_dtype
@@ -165,19 +165,31 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
             with autograd_phases(resident, zeroed), DecomposeAboveAutograd():
                 joint = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True,
                                 record_stack_traces=True)(*tensors)
-            state, gradients_left = _captured_state(joint, resident, describe)
+            state, gradients_left, unkept = _captured_state(joint, resident)
             clash = sorted(set(state) & set(names))
             if clash:
                 raise CompileError(f"input {clash[0]!r} has the name of a registered tensor the function reads; "
                                    "rename the input or give the model another prefix")
             tensors = [t.detach() for t in tensors]
+            # fake tensor mode keeps one-element constants real and runs ops on them: pass 2 would
+            # really add 1 to an unregistered BatchNorm's num_batches_tracked (kept as it was below)
+            written = [(t, t.detach().clone()) for _, t in unkept]
             # pass 2: functionalized (writes become values, writes into inputs a final copy_) and
             # decomposed, each node keeping its source line and phase
-            with torch.fx.traceback.preserve_node_meta():
-                gm = make_fx(functionalize(lambda *args: torch.fx.Interpreter(joint).run(*args),
-                                           remove="mutations_and_views"), decomposition_table=table(),
-                             tracing_mode="fake", _allow_non_fake_inputs=True, record_stack_traces=True)(
-                    *tensors, *(t.detach() for t in state.values()))
+            try:
+                with torch.fx.traceback.preserve_node_meta():
+                    gm = make_fx(functionalize(lambda *args: torch.fx.Interpreter(joint).run(*args),
+                                               remove="mutations_and_views"), decomposition_table=table(),
+                                 tracing_mode="fake", _allow_non_fake_inputs=True, record_stack_traces=True)(
+                        *tensors, *(t.detach() for t in state.values()))
+            finally:
+                with torch.no_grad():
+                    for t, before in written:
+                        t.copy_(before)
+            # writes into captured tensors not kept on the device: seen by pass 1 (ops whose schema
+            # writes), and by pass 2 (functionalize's copy_ back, for writes inside composite ops
+            # such as batch_norm's running statistics): refused, or listed to be registered, at once
+            _refuse_captured_writes(unkept + _copies_into_captured(gm), describe)
     except CompileError:
         raise
     except Exception as e:  # data-dependent control flow, unsupported Python, ...
@@ -371,17 +383,18 @@ def _check_optimizer(optimizer: Any, args: Any, kwargs: Any) -> None:
                            "learning rate live on the device")
 
 
-def _captured_state(joint: torch.fx.GraphModule, resident: Callable[[torch.Tensor], str | None] | None,
-                    describe: Callable[[torch.Tensor], str | None] | None = None
-                    ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+def _captured_state(joint: torch.fx.GraphModule, resident: Callable[[torch.Tensor], str | None] | None
+                    ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor], list[tuple[torch.fx.Node, torch.Tensor]]]:
     """Rewrite pass 1's graph in place: captured tensors that `resident` names become placeholders
-    (after the inputs), profiler marks become each node's phase. Returns name -> tensor, and the
-    captured tensors in whose `.grad` backward() left a gradient (reset to None here)."""
+    (after the inputs), profiler marks become each node's phase. Returns name -> tensor, the
+    captured tensors in whose `.grad` backward() left a gradient (reset to None here), and the
+    writes into other captured tensors (`_captured_writes`)."""
     graph = joint.graph
     last_input: list[Any] = [n for n in graph.nodes if n.op == "placeholder"][-1:] or [None]
     state: dict[str, torch.Tensor] = {}
     placeholders: dict[str, torch.fx.Node] = {}
     phase, marks, profiler_nodes, gradients_left = FORWARD, [], [], []
+    unkept: list[tuple[torch.fx.Node, torch.Tensor]] = []  # writes into captured tensors not resident
     for node in list(graph.nodes):
         if node.op == "get_attr":
             captured = getattr(joint, node.target)
@@ -413,34 +426,69 @@ def _captured_state(joint: torch.fx.GraphModule, resident: Callable[[torch.Tenso
                 phase = marks.pop()
         elif node.op == "call_function":
             node.meta["custom"] = {**node.meta.get("custom", {}), "mnsim_phase": phase}
-            _refuse_captured_write(node, joint, describe)
+            unkept += _captured_writes(node, joint)
     for node in reversed(profiler_nodes):  # exits before the entries they use
         graph.erase_node(node)
     joint.recompile()
-    return state, gradients_left
+    return state, gradients_left, unkept
 
 
 def _placeholder_name(name: str) -> str:
     return "state_" + re.sub(r"\W", "_", name)
 
 
-def _refuse_captured_write(node: torch.fx.Node, joint: torch.fx.GraphModule,
-                           describe: Callable[[torch.Tensor], str | None] | None) -> None:
-    """A write into a captured tensor the device does not keep would be lost after the call."""
+def _captured_writes(node: torch.fx.Node, joint: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, torch.Tensor]]:
+    """(node, tensor) for each captured tensor (not resident: those are placeholders by now) the
+    node writes in place."""
     schema = getattr(node.target, "_schema", None)
     if schema is None:
-        return
+        return []
+    out = []
     for k, arg in enumerate(schema.arguments):
         value = node.args[k] if k < len(node.args) else node.kwargs.get(arg.name)
         if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.fx.Node) \
                 and value.op == "get_attr":
-            t = getattr(joint, value.target)
-            name = describe(t) if describe is not None else None
-            raise CompileError(f"{node.target} writes a captured tensor{f' {name!r}' if name else ''} "
-                               f"({str(t.dtype).replace('torch.', '')}{list(t.shape)}) that is not registered in "
-                               f"the Context, so the device would not "
-                               f"keep the new value; register it (register_param, register_buffer or "
-                               f"register_optimizer_buffers)" + _at(node))
+            out.append((node, getattr(joint, value.target)))
+    return out
+
+
+def _copies_into_captured(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, torch.Tensor]]:
+    """(node, tensor) for each copy_ of pass 2 into a captured tensor (through copy_ chains)."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or _op_key(node.target) != "copy_":
+            continue
+        dst = node.args[0]
+        while isinstance(dst, torch.fx.Node) and dst.op == "call_function" and _op_key(dst.target) == "copy_":
+            dst = dst.args[0]
+        if isinstance(dst, torch.fx.Node) and dst.op == "get_attr":
+            out.append((node, getattr(gm, dst.target)))
+    return out
+
+
+def _refuse_captured_writes(writes: list[tuple[torch.fx.Node, torch.Tensor]],
+                            describe: Callable[[torch.Tensor], str | None] | None) -> None:
+    """A write into a captured tensor the device does not keep would be lost after the call. When
+    every such tensor has a name, UnregisteredWriteError lists them (a Context registers them and
+    traces again); otherwise CompileError names the first without one."""
+    if not writes:
+        return
+    named = {id(t): (node, t, describe(t) if describe is not None else None) for node, t in writes}
+    nameless = [(node, t) for node, t, name in named.values() if name is None]
+    node, t = nameless[0] if nameless else writes[0]
+    what = f"({str(t.dtype).replace('torch.', '')}{list(t.shape)})"
+    if nameless:
+        raise CompileError(f"{node.target} writes a captured tensor {what} that is not registered in the Context, so "
+                           "the device would not keep the new value; name and register it (set_tensor_name_in_module "
+                           "and register_buffer, or register_optimizer_buffers)" + _at(node))
+    names = [name for _, _, name in named.values()]
+    raise UnregisteredWriteError(
+        f"{node.target} writes a captured tensor {names[0]!r} {what}"
+        + (f" (and {len(names) - 1} more: {', '.join(map(repr, names[1:4]))}{', ...' if len(names) > 4 else ''})"
+           if len(names) > 1 else "")
+        + " that is not registered in the Context, so the device would not keep the new value; register it "
+          "(register_param, register_buffer or register_optimizer_buffers)" + _at(node),
+        [t for _, t, _ in named.values()])
 
 
 def _at(node: torch.fx.Node) -> str:
