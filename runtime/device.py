@@ -52,7 +52,11 @@ class DeviceBuffer:
 
 def check_host_value(tensor: torch.Tensor, dtype: str, name: str = "tensor") -> None:
     """Refuse a host tensor the device cannot hold as `dtype` (an IOSpec dtype): integers must fit
-    the device's int32 (class labels held as int64 by torch do)."""
+    the device's int32 (class labels held as int64 by torch do), and its elements must be on the
+    host, stored densely (a meta tensor has none, a sparse one is not strided)."""
+    if tensor.layout != torch.strided or tensor.device.type != "cpu":
+        raise InputError(f"{name} is a {str(tensor.layout).replace('torch.', '')} tensor on {tensor.device}; the "
+                         "device takes dense (strided) CPU tensors: pass .to_dense() or .cpu() of it")
     check_int_range(tensor, DEVICE_DTYPE.get(dtype, dtype), name)
 
 

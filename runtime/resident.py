@@ -44,6 +44,12 @@ class ResidentTensors:
         if name in self._tensors and self._tensors[name] is not tensor:
             raise RegistrationError(f"another tensor is already registered as {name!r}; give each model its own "
                                     "prefix")
+        if name in self._copies:
+            _, spec = self.any_copy(name)
+            if tuple(tensor.shape) != tuple(spec.shape):
+                raise RegistrationError(f"{name!r} is registered with shape {list(spec.shape)} and programs read it "
+                                        f"so; registered again with shape {list(tensor.shape)}, it would not fit "
+                                        "them: register the new tensor under another name, in a new Context")
         self._tensors[name] = tensor
         self._name_by_id[id(tensor)] = name
         if name in self._copies:

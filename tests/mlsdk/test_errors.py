@@ -117,3 +117,44 @@ def test_reports_and_codegen_dirs_refuse_bad_input_with_our_errors(tmp_path):
     with pytest.raises(mlsdk.RegistrationError, match=r"registered tensor 'm@weight' is float32\[3, 4\], but the "
                                                      r"program reads it as float32\[2, 4\]"):
         other.load_codegen_dir(tmp_path / "m")
+
+
+def test_meta_and_sparse_inputs_are_refused_by_name():
+    """A meta tensor (no elements) and a sparse one (not strided) failed inside the upload with
+    torch's NotImplementedError / numpy's TypeError; the Context stays usable."""
+    ctx = Context(MNDevice("mini"))
+    fn = ctx.compile(lambda d: {"y": d["x"] + 1}, {"x": torch.randn(6, 8)}, None)
+    for bad, what in ((torch.empty(6, 8, device="meta"), "strided tensor on meta"),
+                      (torch.randn(6, 8).to_sparse(), "sparse_coo tensor on cpu")):
+        with pytest.raises(mlsdk.InputError, match=f"input 'x' is a {what}; the device takes dense"):
+            fn({"x": bad})
+    assert torch.equal(fn({"x": torch.ones(6, 8)})["y"].cpu(), torch.full((6, 8), 2.0))
+
+
+def test_registering_again_with_another_shape_is_refused_by_name():
+    """A parameter whose .data changed shape, registered again, failed inside the upload with
+    numpy's reshape error; the device copy and the programs reading it are as they were."""
+    ctx = Context(MNDevice("mini"))
+    model = torch.nn.Linear(4, 3)
+    ctx.registry.register("m", model)
+    x = torch.randn(5, 4)
+    fn = ctx.compile(lambda d: {"y": model(d["x"])}, {"x": x}, None)
+    want = model(x).detach()
+    fn({"x": x})
+    kept = model.weight.data
+    model.weight.data = torch.ones(2, 4)
+    with pytest.raises(mlsdk.RegistrationError, match=r"'m@weight' is registered with shape \[3, 4\].*again with "
+                                                      r"shape \[2, 4\]"):
+        ctx.register_param(model.weight)
+    model.weight.data = kept
+    torch.testing.assert_close(fn({"x": x})["y"].cpu(), want)
+
+
+def test_an_unknown_optimizer_keyword_is_a_type_error_as_in_torch():
+    """PFN's create_optimizer tries one keyword spelling and falls back on TypeError; MNCoreAdam(W)
+    raised OptionError (a ValueError) for an unknown keyword, where torch and MNCoreSGD raise
+    TypeError."""
+    params = [torch.nn.Parameter(torch.ones(2))]
+    for cls in (mlsdk.MNCoreAdam, mlsdk.MNCoreAdamW):
+        with pytest.raises(TypeError, match=f"{cls.__name__}: unexpected keyword arguments no_such_arg"):
+            cls(params, lr=0.1, no_such_arg=1)
