@@ -182,6 +182,9 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
                                                remove="mutations_and_views"), decomposition_table=table(),
                                  tracing_mode="fake", _allow_non_fake_inputs=True, record_stack_traces=True)(
                         *tensors, *(t.detach() for t in state.values()))
+            except Exception:
+                _refuse_captured_writes(unkept, describe)  # what pass 1 found says more than pass 2's failure
+                raise
             finally:
                 with torch.no_grad():
                     for t, before in written:
