@@ -290,8 +290,8 @@ class Context:
             names = [get_tensor_name(t) for t in e.tensors]
             for t in e.tensors:
                 self.register_buffer(t)
-        warnings.warn(f"{name}: registered {len(names)} tensor(s) the function writes ({', '.join(names[:4])}"
-                      f"{', ...' if len(names) > 4 else ''}): the device keeps their values between calls and "
+        warnings.warn(f"{name}: registered {len(names)} tensor(s) the function writes ({', '.join(names[:3])}"
+                      f"{', ...' if len(names) > 3 else ''}): the device keeps their values between calls and "
                       "synchronize() writes them back; register them before compiling to silence this",
                       stacklevel=4)
         with _grads_kept(resident.tensors()):

@@ -40,7 +40,7 @@ def _scalar_value(value: Any) -> float:
 # torch's schedulers' fill_, load_state_dict); mlsdk.function sends a changed one to the device
 # before a call of a compiled step, which reads the device copy (`changed_rates`, `sent`).
 _RATES: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
-_SENT = "_mnsim_sent_version"  # attribute of a rate: its tensor version when last sent
+_SENT = "_mnsim_sent_value"  # attribute of a rate: its value when last sent
 
 
 class _ParamGroup(dict):
@@ -66,11 +66,11 @@ def _rate(value: Any) -> torch.Tensor:
 
 def changed_rates() -> list[torch.Tensor]:
     """The learning rates changed on the host since they were last sent to a device."""
-    return [rate for rate in list(_RATES) if getattr(rate, _SENT, None) != rate._version]
+    return [rate for rate in list(_RATES) if getattr(rate, _SENT, None) != float(rate)]
 
 
 def sent(rate: torch.Tensor) -> None:
-    setattr(rate, _SENT, rate._version)
+    setattr(rate, _SENT, float(rate))
 
 
 class MNCoreOptimizer(torch.optim.Optimizer):

@@ -27,6 +27,7 @@ ALLOWED = {
     ("compiler/frontend/legalize_sort.py", 16): "topk rounds of selection before sorting instead (compile policy)",
     ("compiler/frontend/legalize_sort.py", 20): "pairs a sort may compare, as a shift (1 << 20; compile policy)",
     ("sim/params.py", 8): "bits per byte",
+    ("mlsdk/context.py", 4): "Python frames from a warning up to the user's compile() call (stacklevel)",
     ("sim/program.py", 4): "bindings kept per program with their timing (host-side cache size)",
     ("sim/params.py", 32): "lru_cache size; WORD_BITS (mnsim's memory arrays are uint32, from_hw rejects other sizes)",
     ("sim/accesses.py", 6): "columns of the hazard check's access table (memory, first, last, path, reduces, on ALU)",

@@ -487,7 +487,7 @@ def _refuse_captured_writes(writes: list[tuple[torch.fx.Node, torch.Tensor]],
     names = [name for _, _, name in named.values()]
     raise UnregisteredWriteError(
         f"{node.target} writes a captured tensor {names[0]!r} {what}"
-        + (f" (and {len(names) - 1} more: {', '.join(map(repr, names[1:4]))}{', ...' if len(names) > 4 else ''})"
+        + (f" (and {len(names) - 1} more: {', '.join(map(repr, names[1:3]))}{', ...' if len(names) > 3 else ''})"
            if len(names) > 1 else "")
         + " that is not registered in the Context, so the device would not keep the new value; register it "
           "(register_param, register_buffer or register_optimizer_buffers)" + _at(node),
