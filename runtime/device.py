@@ -24,7 +24,7 @@ from sim import Machine, RunStats
 from sim.errors import DeviceMemoryError
 
 from compiler.compile import Compiled
-from compiler.dtypes import DEVICE_DTYPE, INT32_MAX, INT32_MIN
+from compiler.dtypes import DEVICE_DTYPE, INT32_MAX, INT32_MIN, TORCH_DTYPES
 from compiler.iospec import IOSpec
 from compiler.layout import Placement
 from compiler.layout.hostio import gather, scatter
@@ -91,7 +91,7 @@ def from_bits(bits: np.ndarray, dtype: str, hw: HwDesc, *, owned: bool = False) 
         t = torch.from_numpy(bits.view(np.float32) if owned else bits.view(np.float32).copy())
         return t != 0 if dtype == "bool" else t
     t = torch.from_numpy(bits.view(np.int32) if owned else bits.view(np.int32).copy())
-    return t.to(torch.int64) if dtype == "int64" else t
+    return t if dtype == "int32" else t.to(TORCH_DTYPES[dtype])  # int64, uint8, int8, int16 held as int32
 
 
 @dataclass

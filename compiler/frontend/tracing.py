@@ -25,7 +25,7 @@ from torch.func import functionalize
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils import _pytree as pytree
 
-from ..dtypes import INT32_MAX, INT32_MIN
+from ..dtypes import DTYPES, INT32_MAX, INT32_MIN
 from ..errors import CompileError, UnregisteredWriteError, UnsupportedOpError
 from ..ir import Graph, Value, update_output
 from . import legalize  # noqa: F401  (imported for its rules: they register in rules.RULES)
@@ -34,13 +34,14 @@ from .build import Builder
 from .above_autograd import DecomposeAboveAutograd
 from .mappings import register_mappings
 from .decompositions import table
+from .narrow_ints import fold_narrow_results
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>[^\n]*)')
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 # frames of torch and of mnsim's own packages (by path: the compiler imports none of the others)
 _INTERNAL = (os.path.dirname(torch.__file__), *(os.path.join(_ROOT, p) + os.sep for p in ("compiler", "runtime",
                                                                                          "mlsdk", "sim")))
-INPUT_DTYPES = (torch.float32, torch.float16, torch.int64, torch.int32, torch.bool)
+INPUT_DTYPES = tuple(DTYPES)
 
 
 @contextlib.contextmanager
@@ -551,8 +552,8 @@ def _legalize(gm: torch.fx.GraphModule, in_names: list[str], samples: list[torch
             results = convert(fx_node.args[0])
             for name, v, fx_out in zip(out_names, results, fx_node.args[0]):
                 val = fx_out.meta.get("val") if isinstance(fx_out, torch.fx.Node) else None
-                if isinstance(val, torch.Tensor) and val.dtype == torch.int64 and v.dtype == "int32":
-                    v.torch_dtype = "int64"
+                if isinstance(val, torch.Tensor) and isinstance(v, Value):
+                    v = _as_output(b, v, DTYPES.get(val.dtype, v.dtype))
                 graph.outputs[name] = v
             for name, v in graph.updates.items():
                 if graph.inputs[name].torch_dtype and v.kind == "node":
@@ -592,7 +593,20 @@ def _call(b: Builder, fx_node: torch.fx.Node, val: Any, convert: Callable[[Any],
         if isinstance(e, UnsupportedOpError) or not source or "at " in str(e):
             raise
         raise CompileError(f"{aten} with shapes {shapes}: {e}\n  at {source}") from None
-    return _check(b, aten, source, shapes, val, result)
+    return fold_narrow_results(b, key, fx_node.args, val, _check(b, aten, source, shapes, val, result))
+
+
+def _as_output(b: Builder, v: Value, dtype: str) -> Value:
+    """`v` as an output of the user's dtype `dtype` (int64 and narrow integers are held as int32,
+    so one Value may stand for several: `x.int()` of a uint8 input is the input's own Value); a
+    Value that may already be another dtype's (an input, another output) is copied."""
+    if (v.torch_dtype or v.dtype) == dtype:
+        return v
+    if v.torch_dtype or v.kind != "node" or any(o is v for o in b.graph.outputs.values()):
+        v = b.ew("copy", v)
+    if dtype != v.dtype:
+        v.torch_dtype = dtype
+    return v
 
 
 def _write_back(b: Builder, args: tuple, aten: str, shapes: list, source: str) -> Value:

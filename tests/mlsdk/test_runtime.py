@@ -356,3 +356,68 @@ def test_advice_is_given_only_for_function_outputs(ctx, tmp_path):
     c({"scores": proxies["s"]})
     binding = ctx.session.calls[-1].bindings[0]
     assert binding.path == "conversion" and binding.handover is None, "an allocated buffer is no function's output"
+
+
+def image_arithmetic(d: Dict) -> Dict:
+    """What a function may do with a uint8 image besides converting it: uint8 arithmetic wraps at
+    256 in torch (255 + 1 is 0), movement keeps the values, casts widen them."""
+    x = d["image"]
+    return {"scaled": x.float() / 255.0, "inc": x + 1, "neg": -x, "mul": x * 3, "not": ~x, "shl": x << 3,
+            "hwc": x.permute(0, 2, 3, 1), "max": x.amax(1), "as_int": x.int(), "as_long": x.long(),
+            "total": x.sum(), "same": x, "where": torch.where(x > 128, x, -1).float()}
+
+
+def test_a_uint8_image_is_taken_as_int32_and_computes_as_torch(ctx, tmp_path):
+    """PFN's ssd_inference.py feeds a uint8 image and divides `.float()` of it by 255 inside the
+    compiled function; the device holds it as int32, and outputs keep torch's dtypes and values."""
+    image = torch.randint(0, 256, (1, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    image.view(-1)[:4] = torch.tensor([0, 1, 254, 255], dtype=torch.uint8)
+    fn = ctx.compile(image_arithmetic, {"image": image}, None)
+    assert fn.input_specs["image"].dtype == "uint8"
+    got, want = fn({"image": image}), image_arithmetic({"image": image})
+    for name, expected in want.items():
+        out = got[name].cpu()
+        assert out.dtype == expected.dtype and torch.equal(out, expected), name
+        assert fn.output_specs[name].dtype == str(expected.dtype).replace("torch.", ""), name
+    with pytest.raises(InputError, match=r"input 'image' is int32\[1, 3, 8, 8\]; expected uint8\[1, 3, 8, 8\]"):
+        fn({"image": image.int()})
+    again = torch.full_like(image, 255)
+    assert torch.equal(fn({"image": again})["inc"].cpu(), torch.zeros_like(image))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16])
+def test_signed_narrow_integers_wrap_as_torch(ctx, dtype):
+    """int8 and int16 wrap at their own width in torch (-(-128) is -128 in int8); held as int32
+    they are folded back after every op that may leave their range."""
+    info = torch.iinfo(dtype)
+    x = torch.randint(info.min, info.max + 1, (4, 33), dtype=dtype, generator=torch.Generator().manual_seed(1))
+    x.view(-1)[:4] = torch.tensor([info.min, info.max, -1, 0], dtype=dtype)
+
+    def fn(d: Dict) -> Dict:
+        x = d["x"]
+        return {"add": x + 100, "neg": -x, "abs": x.abs(), "square": x * x, "half": x.float() * 0.5,
+                "div": x // 3, "wide": x.int() * 1000}
+    compiled = ctx.compile(fn, {"x": x}, None)
+    got = compiled({"x": x})
+    for name, expected in fn({"x": x}).items():
+        out = got[name].cpu()
+        assert out.dtype == expected.dtype and torch.equal(out, expected), name
+
+
+def test_a_narrow_output_feeds_another_function_as_a_proxy(ctx):
+    image = torch.randint(0, 256, (8, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    brighten = ctx.compile(lambda d: {"image": d["image"] + 100}, {"image": image}, None)
+    normalize = ctx.compile(lambda d: {"x": d["image"].float() / 255.0}, {"image": image}, None)
+    out = normalize(brighten({"image": image}))["x"].cpu()
+    assert torch.equal(out, (image + 100).float() / 255.0)
+
+
+def test_an_int32_input_returned_as_int64_keeps_the_input_int32(ctx):
+    """`x.long()` of an int32 input is the input's own device value: the output is int64 and the
+    input stays int32 (marking the shared value int64 made the input spec int64 too)."""
+    x = torch.arange(-4, 4, dtype=torch.int32)
+    fn = ctx.compile(lambda d: {"wide": d["x"].long(), "same": d["x"]}, {"x": x}, None)
+    assert fn.input_specs["x"].dtype == "int32" and fn.output_specs["wide"].dtype == "int64"
+    got = fn({"x": x})
+    assert got["wide"].cpu().dtype == torch.int64 and torch.equal(got["wide"].cpu(), x.long())
+    assert got["same"].cpu().dtype == torch.int32 and torch.equal(got["same"].cpu(), x)
