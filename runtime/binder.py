@@ -21,6 +21,7 @@ from compiler.iospec import IOSpec
 
 from .conversions import Conversions
 from .device import BOTH, TIMING, Device, DeviceBuffer, spec_placement
+from .memory import allocating
 from .session import BINDING, Binding, Run, cycles
 from .value import DeviceValue
 
@@ -46,7 +47,8 @@ class Binder:
     def upload(self, consumer: str, input_name: str, value: torch.Tensor, spec: IOSpec, need: int,
                mode: str = BOTH) -> Bound:
         """A host tensor for an input, in the input's layout."""
-        buf = self.alloc(spec, need)
+        with allocating(f"input {input_name!r} of {consumer} ({spec.size_bytes} bytes, uploaded)"):
+            buf = self.alloc(spec, need)
         try:
             stats = self.device.upload(buf, value, name=f"{consumer} input {input_name!r}", mode=mode)
         except BaseException:
@@ -64,7 +66,9 @@ class Binder:
         where = f"{producer or 'proxy'} -> {consumer}.{input_name}"
         if self.conversions.conversion_cycles(value.spec, spec) is None:  # no program for the pair
             return self._host_round_trip(consumer, input_name, value, spec, need, where, mode)
-        buf = self.alloc(spec, max(need, self.conversions.dst_lw(value.spec, spec)))
+        with allocating(f"input {input_name!r} of {consumer} ({spec.size_bytes} bytes, converted from "
+                        f"{producer or 'a proxy'})"):
+            buf = self.alloc(spec, max(need, self.conversions.dst_lw(value.spec, spec)))
         try:
             stats = self.conversions.run(value.spec, value.buffer, spec, buf, mode)
         except BaseException:
@@ -78,7 +82,9 @@ class Binder:
         if not value.buffer.valid:  # no values to carry: time both transfers
             mode = TIMING
         host, down = self.device.download(value.buffer, value.spec.dtype, value.shape, mode=mode)
-        buf = self.alloc(spec, need)
+        with allocating(f"input {input_name!r} of {consumer} ({spec.size_bytes} bytes, from "
+                        f"{value.producer or 'a proxy'} through the host)"):
+            buf = self.alloc(spec, need)
         try:
             up = self.device.upload(buf, host, mode=mode)
         except BaseException:

@@ -14,6 +14,7 @@ from compiler.errors import CompileError, LayoutError
 from compiler.iospec import IOSpec
 
 from .device import BOTH, TIMING, Device, DeviceBuffer, spec_placement
+from .memory import allocating
 from .session import LOAD, Run
 
 
@@ -56,7 +57,8 @@ class Conversions:
         conv = self.program(src, dst)
         machine = self.device.machine
         with self.device.lock:
-            scratch = machine.alloc_dram(conv.scratch_lw) if conv.scratch_lw else 0
+            with allocating(f"the scratch region of the conversion {conv.src.name} -> {conv.dst.name}"):
+                scratch = machine.alloc_dram(conv.scratch_lw) if conv.scratch_lw else 0
             try:
                 bases = {**conv.bases(src_buf.address, dst_buf.address, scratch), **self._placed(conv)}
                 stats = machine.run(conv.program, bases=bases, mode=mode)
@@ -72,7 +74,8 @@ class Conversions:
         if key not in self._constants:
             placed = {}
             for symbol, buffer in conv.constants.items():
-                placed[symbol] = self.device.alloc(buffer.placement, buffer.lw)
+                with allocating(f"constant {symbol!r} of the conversion {conv.src.name} -> {conv.dst.name}"):
+                    placed[symbol] = self.device.alloc(buffer.placement, buffer.lw)
                 if buffer.data is not None:
                     stats = self.device.upload(placed[symbol], buffer.data)
                     self._record(Run(LOAD, f"constants of convert {conv.src.name}", stats))
@@ -112,6 +115,10 @@ class Conversions:
             program = self.device.transfer_program(spec_placement(spec, self.device.hw), upload=upload)
             self._timed[key] = self.device.machine.time(program.code).total_cycles
         return self._timed[key]
+
+    def held_lw(self) -> int:
+        """Long words (per Group) of DRAM the conversion programs' constants hold."""
+        return sum(buf.lw for placed in self._constants.values() for buf in placed.values())
 
     def free_all(self) -> None:
         for placed in self._constants.values():

@@ -32,6 +32,7 @@ from compiler.transfer.host import host_transfer
 
 from .errors import DeviceError, InputError
 from .host_images import HostImages
+from .memory import allocating
 
 # Simulation modes (sim.RunMode): timing only, data and timing, data only (a run returns no RunStats)
 TIMING, BOTH, FUNCTIONAL = "timing", "both", "functional"
@@ -225,13 +226,15 @@ class Device:
         loaded = Loaded(compiled)
         scratch = None
         if compiled.scratch_lw:
-            scratch = self._buffer(compiled.scratch_lw, None)
+            with allocating("the program's temporaries (its scratch region)"):
+                scratch = self._buffer(compiled.scratch_lw, None)
             loaded.scratch = scratch
         for symbol, buf in compiled.buffers.items():
             if buf.role == "temp":
                 loaded.bases[symbol] = scratch.address + buf.offset
             elif buf.role in ("const", "fill"):
-                loaded.resident[symbol] = self.alloc(buf.placement, buf.lw)
+                with allocating(f"the program's constant {symbol!r}"):
+                    loaded.resident[symbol] = self.alloc(buf.placement, buf.lw)
                 loaded.bases[symbol] = loaded.resident[symbol].address
                 if buf.data is not None:
                     data = buf.data
@@ -269,7 +272,8 @@ class Device:
                     raise InputError(f"output {name!r}: the buffer given holds {buf.lw} long words per Group; the "
                                      f"program writes {compiled.buffers[symbol].lw}")
                 if buf is None:
-                    buf = self.alloc(compiled.buffers[symbol].placement, compiled.buffers[symbol].lw)
+                    with allocating(f"output {name!r}"):
+                        buf = self.alloc(compiled.buffers[symbol].placement, compiled.buffers[symbol].lw)
                     fresh.append(buf)
                 outputs[name] = buf
                 bases[symbol] = buf.address

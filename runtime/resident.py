@@ -21,6 +21,7 @@ from .binder import RELOCATION, Binder, Bound
 from .conversions import layout_key
 from .device import BOTH, DeviceBuffer
 from .errors import RegistrationError
+from .memory import allocating
 from .session import DOWNLOAD, UPLOAD, Binding, Run
 from .value import DeviceValue
 
@@ -83,6 +84,10 @@ class ResidentTensors:
     def synced(self) -> None:
         self._dirty.clear()
 
+    def held_lw(self) -> dict[str, int]:
+        """Long words (per Group) of DRAM each registered tensor's device copies hold."""
+        return {name: sum(buf.lw for buf, _ in copies.values()) for name, copies in self._copies.items() if copies}
+
     def resident_bytes(self) -> int:
         """Bytes of the device copies (every layout) of registered tensors."""
         return sum(spec.size_bytes for copies in self._copies.values() for _, spec in copies.values())
@@ -112,7 +117,9 @@ class ResidentTensors:
             return Bound(copies[key][0], Binding(consumer, input_name, RELOCATION, 0, 0, f"registered {name}"), False)
         buf, stored = self.any_copy(name)
         source = DeviceValue(buf, stored, tuple(stored.shape), f"registered {name}")
-        bound = self._binder.bind_value(consumer, input_name, source, spec, need, mode)
+        with allocating(f"a copy of registered tensor {name!r} in the layout {consumer} reads ({spec.size_bytes} "
+                        "bytes)"):
+            bound = self._binder.bind_value(consumer, input_name, source, spec, need, mode)
         if key in copies:  # too small for this program: replace it (handles on it follow)
             old = copies[key][0]
             for handle in self._handles.get(name, ()):
@@ -162,7 +169,8 @@ class ResidentTensors:
         self._copies.clear()
 
     def _upload(self, name: str, spec: IOSpec, need: int) -> None:
-        buf = self._binder.alloc(spec, need)
+        with allocating(f"the device copy of registered tensor {name!r} ({spec.size_bytes} bytes)"):
+            buf = self._binder.alloc(spec, need)
         try:
             stats = self._device.upload(buf, self._tensors[name].detach(), name=name)
         except BaseException:

@@ -24,13 +24,14 @@ import torch
 
 from compiler.iospec import IOSpec
 from hwdesc.errors import MnsimError
-from sim import RunStats
+from sim import DeviceMemoryError, RunStats
 
 from .binder import Binder, Bound
 from .conversions import Conversions
 from .device import BOTH, FUNCTIONAL, Device, DeviceBuffer, check_host_value
 from .errors import DeviceError, InputError, InvalidatedError, RegistrationError
 from .executable import Executable
+from .memory import Holder, explain, largest
 from .resident import ResidentTensors
 from .session import CALL, DOWNLOAD, LOAD, UPLOAD, Binding, Call, Run, Session, new_session
 from .specs import default_spec
@@ -120,8 +121,10 @@ class Runtime:
             try:
                 return self._call(exe, values)
             except MnsimError as e:
-                e.add_note(f"while calling {exe.name} in {self.label}")
                 del self.session.runs[first_run:]  # its bindings were undone
+                if isinstance(e, DeviceMemoryError):  # (after the call's own buffers were freed)
+                    self._explain_memory(e, f"{exe.name} ({self.label})")
+                e.add_note(f"while calling {exe.name} in {self.label}")
                 raise
             except BaseException:
                 del self.session.runs[first_run:]
@@ -253,6 +256,27 @@ class Runtime:
                     c.chain = keep
         call.chain = keep
 
+    def _explain_memory(self, e: DeviceMemoryError, where: str) -> None:
+        """Name in `e` what holds the device's DRAM now, by what this Context keeps it for."""
+        proxies: dict[str, int] = {}
+        seen: set[int] = set()
+        for value in list(self._owned):
+            if not value.buffer.freed and id(value.buffer) not in seen:
+                seen.add(id(value.buffer))
+                key = value.producer or "a proxy"
+                proxies[key] = proxies.get(key, 0) + value.buffer.lw
+        programs = {exe.name: sum(b.lw for b in exe.loaded.resident.values())
+                    + (exe.loaded.scratch.lw if exe.loaded.scratch is not None else 0)
+                    for exe in self.executables if exe.loaded is not None}
+        registered = self.resident.held_lw()
+        holders = [Holder("registered tensors' device copies", len(registered), sum(registered.values()),
+                          largest(registered)),
+                   Holder("live output and input proxies", len(seen), sum(proxies.values()), largest(proxies)),
+                   Holder("loaded programs' constants and temporaries", len(programs), sum(programs.values()),
+                          largest(programs)),
+                   Holder("conversion programs' constants", 0, self.conversions.held_lw())]
+        explain(e, where, holders, self.device.allocated_lw(), self.device.params.lw_bytes)
+
     # ---- device values ------------------------------------------------------------------------
 
     def own(self, value: DeviceValue) -> DeviceValue:
@@ -266,7 +290,12 @@ class Runtime:
         with self.lock:
             self.check()
             spec = exe.input_specs[name]
-            buf = self.binder.alloc(spec, exe.need(name))
+            try:
+                buf = self.binder.alloc(spec, exe.need(name))
+            except DeviceMemoryError as e:
+                e.allocating = f"an input proxy for {name!r} ({spec.size_bytes} bytes)"
+                self._explain_memory(e, f"{exe.name}.allocate_input_proxy ({self.label})")
+                raise
             return self.own(DeviceValue(buf, spec, tuple(spec.shape), f"{exe.name}.allocate_input_proxy",
                                         owner=self.label, device_id=id(self.device)))
 

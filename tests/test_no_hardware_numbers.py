@@ -49,6 +49,7 @@ ALLOWED = {
     ("compiler/layout/hostio.py", 20): "MiB as a shift (512 << 20 bytes)",
     ("compiler/transfer/gather.py", 512): "MiB of gather runs the compile-time cache keeps (host policy)",
     ("compiler/transfer/gather.py", 20): "MiB as a shift (512 << 20 bytes)",
+    ("runtime/memory.py", 20): "MiB as a shift (1 << 20 bytes), how a DeviceMemoryError states sizes",
     ("compiler/layout/hostio.py", 32): "numpy unsigned type per element width",
     ("compiler/layout/hostio.py", 64): "numpy unsigned type per element width",
     ("compiler/layout/hostio.py", 8): "bits per byte",

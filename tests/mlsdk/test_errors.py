@@ -99,6 +99,55 @@ def test_a_failed_call_names_the_function_and_leaves_the_device_as_it_was():
     assert torch.equal(fn({"i": torch.ones(4, dtype=torch.int64), "x": torch.ones(4)})["y"].cpu(), torch.full((4,), 2.0))
 
 
+def test_a_full_dram_during_a_call_names_the_tensor_and_what_holds_the_memory():
+    """mini has 64 MiB of DRAM: the fourth 16 MiB weight does not fit at its first call. The
+    error named only sizes; it now names the function, the registered tensor it was uploading,
+    what holds the DRAM and what to do, and the Context still runs the functions that fit."""
+    ctx = Context(MNDevice("mini"))
+    x = torch.randn(2, 2048)
+    models, fns = [], []
+    for k in range(4):
+        model = torch.nn.Linear(2048, 2048, bias=False)
+        ctx.registry.register(f"m{k}", model)
+
+        def forward(d, model=model):
+            return {"y": model(d["x"])}
+        models.append(model)
+        fns.append(ctx.compile(forward, {"x": x}, None))
+    for fn in fns[:3]:
+        fn({"x": x})
+    board = ctx.device.board
+    held = board.allocated_lw()
+    with pytest.raises(mlsdk.DeviceMemoryError) as e:
+        fns[3]({"x": x})
+    message = str(e.value)
+    assert message.startswith(f"forward#4 ({ctx.runtime.label}): no room for the device copy of registered tensor "
+                              "'m3@weight' (16777216 bytes): DRAM: cannot allocate"), message
+    assert "3 registered tensors' device copies: 6291456 long words (48.0 MiB)" in message, message
+    assert "m0@weight 2097152 long words (16.0 MiB)" in message and "invalidate()" in message, message
+    assert board.allocated_lw() == held, "the failed call keeps nothing"
+    torch.testing.assert_close(fns[0]({"x": x})["y"].cpu(), models[0](x).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_full_dram_from_live_proxies_names_them_and_dropping_them_frees_it():
+    ctx = Context(MNDevice("mini"))
+
+    def double(d):
+        return {"y": d["a"] * 2}
+    a = torch.randn(1024, 1024)
+    fn = ctx.compile(double, {"a": a}, None)
+    kept = []
+    with pytest.raises(mlsdk.DeviceMemoryError) as e:
+        for _ in range(40):
+            kept.append(fn({"a": a}))
+    message = str(e.value)
+    assert message.startswith(f"double ({ctx.runtime.label}): no room for output 'y': DRAM: cannot allocate"), message
+    assert f"{len(kept)} live output and input proxies" in message and "(largest: double.y " in message, message
+    assert "drop output proxies you no longer need" in message, message
+    kept.clear()
+    assert torch.equal(fn({"a": a})["y"].cpu(), a * 2)
+
+
 def test_reports_and_codegen_dirs_refuse_bad_input_with_our_errors(tmp_path):
     from mlsdk.report import Report
     (tmp_path / "r.json").write_text("{not json")
