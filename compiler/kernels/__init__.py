@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..errors import UnsupportedOpError
+from ..errors import CompileError, UnsupportedOpError
 from ..ir import Node, Value
 from ..layout import Layout
 from . import conv, matmul, reduce
@@ -25,7 +25,21 @@ def plan_kernels(node: Node, planner) -> list[Kernel]:
     if fn is None:
         raise UnsupportedOpError(node.aten or node.kind, [list(v.shape) for v in node.inputs], node.source,
                                  f"no kernel for primitive {node.kind}")
-    return fn(node, planner)
+    try:
+        return fn(node, planner)
+    except CompileError as e:
+        located(e, node)
+        raise
+
+
+def located(e: CompileError, node: Node) -> None:
+    """Say in `e` which op of the user's it is about and where: a kernel's planner (a product's
+    tiling search) knows sizes, not the op or the source line every other compile error names.
+    The message is rebuilt in place, so the error keeps its class and attributes."""
+    if isinstance(e, UnsupportedOpError) or "\n  at " in str(e):
+        return
+    shapes = [list(v.shape) for v in node.inputs]
+    e.args = (f"{node.aten or node.kind} with shapes {shapes}: {e}\n  at {node.source or 'an unknown line'}",)
 
 
 def wishes(user: Node, v: Value, planner) -> list[Layout]:

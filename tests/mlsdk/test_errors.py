@@ -85,6 +85,30 @@ def test_errors_in_use_are_typed_and_say_where(tmp_path):
         MNDevice("mini").hw.memories["DRAM"] = None
 
 
+def project(d):
+    return {"y": d["x"] @ d["w"].T}  # the line a product's compile error points at
+
+
+def test_a_product_no_tiling_fits_names_the_op_and_the_line(monkeypatch):
+    """A product whose tiling search finds nothing (on mini, 2x512 @ 512x2560 from PFN's sweep)
+    said only its sizes. It now names the op, its shapes and the user's line, as every other
+    compile error does. The search is made to find nothing here so that the test does not hang
+    on which products the search can tile (compiler.kernels.matmul is improved apart)."""
+    import compiler.kernels.matmul as matmul
+    from mlsdk import CompileError
+
+    def nothing_fits(cg, p, **_):
+        raise CompileError(f"no tiling of a {p.batch}x{p.m}x{p.k}x{p.n} product fits the PE memories of {cg.hw.name}")
+    monkeypatch.setattr(matmul, "tilings", nothing_fits)
+    ctx = Context(MNDevice("mini"))
+    line = inspect.getsourcelines(project)[1] + 1
+    with pytest.raises(CompileError) as e:
+        ctx.compile(project, {"x": torch.randn(2, 512), "w": torch.randn(2560, 512)}, None)
+    assert str(e.value) == (f"aten.mm.default with shapes [[2, 512], [512, 2560]]: no tiling of a 1x2x512x2560 "
+                            f"product fits the PE memories of mini\n  at {__file__}:{line}: "
+                            'return {"y": d["x"] @ d["w"].T}  # the line a product\'s compile error points at')
+
+
 def test_a_failed_call_names_the_function_and_leaves_the_device_as_it_was():
     ctx = Context(MNDevice("mini:auto"))
     fn = ctx.compile(lambda d: {"y": d["i"] + d["x"]}, {"i": torch.zeros(4, dtype=torch.int64), "x": torch.zeros(4)},
