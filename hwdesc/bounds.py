@@ -37,6 +37,11 @@ are mnsim's own codecs and take the YAML's widths."""
 MIN_TAGS = 10
 """mnsim's programs use completion tags 1..10 (compiler.kernels.context.TAGS, and the host
 transfers' 7..10, compiler.transfer.host); kernels' pipelines use what lies above."""
+MAX_SLOTS = 2 ** 16
+"""Tags and queue slots: the timing engine keeps an array of each per run (a queue depth of 3e9
+exhausted the host's memory; 1e8 took 25 s and 2 GB for a 64 x 96 add)."""
+MIN_WINDOW_LW = 2
+"""The host link's PDM window is used in two halves (double buffering), each of whole long words."""
 
 
 def check_bounds(hw: HwDesc) -> list[Problem]:
@@ -49,7 +54,7 @@ def check_bounds(hw: HwDesc) -> list[Problem]:
             problems.append((("levels", name, "count"),
                              f"{level.count} is not a power of two: mnsim's compiler lays tensors out only over "
                              f"axes of power-of-two sizes (its layouts must tile the transfers' round-robin chunks "
-                             f"evenly; with 5 MABs per L1B not even a 64x64 add has a layout)"))
+                             f"evenly; with 5 positions on an axis not even a 64x64 add has a layout)"))
     upfront = {n: hw.memory_instances(n) * int(m.capacity_bytes) for n, m in hw.memories.items()
                if m.level in hw.levels and n not in LAZY_MEMORIES}
     if sum(upfront.values()) > MAX_ONCHIP_BYTES:
@@ -91,6 +96,16 @@ def check_bounds(hw: HwDesc) -> list[Problem]:
     if hw.data_engine.tags < MIN_TAGS:
         problems.append((("data_engine", "tags"), f"{hw.data_engine.tags} is below the bound {MIN_TAGS}: mnsim's "
                                                   f"programs use completion tags 1..{MIN_TAGS}"))
+    for key in ("tags", "queue_depth"):
+        if getattr(hw.data_engine, key) > MAX_SLOTS:
+            problems.append((("data_engine", key), f"{getattr(hw.data_engine, key)} is above the bound {MAX_SLOTS}: "
+                                                   f"mnsim's timing keeps an array entry for each"))
+    window = int(hw.host_link.window_bytes)
+    if window < MIN_WINDOW_LW * hw.long_word_bytes:
+        problems.append((("host_link", "window_bytes"), f"{window} bytes is below the bound "
+                                                        f"{MIN_WINDOW_LW * hw.long_word_bytes}: the window is used in "
+                                                        f"two halves of whole {hw.long_word_bytes}-byte long words"))
+    problems += _units_fit(hw)
     for name, t in hw.transfers.items():
         if t.engine == "pe_stream" and t.latency_cycles:
             problems.append((("transfers", name, "latency_cycles"),
@@ -101,6 +116,22 @@ def check_bounds(hw: HwDesc) -> list[Problem]:
         if gap > MAX_HAZARD_STEPS:
             problems.append((("hazards", name), f"{gap} steps is above the bound {MAX_HAZARD_STEPS}: the hazard "
                                                 f"check looks back at most {MAX_HAZARD_STEPS} steps"))
+    return problems
+
+
+def _units_fit(hw: HwDesc) -> list[Problem]:
+    """A transfer's unit fits both its memories: every transfer moves whole units (a unit_lw of
+    2e12 was accepted, and every program then failed to allocate that much DRAM)."""
+    problems: list[Problem] = []
+    for name, t in hw.transfers.items():
+        sizes = [hw.memory_lw(m) for m in (*t.src, *t.dst) if m in hw.memories]
+        if not sizes:
+            continue
+        for mode_name, mode in t.modes.items():
+            if mode.unit_lw > min(sizes):
+                problems.append((("transfers", name, "modes", mode_name, "unit_lw"),
+                                 f"{mode.unit_lw} long words is above the bound {min(sizes)}: a transfer moves whole "
+                                 f"units, and the smallest memory it joins holds {min(sizes)} long words"))
     return problems
 
 

@@ -37,6 +37,8 @@ def check(hw: HwDesc) -> list[Problem]:
     problems += _check_host_link(hw)
     problems += [(("hazards", k), f"unknown hazard {k!r}; {_known('hazards', HAZARDS)}") for k in hw.hazards
                  if k not in HAZARDS]
+    problems += [(("hazards",), f"hazard {k!r} is missing: the compiler and the hazard check read every one of "
+                                f"{', '.join(HAZARDS)} (0 for none)") for k in HAZARDS if k not in hw.hazards]
     problems += check_bounds(hw)
     return problems
 

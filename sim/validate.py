@@ -350,6 +350,35 @@ def validate_fields(params: MachineParams, code: np.ndarray, host_words: list[in
             passed.add(key)
 
 
+def check_offered(params: MachineParams, code: np.ndarray) -> None:
+    """Raise SimError if `code` moves data in a mode its path does not offer, or runs a PE op the
+    chip does not cost: what `validate_fields` refuses, checked in bulk (the first offending
+    instruction gets validate's message). A compiler times candidate programs without validating
+    them (compiler.planner.cost), and such a mode or op has no rate to time: the timing engine
+    divided by zero, far from the YAML key that is missing (a description without
+    transfers.l1bm_to_pe.modes.mab_broadcast, say)."""
+    ops = code[:, 0]
+    bad = np.zeros(len(code), dtype=bool)
+    mv, xfer, vop = ops == Op.MV, ops == Op.XFER, ops == Op.VOP
+    down = code[:, isa.X_DIR] == Dir.down
+    for rows, src, dst, mode in ((mv, code[:, isa.MV_SRC_MEM], code[:, isa.MV_DST_MEM], code[:, isa.MV_MODE]),
+                                 (xfer, np.where(down, code[:, isa.X_UP_MEM], code[:, isa.X_LO_MEM]),
+                                  np.where(down, code[:, isa.X_LO_MEM], code[:, isa.X_UP_MEM]), code[:, isa.X_MODE])):
+        if rows.any():
+            path = params.path_of[src[rows], dst[rows]]
+            bad[rows] = (path < 0) | ~params.mode_offered[np.maximum(path, 0), mode[rows]]
+    if vop.any():
+        op, dtype = code[vop, isa.V_OP], code[vop, isa.V_DTYPE]
+        src_dtype = np.where(op == VOp.cvt, code[vop, isa.V_SRC_DTYPE], dtype)
+        bad[vop] = (params.vop_dtype_issues[op, dtype] == 0) | (params.vop_lanes[op, dtype] == 0) \
+            | (params.vop_lanes[op, src_dtype] == 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        _Checker(params, code, None).check(i)  # validate's message for it
+        raise SimError(f"{params.hw.name} does not offer what instruction #{i} needs", index=i,
+                       instruction=disassemble(code[i], params))
+
+
 def _first_issue(code: np.ndarray) -> dict[int, int]:
     """Tag -> index of the first MV or HOST_DMA that carries it (a WAIT must come after)."""
     out: dict[int, int] = {}

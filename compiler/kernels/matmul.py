@@ -478,6 +478,10 @@ def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: 
     when copied over them, read by distributed broadcast: cheaper to fetch)."""
     pseudo, float64 = pseudo and not half, float64 and not half and not out_half
     modes = cg.hw.units[cg.chain.matrix_unit].matrix
+    base = "float16" if half else "float32"
+    if base not in modes:
+        raise CompileError(f"a matrix product in {base} needs units.{cg.chain.matrix_unit}.matrix.{base}, which "
+                           f"{cg.hw.name} does not describe (its matrix formats: {', '.join(modes) or 'none'})")
     for wanted, option, what in ((pseudo, "pfloat32", "pseudo-single"), (float64, "float64", "float64")):
         if wanted and option not in modes:
             raise CompileError(f"float_dtype {option!r} multiplies in {what}, but {cg.hw.name} has no "

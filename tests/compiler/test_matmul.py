@@ -322,3 +322,26 @@ def test_an_operand_whose_k_padding_lanes_hold_non_zeros_is_relaid_with_zero_pad
         return {"y": (d["x"] + 1) @ (d["v"] + 1).T}
     got = device.execute(compile_function(both_computed, inputs, hw), inputs)
     torch.testing.assert_close(got["y"], both_computed(inputs)["y"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("edit, message", [
+    ("transfers:\n  l1bm_to_pe:\n    modes:\n      mab_broadcast: null\n",
+     "path l1bm_to_pe does not offer mode mab_broadcast; it offers broadcast, distribute"),
+    ("units:\n  MAU:\n    matrix:\n      float32: null\n",
+     "a matrix product in float32 needs units.MAU.matrix.float32, which no_mode does not describe"),
+])
+def test_a_chip_without_what_a_product_needs_is_refused_at_compile_by_the_key(tmp_path, edit, message):
+    """Descriptions that `hw validate` accepts but that lack a transfer mode or MAU format the
+    compiler uses crashed at compile: the timing engine divided by the missing mode's rate of 0
+    (ZeroDivisionError), the tiling search looked the format up (KeyError). The planner checks
+    what it times against what the chip offers, and names the key."""
+    path = tmp_path / "no_mode.yaml"
+    path.write_text("extends: mini\nname: no_mode\n" + edit)
+    hw = hwdesc.load(str(path))
+    from compiler.errors import CompileError
+    with pytest.raises(CompileError, match=message):
+        compile_function(lambda d: {"c": d["a"] @ d["b"]}, {"a": torch.randn(64, 96), "b": torch.randn(96, 80)}, hw)
+    # what needs neither still compiles and runs
+    compiled = compile_function(lambda d: {"c": d["a"] + d["b"]}, {"a": torch.ones(8, 8), "b": torch.ones(8, 8)}, hw)
+    assert torch.equal(Device(hw).execute(compiled, {"a": torch.ones(8, 8), "b": torch.ones(8, 8)})["c"],
+                       torch.full((8, 8), 2.0))

@@ -94,6 +94,26 @@ from tests.hwdesc.test_errors import load_error, write
         """, "transfers.l1bm_to_l2bm.modes.collect.chunk_lw",
      r"16 is not supported: a collect takes back the chunks of its path's distribute "
      r"\(transfers.l2bm_to_l1bm.modes.distribute.chunk_lw: 8\)"),
+    ("queue", """
+        data_engine:
+          queue_depth: 3000000000  # <-
+        """, "data_engine.queue_depth", "3000000000 is above the bound 65536: mnsim's timing keeps an array entry"),
+    ("window", """
+        host_link:
+          window_bytes: 8  # <-
+        """, "host_link.window_bytes", "8 bytes is below the bound 16: the window is used in two halves"),
+    ("unit", """
+        transfers:
+          dram_to_l2bm:
+            modes:
+              individual:
+                unit_lw: 2000000000000  # <-
+        """, "transfers.dram_to_l2bm.modes.individual.unit_lw",
+     "2000000000000 long words is above the bound 32768: a transfer moves whole units"),
+    ("missing_hazard", """
+        hazards:  # <-
+          lm_write_to_read: null
+        """, "hazards", "hazard 'lm_write_to_read' is missing: the compiler and the hazard check read every one"),
     ("unknown_hazard", """
         hazards:
           lm_write_to_raed: 2  # <-
