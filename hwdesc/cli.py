@@ -129,6 +129,9 @@ def _paths_table(hw: HwDesc) -> Table:
         t = hw.transfers[b.transfer]
         table.add_row(b.transfer, b.mode, t.engine, f"{b.src_lw_per_cycle:g} / {b.dst_lw_per_cycle:g}",
                       f"{b.lw_per_cycle:g}", str(b.engines), si(b.bytes_per_s, "B/s"), f"{t.latency_cycles} cyc")
+    if "DRAM" in hw.memories:
+        table.caption = (f"DRAM: {si(figures.dram_bandwidth_total(hw), 'B/s')} its own rate, "
+                         f"{si(figures.dram_bandwidth_reachable(hw), 'B/s')} through its fastest path")
     return table
 
 

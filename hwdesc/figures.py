@@ -88,8 +88,19 @@ def memory_bandwidth(hw: HwDesc, memory: str) -> float:
 
 
 def dram_bandwidth_total(hw: HwDesc) -> float:
-    """Aggregate DRAM bandwidth of the chip in bytes/s."""
+    """Aggregate DRAM bandwidth of the chip in bytes/s: the DRAM's own rate
+    (`memories.DRAM.lw_per_cycle`) in every instance, a ceiling on each path that reads or writes
+    it (`dram_bandwidth_reachable` is what transfers can use of it)."""
     return memory_bandwidth(hw, "DRAM") * hw.memory_instances("DRAM")
+
+
+def dram_bandwidth_reachable(hw: HwDesc) -> float:
+    """The DRAM bandwidth transfers reach, in bytes/s: the fastest path mode that reads or writes
+    DRAM, over all its engines, within `dram_bandwidth_total`. Doubling the DRAM's own rate past
+    its paths' changes nothing the simulator does, and this figure says so."""
+    paths = [b.bytes_per_s for b in path_bandwidths(hw)
+             if "DRAM" in (*hw.transfers[b.transfer].src, *hw.transfers[b.transfer].dst)]
+    return min([dram_bandwidth_total(hw), *[max(paths)] * bool(paths)])
 
 
 def side_rates(hw: HwDesc, transfer: str, mode: str) -> tuple[float, float]:
@@ -167,6 +178,7 @@ def summary(hw: HwDesc) -> dict[str, float | int]:
     for b in path_bandwidths(hw):
         out[f"bandwidth.{b.transfer}.{b.mode}"] = b.bytes_per_s
     out["bandwidth.dram_total"] = dram_bandwidth_total(hw)
+    out["bandwidth.dram_reachable"] = dram_bandwidth_reachable(hw)
     return out
 
 

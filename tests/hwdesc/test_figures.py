@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+import hwdesc
+
 from hwdesc import figures
 
 GIB = 1 << 30
@@ -104,3 +106,14 @@ def test_roofline_sides_of_a_1024_cubed_product(mncore2):
     assert figures.matrix_cycles(mncore2, n ** 3, "float32") == n ** 3 / (8 * 4 * 1024) == 32768
     assert figures.matrix_cycles(mncore2, n ** 3, "float16") == 4096
     assert figures.dram_traffic_cycles(mncore2, 2 * n * n * 4, n * n * 4) == 3 * n * n * 4 / (4 * 16 * 8) == 24576
+
+
+def test_dram_bandwidth_reachable_is_its_fastest_path_within_its_own_rate(mncore2, tmp_path):
+    """Doubling memories.DRAM.lw_per_cycle past its paths' rates changed the DRAM bandwidth hw diff
+    reported and no cycle count: the reachable figure stays what the simulator can move."""
+    assert figures.dram_bandwidth_reachable(mncore2) == pytest.approx(4 * 96e9, rel=1e-6)  # dram_to_l2bm individual
+    path = tmp_path / "fast_memory.yaml"
+    path.write_text("extends: mncore2\nname: fast_memory\nmemories:\n  DRAM:\n    lw_per_cycle: 64\n")
+    fast = hwdesc.load(str(path))
+    assert figures.dram_bandwidth_total(fast) > figures.dram_bandwidth_total(mncore2)
+    assert figures.dram_bandwidth_reachable(fast) == figures.dram_bandwidth_reachable(mncore2)
