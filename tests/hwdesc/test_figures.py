@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 import hwdesc
-
 from hwdesc import figures
 
 GIB = 1 << 30
