@@ -24,7 +24,7 @@ from ..ir import CONV_RANK, Value
 from .build import Builder
 from .rules import ensure_float, rule
 from .legalize_movement import spaced
-from .legalize_nn import avg_divisor, nearest_sources, pool_geometry, transposed_convolution, unpick
+from .legalize_nn import avg_divisor, nearest_sources, per_dim, pool_geometry, transposed_convolution, unpick
 
 
 def _placed(b: Builder, g: Value, size: tuple[int, int], stride: tuple[int, int], offset: tuple[int, int]) -> Value:
@@ -39,6 +39,8 @@ def _placed(b: Builder, g: Value, size: tuple[int, int], stride: tuple[int, int]
 def _convolution_backward(b, out, gy, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
                           groups, output_mask):
     shapes = [list(gy.shape), list(x.shape), list(w.shape)]
+    stride, padding, dilation, output_padding = (per_dim(v, x.rank - 2)
+                                                 for v in (stride, padding, dilation, output_padding))
     one_d = x.rank == 3
     if one_d:  # (N, C, L): a 2-D convolution of height 1
         gy, x, w = (b.reshape(t, (t.shape[0], t.shape[1], 1, t.shape[2])) for t in (gy, x, w))

@@ -31,10 +31,20 @@ def _mm(b, out, x, y):
     return b.cast(result, dtype)
 
 
+def per_dim(values, dims: int) -> tuple:
+    """A convolution's stride, padding or dilation with one entry per spatial dimension: torch
+    gives one value for all of them as a list of one."""
+    values = tuple(values)
+    return values * dims if len(values) == 1 and dims > 1 else values
+
+
 @rule("convolution", "_convolution", "conv2d")
 def _convolution(b, out, x, w, bias, stride, padding, dilation, transposed=False, output_padding=(0, 0),
                  groups=1, *rest):
     one_d = x.rank == 3
+    # one value for every spatial dimension, as torch takes it (conv2d's padding="valid" is [0])
+    stride, padding, dilation, output_padding = (per_dim(v, x.rank - 2)
+                                                 for v in (stride, padding, dilation, output_padding))
     if one_d:  # (N, C, L): a 2-D convolution of height 1
         x = b.reshape(x, (x.shape[0], x.shape[1], 1, x.shape[2]))
         w = b.reshape(w, (w.shape[0], w.shape[1], 1, w.shape[2]))

@@ -62,6 +62,11 @@ MODELS = {
     "conv_strided_grouped": (lambda: nn.Sequential(nn.Conv2d(4, 8, 3, stride=2, padding=1), nn.ReLU(),
                                                    nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=4)),
                              square_mean, (2, 4, 9, 9)),
+    # padding="valid": torch gives the convolution one padding for both dimensions, a list of one
+    # (a bare IndexError at compile)
+    "conv_padding_valid": (lambda: nn.Sequential(nn.Conv2d(3, 4, 3, padding="valid"), nn.Tanh(),
+                                                 nn.Conv2d(4, 2, (2, 3), padding="valid", stride=(1, 2))),
+                           square_mean, (2, 3, 7, 8)),
     "pool_overlapping_conv1d": (lambda: nn.Sequential(nn.Conv1d(3, 4, 5, stride=2), nn.Tanh(),
                                                       nn.MaxPool1d(3, stride=2, padding=1)),
                                 square_mean, (2, 3, 21)),
