@@ -13,9 +13,12 @@ import torch
 # integers narrower than int32, held as int32; torch's arithmetic on them wraps at their width
 NARROW_INTS = {torch.uint8: "uint8", torch.int8: "int8", torch.int16: "int16"}
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bool: "bool", torch.int32: "int32",
-          torch.int64: "int64", **NARROW_INTS}  # torch dtype -> IOSpec dtype name
-TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
+          torch.int64: "int64", **NARROW_INTS}  # torch dtype -> IOSpec dtype name of an input or output
+# A float64 the function computes (x.double()) is computed and held in float32 (the chip's vector
+# units have no float64; compile warns, naming the op): an output keeps torch's dtype
+OUTPUT_DTYPES = {**DTYPES, torch.float64: "float64"}
+TORCH_DTYPES = {name: dtype for dtype, name in OUTPUT_DTYPES.items()}
 DEVICE_DTYPE = {"float32": "float32", "float16": "float16", "bool": "float32", "int32": "int32", "int64": "int32",
-                **{name: "int32" for name in NARROW_INTS.values()}}
+                "float64": "float32", **{name: "int32" for name in NARROW_INTS.values()}}
 INT32_BITS = 32
 INT32_MIN, INT32_MAX = -(2 ** (INT32_BITS - 1)), 2 ** (INT32_BITS - 1) - 1  # the range of torch's (and the IR's) int32

@@ -88,9 +88,9 @@ def from_bits(bits: np.ndarray, dtype: str, hw: HwDesc, *, owned: bool = False) 
     if dtype == "float16":
         from sim.numerics import HalfCodec
         return torch.from_numpy(HalfCodec.of(hw).decode(bits)).to(torch.float16)
-    if dtype in ("float32", "bool"):
+    if dtype in ("float32", "bool", "float64"):  # float64: computed and held in float32
         t = torch.from_numpy(bits.view(np.float32) if owned else bits.view(np.float32).copy())
-        return t != 0 if dtype == "bool" else t
+        return t != 0 if dtype == "bool" else t.double() if dtype == "float64" else t
     t = torch.from_numpy(bits.view(np.int32) if owned else bits.view(np.int32).copy())
     return t if dtype == "int32" else t.to(TORCH_DTYPES[dtype])  # int64, uint8, int8, int16 held as int32
 

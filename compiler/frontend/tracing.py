@@ -16,6 +16,7 @@ import os
 import re
 import threading
 import traceback
+import warnings
 from typing import Any, Callable, Iterator
 
 import torch
@@ -25,7 +26,7 @@ from torch.func import functionalize
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils import _pytree as pytree
 
-from ..dtypes import DTYPES, INT32_MAX, INT32_MIN
+from ..dtypes import DTYPES, INT32_MAX, INT32_MIN, OUTPUT_DTYPES
 from ..errors import CompileError, UnregisteredWriteError, UnsupportedOpError
 from ..ir import Graph, Value, update_output
 from . import legalize  # noqa: F401  (imported for its rules: they register in rules.RULES)
@@ -527,6 +528,7 @@ def _legalize(gm: torch.fx.GraphModule, in_names: list[str], samples: list[torch
             return type(a)(convert(x) for x in a)
         return a
 
+    doubles: list[str] = []  # where the function computes in float64 (done in float32)
     for fx_node in gm.graph.nodes:
         val = fx_node.meta.get("val")
         if fx_node.op == "placeholder":
@@ -542,6 +544,8 @@ def _legalize(gm: torch.fx.GraphModule, in_names: list[str], samples: list[torch
             env[fx_node] = v
             graph.constants.append(v)
         elif fx_node.op == "call_function":
+            if isinstance(val, torch.Tensor) and val.dtype == torch.float64:
+                doubles.append(user_line(fx_node.meta.get("stack_trace")) or str(fx_node.target))
             env[fx_node] = _call(b, fx_node, val, convert)
             written = fx_node.args[0] if _op_key(fx_node.target) == "copy_" else None
             while isinstance(written, torch.fx.Node):  # later reads of the written tensor see what it holds now
@@ -553,15 +557,26 @@ def _legalize(gm: torch.fx.GraphModule, in_names: list[str], samples: list[torch
             for name, v, fx_out in zip(out_names, results, fx_node.args[0]):
                 val = fx_out.meta.get("val") if isinstance(fx_out, torch.fx.Node) else None
                 if isinstance(val, torch.Tensor) and isinstance(v, Value):
-                    v = _as_output(b, v, DTYPES.get(val.dtype, v.dtype))
+                    v = _as_output(b, v, OUTPUT_DTYPES.get(val.dtype, v.dtype))
                 graph.outputs[name] = v
             for name, v in graph.updates.items():
                 if graph.inputs[name].torch_dtype and v.kind == "node":
                     v.torch_dtype = graph.inputs[name].torch_dtype
                 graph.outputs[update_output(name)] = v
             graph.drop_dead()
+            if doubles:
+                _warn_at(doubles[0], f"{len(doubles)} op(s) compute in float64, which the device computes in "
+                                     f"float32 (its vector units have no float64; outputs keep torch's dtype): "
+                                     f"first at {doubles[0]}")
             return graph
     raise CompileError("the traced graph has no output")
+
+
+def _warn_at(line: str, message: str) -> None:
+    """A UserWarning attributed to the user's source line `line` ("file:line: code", `user_line`)."""
+    found = re.match(r"(.*?):(\d+): ", line)
+    filename, lineno = (found.group(1), int(found.group(2))) if found else ("<traced function>", 0)
+    warnings.warn_explicit(message, UserWarning, filename, lineno)
 
 
 def _call(b: Builder, fx_node: torch.fx.Node, val: Any, convert: Callable[[Any], Any]) -> Any:

@@ -288,3 +288,21 @@ def test_a_captured_tensor_is_a_constant_of_its_value_at_compile(ctx, tmp_path):
         model.weight.fill_(3.0)
     assert fn({"x": x})["y"].item() == 4.0
     assert Context(MNDevice("mini")).load_codegen_dir(tmp_path / "const")({"x": x})["y"].item() == 4.0
+
+
+def test_float64_the_function_computes_is_float32_on_the_device_with_a_warning_naming_the_line(ctx, tmp_path):
+    """x.double() inside a function compiled and returned float32, silently: the device's vector
+    units have no float64. It still computes in float32, but compile warns at the user's line and
+    outputs keep torch's dtype (values: torch's computed in float32)."""
+    x = torch.tensor([1.0, 1000.0, 3.0])
+
+    def fn(d):
+        return {"third": d["x"].double() / 3, "same": d["x"] * 2}
+    with pytest.warns(UserWarning, match=r"2 op\(s\) compute in float64, which the device computes in float32 .* "
+                                         r"first at .*test_compile_features.py:\d+: .*double\(\) / 3") as caught:
+        compiled = ctx.compile(fn, {"x": x}, tmp_path / "double")
+    assert caught[0].filename.endswith("test_compile_features.py")
+    out = compiled({"x": x})
+    assert out["third"].cpu().dtype == torch.float64 and out["same"].cpu().dtype == torch.float32
+    torch.testing.assert_close(out["third"].cpu(), (x / 3).double())
+    assert compiled.output_specs["third"].dtype == "float64"
