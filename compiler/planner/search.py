@@ -683,6 +683,14 @@ class Planner:
         along another dim, and on small chips no layout stages both), its nodes one by one."""
         candidates = [ElementwiseKernel(group, layout) for layout in self.group_layouts(group)]
         try:
+            if not candidates:
+                node = group.nodes[-1]
+                operands = ", ".join(str(list(v.shape)) for v in group.inputs)
+                raise UnsupportedOpError(node.aten or node.kind, [list(v.shape) for v in node.inputs], node.source,
+                                         f"no layout of its {list(group.shape)} result lets every operand "
+                                         f"({operands}) be staged on {self.hw.name}: an operand broadcast along a "
+                                         f"dimension must reach the PEs by one of the chip's transfer modes, and in "
+                                         f"none of the layouts tried does each")
             self.choose(candidates, group.nodes[-1])
         except UnsupportedOpError:
             if len(group.nodes) == 1:

@@ -850,3 +850,13 @@ def test_a_sliced_reduction_is_timed_cut_evenly_and_in_the_fewest_slices(monkeyp
     count = reduce_kernels._slice_count
     monkeypatch.setattr(reduce_kernels, "_slice_count", lambda size, per, even: count(size, per, True))
     assert both < cycles()
+
+
+def test_a_broadcast_no_layout_can_stage_says_why():
+    """(3, 5, 1) * (1, 1, 13) on mini has no iteration layout that stages both operands (a
+    planner gap; larger shapes compile): it said "none of 0 candidate layouts works"."""
+    with pytest.raises(UnsupportedOpError, match=r"aten.mul.Tensor with shapes \[\[3, 5, 1\], \[1, 1, 13\]\]: no layout "
+                                                  r"of its \[3, 5, 13\] result lets every operand \(\[3, 5, 1\], "
+                                                  r"\[1, 1, 13\]\) be staged on mini"):
+        compile_function(lambda d: {"y": d["a"] * d["b"]}, {"a": torch.randn(3, 5, 1), "b": torch.randn(1, 1, 13)},
+                         hwdesc.load("mini"))
