@@ -316,9 +316,10 @@ def _is_real(t: Any) -> bool:
 
 
 _FUSED_ATTENTION = torch.nn.functional.scaled_dot_product_attention
-_DATA_DEPENDENT = ("the code takes a Python branch on a tensor's values, which a compiled program cannot: "
-                   "nn.Transformer and nn.TransformerEncoder test whether a mask is causal unless given "
-                   "is_causal=, gaussian_nll_loss tests var < 0; pass the flag or keep the branch out")
+_DATA_DEPENDENT = ("the code reads a tensor's value as a Python number, which a compiled program cannot: a "
+                   "branch on it (nn.Transformer and nn.TransformerEncoder test whether a mask is causal unless "
+                   "given is_causal=, gaussian_nll_loss tests var < 0: pass the flag or keep the branch out), or "
+                   "an index `x[i]` with a 0-d tensor i (write x.index_select(0, i.reshape(1)) instead)")
 _TRACING = threading.RLock()
 
 

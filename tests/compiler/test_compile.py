@@ -506,9 +506,12 @@ def test_a_python_branch_on_values_inside_torch_is_refused_with_a_hint():
     def fn(d):
         return {"y": torch.nn.functional.gaussian_nll_loss(d["x"], d["t"], d["v"])}  # the line
     inputs = {"x": torch.randn(4, 3), "t": torch.randn(4, 3), "v": torch.rand(4, 3) + 0.1}
-    with pytest.raises(CompileError, match="takes a Python branch on a tensor's values") as info:
+    with pytest.raises(CompileError, match="reads a tensor's value as a Python number.*a branch on it") as info:
         compile_function(fn, inputs, hwdesc.load("mini"))
     assert "gaussian_nll_loss(d[\"x\"], d[\"t\"], d[\"v\"])" in str(info.value)
+    with pytest.raises(CompileError, match=r"an index `x\[i\]` with a 0-d tensor i \(write x.index_select"):
+        compile_function(lambda d: {"y": d["x"][d["i"]]}, {"x": torch.randn(5, 3), "i": torch.tensor(2)},
+                         hwdesc.load("mini"))
 
 
 def test_broadcast_operand_keeps_copies_where_its_axis_is_still_placed():
