@@ -60,7 +60,7 @@ EW_OPS = UNARY + BINARY + TERNARY
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
 LOGICAL = ("and", "or", "xor", "not")
 BITWISE = ("bitand", "bitor", "bitxor", "shl", "shr")  # on int32 words (two's complement), the result int32
-REDUCE_OPS = ("sum", "max", "min")
+REDUCE_OPS = ("sum", "max", "min", "prod")
 MOVEMENT = ("reshape", "permute", "expand", "slice", "pad", "window", "cat", "split")
 KINDS = ("ew", "reduce", *MOVEMENT, "matmul", "conv", "iota", "full")
 
@@ -70,10 +70,10 @@ Scalar = int | float | bool
 def reduction_identity(op: str, dtype: str) -> Scalar:
     """What a reduction `op` (REDUCE_OPS) starts from in `dtype`: padding it reads changes nothing."""
     if dtype == "bool":
-        return op == "min"
+        return op in ("min", "prod")
     if dtype == "int32":
-        return {"sum": 0, "max": INT32_MIN, "min": INT32_MAX}[op]
-    return {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[op]
+        return {"sum": 0, "max": INT32_MIN, "min": INT32_MAX, "prod": 1}[op]
+    return {"sum": 0.0, "max": float("-inf"), "min": float("inf"), "prod": 1.0}[op]
 CONV_RANK = 4  # conv operands are (N, C, H, W) and (Co, C / groups, kh, kw)
 
 

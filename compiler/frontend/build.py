@@ -131,10 +131,10 @@ class Builder:
             if x.rank else ()
         shape = tuple(1 if d in dims else s for d, s in enumerate(x.shape)) if keepdim else \
             tuple(s for d, s in enumerate(x.shape) if d not in dims)
-        if any(x.shape[d] == 0 for d in dims) and op != "sum":
+        if any(x.shape[d] == 0 for d in dims) and op not in ("sum", "prod"):
             raise CompileError(f"{op} over an empty dimension has no value")
-        if any(x.shape[d] == 0 for d in dims):  # a sum of nothing: zeros, whatever made x
-            return self.full(shape, 0, x.dtype)
+        if any(x.shape[d] == 0 for d in dims):  # a sum (product) of nothing: zeros (ones), whatever made x
+            return self.full(shape, 0 if op == "sum" else 1, x.dtype)
         return self.node("reduce", op, (x,), {"dims": dims, "keepdim": bool(keepdim)}, [(shape, x.dtype)]).out
 
     # ---- movement -------------------------------------------------------------------------

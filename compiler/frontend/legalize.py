@@ -420,6 +420,11 @@ def _prims_sum(b, out, x, dims, output_dtype=None):
     return b.reduce("sum", x, list(dims))
 
 
+@rule("prims.prod")
+def _prims_prod(b, out, x, dims, output_dtype=None):
+    return b.reduce("prod", b.cast(x, out_dtype(out)), list(dims))
+
+
 @rule("prims.amax", "prims.amin")
 def _prims_amax(b, out, x, dims):
     return b.reduce("max" if "amax" in b.aten else "min", x, list(dims))

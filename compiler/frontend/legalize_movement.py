@@ -299,19 +299,20 @@ def _scattered(b, x: Value, dim: int, index: Value, src) -> tuple[Value, Value |
 
 @rule("scatter_reduce")
 def _scatter_reduce(b, out, x, dim, index, src, reduce, *, include_self=True):
-    """torch.scatter_reduce with "sum", "mean", "amax" or "amin": the hits as for scatter, each
-    position reduced over the sources that hit it (and x's own value with include_self); a
+    """torch.scatter_reduce with "sum", "prod", "mean", "amax" or "amin": the hits as for scatter,
+    each position reduced over the sources that hit it (and x's own value with include_self); a
     position no source hits keeps x's. "mean" divides by the count of values taken, floored for
-    integers as torch does. "prod" is refused: the PEs reduce by sum, max and min only."""
+    integers as torch does."""
     dim = norm_dim(dim, x.rank)
-    if reduce not in ("sum", "mean", "amax", "amin"):
+    if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"scatter_reduce with reduce={reduce!r}")
     hit, src = _scattered(b, x, dim, index, src)
     found = b.reduce("max", hit, [dim])
-    if reduce in ("amax", "amin"):
-        op = "max" if reduce == "amax" else "min"
+    if reduce in ("amax", "amin", "prod"):
+        op = {"amax": "max", "amin": "min", "prod": "prod"}[reduce]
+        combine = {"max": "max", "min": "min", "prod": "mul"}[op]
         taken = b.reduce(op, b.ew("where", hit, src, reduction_identity(op, x.dtype), dtype=x.dtype), [dim])
-        taken = b.ew(op, taken, x, dtype=x.dtype) if include_self else taken
+        taken = b.ew(combine, taken, x, dtype=x.dtype) if include_self else taken
         return b.ew("where", found, taken, x, dtype=x.dtype)
     total = b.reduce("sum", b.ew("where", hit, src, 0, dtype=x.dtype), [dim])
     total = b.ew("add", total, x, dtype=x.dtype) if include_self else total

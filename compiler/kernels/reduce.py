@@ -1,4 +1,4 @@
-"""Reductions (sum, max, min over dimensions), inside each PE.
+"""Reductions (sum, max, min, product over dimensions), inside each PE.
 
 The input is laid out so that reduced dimensions never cross PEs: kept dimensions are spread over
 the chip's axes (padded where sizes do not divide), reduced ones are address digits (and lanes,
@@ -28,7 +28,7 @@ from .loops import Operand as LoopOperand
 from .loops import emit_vops, nest
 from .operands import per_pe, restrict, slice_count
 
-VOP = {"sum": "add", "max": "max", "min": "min"}
+VOP = {"sum": "add", "max": "max", "min": "min", "prod": "mul"}
 
 
 def identity(op: str, dtype: str) -> float | int:

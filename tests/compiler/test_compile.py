@@ -863,3 +863,37 @@ def test_a_broadcast_no_layout_can_stage_says_why():
                                                   r"\[1, 1, 13\]\) be staged on mini"):
         compile_function(lambda d: {"y": d["a"] * d["b"]}, {"a": torch.randn(3, 5, 1), "b": torch.randn(1, 1, 13)},
                          hwdesc.load("mini"))
+
+
+def test_products_of_elements_reduce_as_torch(device):
+    """prod (whole, per dim, keepdim, integers, bools, negatives) and scatter_reduce "prod" were
+    refused: a product is a reduction like sum, multiplied inside each PE."""
+    index = torch.tensor([[0, 1, 0, 2], [2, 2, 1, 0]])
+
+    def fn(d):
+        x = d["x"]
+        return {"all": x.prod(), "rows": x.prod(1), "keep": x.prod(0, keepdim=True), "ints": d["i"].prod(1),
+                "bools": d["b"].prod(0), "negative": (x - 1).prod(1),
+                "scattered": d["y"].scatter_reduce(1, index, d["s"], "prod"),
+                "scattered_alone": d["y"].scatter_reduce(1, index, d["s"], "prod", include_self=False)}
+    torch.manual_seed(5)
+    inputs = {"x": torch.rand(4, 9) + 0.5, "i": torch.randint(-3, 4, (5, 6)), "b": torch.rand(3, 5) > 0.3,
+              "y": torch.rand(2, 3) + 0.5, "s": torch.rand(2, 4) + 0.5}
+    compiled = compile_function(fn, inputs, device.hw)
+    got, want = device.execute(compiled, inputs), fn(inputs)
+    for name, expected in want.items():
+        assert got[name].dtype == expected.dtype, name
+        torch.testing.assert_close(got[name], expected, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_the_gradient_of_a_product_matches_torch_with_a_zero(mini):
+    def fn(d):
+        w = d["w"]
+        loss = (w.prod(1) * d["x"]).sum() + w.prod()
+        return {"loss": loss, "grad": torch.autograd.grad(loss, [w])[0]}
+    w = torch.rand(3, 4) + 0.5
+    w[1, 2] = 0.0
+    inputs = {"w": w.requires_grad_(), "x": torch.randn(3)}
+    got, want = Device(mini).execute(compile_function(fn, inputs, mini), inputs), fn(inputs)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name].detach(), rtol=1e-4, atol=1e-6, msg=name)
