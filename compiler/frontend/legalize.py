@@ -226,6 +226,26 @@ def _special(b, out, x):
     return b.ew("eq", b.ew("abs", x), float("inf"))
 
 
+@rule("signbit", "prims.signbit")
+def _signbit(b, out, x):
+    """Whether the sign bit is set (copysign decomposes to it): below zero, or a zero whose
+    reciprocal is -inf (-0.0). A NaN counts as positive: mnsim does not keep NaN sign bits apart
+    (torch's follow the host's arithmetic)."""
+    if x.dtype not in FLOAT_DTYPES:
+        return b.ew("lt", x, 0)
+    negative_zero = b.ew("and", b.ew("eq", x, 0.0), b.ew("lt", b.ew("reciprocal", x), 0.0))
+    return b.ew("or", b.ew("lt", x, 0.0), negative_zero)
+
+
+@rule("copysign")
+def _copysign(b, out, x, y):
+    """|x| with the sign bit of y (`_signbit`), in torch's result dtype (float)."""
+    dtype = out_dtype(out)
+    magnitude = b.ew("abs", b.cast(x, dtype))
+    sign = _signbit(b, out, y) if isinstance(y, Value) else b.full(magnitude.shape, math.copysign(1.0, y) < 0, "bool")
+    return b.ew("where", sign, b.ew("neg", magnitude), magnitude, dtype=dtype)
+
+
 @rule("logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor")
 def _logical(b, out, x, y):
     op = b.aten.split(".")[1].split("_")[-1]

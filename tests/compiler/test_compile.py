@@ -897,3 +897,33 @@ def test_the_gradient_of_a_product_matches_torch_with_a_zero(mini):
     got, want = Device(mini).execute(compile_function(fn, inputs, mini), inputs), fn(inputs)
     for name in want:
         torch.testing.assert_close(got[name], want[name].detach(), rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_copysign_signbit_and_tensor_unfold_match_torch(device):
+    """copysign and Tensor.unfold were refused; copysign is |x| with y's sign bit (signed zeros
+    and infinities as torch), unfold torch's own decomposition into a gather of windows."""
+    nan_free = torch.tensor([[1.0, -2.0, 0.0, -0.0, float("inf"), 3.0], [0.5, 4.0, -1.0, 2.0, 7.0, -0.0]])
+    signs = torch.tensor([[-1.0, 3.0, -0.0, 0.0, -5.0, -1.0], [0.0, -0.0, 1.0, -1.0, float("-inf"), 2.0]])
+
+    def fn(d):
+        x, y = d["x"], d["y"]
+        return {"copysign": torch.copysign(x, y), "scalar": torch.copysign(x, -0.0), "ints": torch.copysign(d["i"], -1.0),
+                "signbit": torch.signbit(y), "windows": d["z"].unfold(1, 3, 2), "rows": d["z"].unfold(0, 2, 1)}
+    inputs = {"x": nan_free, "y": signs, "i": torch.tensor([[3, -2], [0, 5]]), "z": torch.arange(40.0).reshape(4, 10)}
+    got, want = device.execute(compile_function(fn, inputs, device.hw), inputs), fn(inputs)
+    for name, expected in want.items():
+        assert got[name].dtype == expected.dtype and torch.equal(got[name], expected), name
+        if expected.is_floating_point():
+            assert torch.equal(torch.signbit(got[name]), torch.signbit(expected)), name
+
+
+def test_gradients_through_unfold_and_copysign_match_torch(mini):
+    def fn(d):
+        w = d["w"]
+        loss = (w.unfold(1, 3, 2) ** 2).sum() + torch.copysign(w, d["s"]).sum()
+        return {"loss": loss, "grad": torch.autograd.grad(loss, [w])[0]}
+    torch.manual_seed(2)
+    inputs = {"w": torch.randn(3, 9).requires_grad_(), "s": torch.randn(3, 9)}
+    got, want = Device(mini).execute(compile_function(fn, inputs, mini), inputs), fn(inputs)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name].detach(), rtol=1e-4, atol=1e-6, msg=name)
