@@ -51,6 +51,23 @@ def _topk(b, out, x, k, dim=-1, largest=True, sorted=True):
     return b.slice(values, dim, 0, k), b.slice(indices, dim, 0, k)
 
 
+@rule("kthvalue")
+def _kthvalue(b, out, x, k, dim=-1, keepdim=False):
+    """The k-th smallest along `dim` and where it came from: place k - 1 of the stable sort (a NaN
+    sorts last, as in torch's; among equal values torch does not say which index it gives)."""
+    if x.rank == 0:
+        return x, b.full(x.shape, 0, "int32")
+    dim = norm_dim(dim, x.rank)
+    if not 0 < k <= x.shape[dim]:
+        raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"k = {k} outside 1..{x.shape[dim]}")
+    values, indices = sort_along(b, x, dim, False)
+    value, index = b.slice(values, dim, k - 1, k), b.slice(indices, dim, k - 1, k)
+    if not keepdim:
+        kept = x.shape[:dim] + x.shape[dim + 1:]
+        value, index = b.reshape(value, kept), b.reshape(index, kept)
+    return value, index
+
+
 @rule("median", "nanmedian")
 def _median(b, out, x, dim=None, keepdim=False):
     """torch.median / nanmedian: the lower median, (n - 1) // 2 places into the stable sort, and

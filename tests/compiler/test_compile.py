@@ -927,3 +927,21 @@ def test_gradients_through_unfold_and_copysign_match_torch(mini):
     got, want = Device(mini).execute(compile_function(fn, inputs, mini), inputs), fn(inputs)
     for name in want:
         torch.testing.assert_close(got[name], want[name].detach(), rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_kthvalue_matches_torch(device):
+    """kthvalue was refused: place k - 1 of the stable sort (a NaN sorts last, as torch's)."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 7)
+    x[2, 3] = float("nan")
+
+    def fn(d):
+        found = d["x"].kthvalue(3, 1)
+        ints = d["i"].kthvalue(2, 0)
+        return {"values": found.values, "indices": found.indices, "kept": d["x"].kthvalue(5, 0, keepdim=True).values,
+                "largest": d["x"].kthvalue(7).values, "ints": ints.values, "int_indices": ints.indices}
+    inputs = {"x": x, "i": torch.randperm(35).reshape(5, 7)}
+    got, want = device.execute(compile_function(fn, inputs, device.hw), inputs), fn(inputs)
+    for name, expected in want.items():
+        assert got[name].dtype == expected.dtype and torch.allclose(got[name].double(), expected.double(),
+                                                                    equal_nan=True), name
