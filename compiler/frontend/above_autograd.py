@@ -8,6 +8,8 @@ aten._weight_norm_interface_backward). Replaced by torch's decomposition (for we
 normalisation, torch's own composite of it) before autograd sees them, their gradient is the
 one autograd derives for the decomposition's ops (an index_put accumulation, products and a
 norm). Nothing here is a gradient rule: the forward is torch's, the backward autograd's.
+torch.bilinear (nn.Bilinear) runs as its definition, one einsum: torch's aten._trilinear has
+no decomposition.
 """
 
 from __future__ import annotations
@@ -41,10 +43,18 @@ def _weight_norm(v, g, dim=0):
     return v * (g / torch.norm_except_dim(v, 2, dim))
 
 
+def _bilinear(input1, input2, weight, bias=None):
+    """torch.bilinear as its definition, y = x1^T A x2 + b, in one einsum: torch computes it with
+    aten._trilinear, which neither torch's decompositions nor mnsim's rules open."""
+    y = torch.einsum("...i,oij,...j->...o", input1, weight, input2)
+    return y if bias is None else y + bias
+
+
 REPLACED: dict[Callable, Callable] = {
     F.pad: _pad,
     torch._C._nn.pad: _pad,
     torch._weight_norm: _weight_norm,
+    torch.bilinear: _bilinear,
 }
 
 

@@ -81,6 +81,7 @@ MODELS = {
                                                        nn.Upsample(size=(11, 7), mode="bilinear", align_corners=True),
                                                        nn.AdaptiveAvgPool2d((3, 5)), nn.Flatten(), nn.Linear(45, 10)),
                                  cross_entropy, (2, 2, 6, 6)),
+    "bilinear": (lambda: Bilinear(), cross_entropy, (6, 5)),
     "embedding_slices": (lambda: EmbedSlices(), square_mean, (3, 4)),
     "embedding_bags": (lambda: Bags(), square_mean, (3, 5)),
     # F.unfold forward is a window; its gradient (col2im) torch's decomposition
@@ -152,6 +153,17 @@ class EmbedSlices(nn.Module):
         tokens = torch.tensor([[1, 3, 1, 6], [0, 3, 3, 2], [5, 5, 5, 1]])
         h = self.proj(self.table(tokens)) * x.unsqueeze(-1)
         return torch.cat([h[:, 1::2, ::3], h.index_select(2, torch.tensor([5, 0]))], 1)
+
+
+class Bilinear(nn.Module):
+    """nn.Bilinear (aten._trilinear in torch, which nothing decomposed) of x and its reverse."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair = nn.Bilinear(5, 5, 10)
+
+    def forward(self, x):
+        return self.pair(x, x.flip(-1))
 
 
 @pytest.mark.parametrize("case", list(MODELS))
