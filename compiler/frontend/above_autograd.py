@@ -3,8 +3,9 @@ torch's own decomposition of their forward.
 
 torch decomposes these ops but not their backward ops, which the tracer would otherwise meet in
 the joint graph and refuse: replication padding (an index at clamped positions;
-aten.replication_pad*d_backward) and weight normalisation (v * g / |v|;
-aten._weight_norm_interface_backward). Replaced by torch's decomposition (for weight
+aten.replication_pad*d_backward), weight normalisation (v * g / |v|;
+aten._weight_norm_interface_backward) and reflection padding (whose decomposition's gradient is
+one gather over every padded dimension at once). Replaced by torch's decomposition (for weight
 normalisation, torch's own composite of it) before autograd sees them, their gradient is the
 one autograd derives for the decomposition's ops (an index_put accumulation, products and a
 norm). Nothing here is a gradient rule: the forward is torch's, the backward autograd's.
@@ -28,9 +29,29 @@ REPLICATION_PADS = {1: aten.replication_pad1d.default, 2: aten.replication_pad2d
 
 
 def _pad(input, pad, mode="constant", value=None):
-    """F.pad in replicate mode as torch's replication_pad decomposition (else not handled)."""
+    """F.pad in replicate mode as torch's replication_pad decomposition, in reflect mode as its
+    definition (else not handled)."""
+    if mode == "reflect":
+        return _reflect(input, list(pad))
     op = REPLICATION_PADS.get(len(pad) // 2) if mode == "replicate" else None
     return NotImplemented if op is None else decomposition_table[op](input, list(pad))
+
+
+def _reflect(x, pad: list[int]):
+    """Reflection padding as its definition, one dimension at a time (the last first, as F.pad
+    lists them): the `left` elements after the edge, mirrored, then x, then the `right` ones before
+    the far edge, mirrored. torch's decomposition indexes all padded dimensions at once, and its
+    gradient became one gather over them together: a 2 x 32 x 16 x 16 ReflectionPad2d needed
+    1.7e8 runs and was refused; slices, flips and a cat differentiate dimension by dimension."""
+    for k in range(len(pad) // 2):
+        dim, left, right = x.dim() - 1 - k, pad[2 * k], pad[2 * k + 1]
+        n = x.shape[dim]
+        parts = [x.narrow(dim, 1, left).flip(dim)] if left else []
+        parts.append(x)
+        if right:
+            parts.append(x.narrow(dim, n - 1 - right, right).flip(dim))
+        x = torch.cat(parts, dim) if len(parts) > 1 else x
+    return x
 
 
 def _weight_norm(v, g, dim=0):

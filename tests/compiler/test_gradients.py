@@ -82,6 +82,11 @@ MODELS = {
                                                        nn.AdaptiveAvgPool2d((3, 5)), nn.Flatten(), nn.Linear(45, 10)),
                                  cross_entropy, (2, 2, 6, 6)),
     "bilinear": (lambda: Bilinear(), cross_entropy, (6, 5)),
+    # reflection padding inside the network: torch's decomposition indexes both padded dims at once,
+    # and its gradient was one gather of 4096 x 5184 runs, refused; as slices, flips and cats
+    "reflection_pad_inside": (lambda: nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReflectionPad2d((1, 2, 1, 1)),
+                                                    nn.Conv2d(8, 4, 3, padding=1, padding_mode="reflect")),
+                              square_mean, (2, 8, 16, 16)),
     "embedding_slices": (lambda: EmbedSlices(), square_mean, (3, 4)),
     "embedding_bags": (lambda: Bags(), square_mean, (3, 5)),
     # F.unfold forward is a window; its gradient (col2im) torch's decomposition
