@@ -100,7 +100,7 @@ def dram_bandwidth_reachable(hw: HwDesc) -> float:
     its paths' changes nothing the simulator does, and this figure says so."""
     paths = [b.bytes_per_s for b in path_bandwidths(hw)
              if "DRAM" in (*hw.transfers[b.transfer].src, *hw.transfers[b.transfer].dst)]
-    return min([dram_bandwidth_total(hw), *[max(paths)] * bool(paths)])
+    return min(dram_bandwidth_total(hw), max(paths)) if paths else dram_bandwidth_total(hw)
 
 
 def side_rates(hw: HwDesc, transfer: str, mode: str) -> tuple[float, float]:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from ..dtypes import INT32_MAX, INT32_MIN
 from ..errors import CompileError
 from ..ir import (BINARY, COMPARISONS, CONV_RANK, EW_OPS, FLOAT_DTYPES, LOGICAL, REDUCE_OPS, TERNARY, UNARY, Graph, Node,
-                  Scalar, Value)
+                  Scalar, Value, reduction_identity)
 
 
 def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
@@ -133,8 +133,8 @@ class Builder:
             tuple(s for d, s in enumerate(x.shape) if d not in dims)
         if any(x.shape[d] == 0 for d in dims) and op not in ("sum", "prod"):
             raise CompileError(f"{op} over an empty dimension has no value")
-        if any(x.shape[d] == 0 for d in dims):  # a sum (product) of nothing: zeros (ones), whatever made x
-            return self.full(shape, 0 if op == "sum" else 1, x.dtype)
+        if any(x.shape[d] == 0 for d in dims):  # a sum (product) of nothing: its identity, whatever made x
+            return self.full(shape, reduction_identity(op, x.dtype), x.dtype)
         return self.node("reduce", op, (x,), {"dims": dims, "keepdim": bool(keepdim)}, [(shape, x.dtype)]).out
 
     # ---- movement -------------------------------------------------------------------------

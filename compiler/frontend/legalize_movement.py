@@ -308,9 +308,8 @@ def _scatter_reduce(b, out, x, dim, index, src, reduce, *, include_self=True):
         raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"scatter_reduce with reduce={reduce!r}")
     hit, src = _scattered(b, x, dim, index, src)
     found = b.reduce("max", hit, [dim])
-    if reduce in ("amax", "amin", "prod"):
-        op = {"amax": "max", "amin": "min", "prod": "prod"}[reduce]
-        combine = {"max": "max", "min": "min", "prod": "mul"}[op]
+    if reduce in ("amax", "amin", "prod"):  # (the reduction, the element-wise op that combines x's own value)
+        op, combine = {"amax": ("max", "max"), "amin": ("min", "min"), "prod": ("prod", "mul")}[reduce]
         taken = b.reduce(op, b.ew("where", hit, src, reduction_identity(op, x.dtype), dtype=x.dtype), [dim])
         taken = b.ew(combine, taken, x, dtype=x.dtype) if include_self else taken
         return b.ew("where", found, taken, x, dtype=x.dtype)
