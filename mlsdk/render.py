@@ -26,6 +26,22 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]], *, text: tuple[str, ...],
+           caption: str | None = None) -> Table:
+    """A table whose `text` columns fold long names onto more lines and whose other (figure)
+    columns keep every digit: a narrow console squeezes names, never numbers (a transformer's
+    parameter names once left its bindings table showing "ca…" and "cy…")."""
+    t = Table(title=title, title_justify="left", caption=caption)
+    for k, col in enumerate(columns):
+        if col in text:
+            t.add_column(col, justify="left", overflow="fold")
+        else:
+            t.add_column(col, justify="right", no_wrap=True, min_width=max([len(col), *(len(r[k]) for r in rows)]))
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
 def text(report: Report, console: Console) -> None:
     console.print(Group(*tables(report)))
 
@@ -41,81 +57,60 @@ def tables(report: Report) -> list:
         out.append(Text("not timed (simulation_mode='functional'), so not counted here: " + ", ".join(
             f"{n} call{'s' if n > 1 else ''} of {f}" for f, n in r.untimed_calls.items())))
 
-    runs = Table(title="device runs, in order", title_justify="left")
-    for col in ("kind", "what", "cycles", "us", "share"):
-        runs.add_column(col, justify="right" if col in ("cycles", "us", "share") else "left")
     shown = r.runs if len(r.runs) <= MAX_RUN_ROWS else sorted(r.runs, key=lambda x: -x.cycles)[:MAX_RUN_ROWS]
-    for row in shown:
-        runs.add_row(row.kind, row.what, _n(row.cycles), _us(row.cycles, r.clock_hz),
-                     _pct(row.cycles / r.total_cycles if r.total_cycles else 0))
-    if len(shown) < len(r.runs):
-        runs.caption = f"the {len(shown)} longest of {len(r.runs)} runs"
-    out.append(runs)
-
-    units = Table(title="units", title_justify="left")
-    for col in ("unit", "busy cycles", "utilisation"):
-        units.add_column(col, justify="left" if col == "unit" else "right")
-    for u in r.units:
-        units.add_row(u.unit, _n(u.busy_cycles), _pct(u.utilisation))
-    paths = Table(title="bytes per path", title_justify="left")
-    paths.add_column("path")
-    paths.add_column("bytes", justify="right")
-    for p, n in r.paths.items():
-        paths.add_row(p, _n(n))
-    out += [units, paths]
+    out.append(_table(
+        "device runs, in order", ("kind", "what", "cycles", "us", "share"),
+        [(row.kind, row.what, _n(row.cycles), _us(row.cycles, r.clock_hz),
+          _pct(row.cycles / r.total_cycles if r.total_cycles else 0)) for row in shown], text=("kind", "what"),
+        caption=f"the {len(shown)} longest of {len(r.runs)} runs" if len(shown) < len(r.runs) else None))
+    out.append(_table("units", ("unit", "busy cycles", "utilisation"),
+                      [(u.unit, _n(u.busy_cycles), _pct(u.utilisation)) for u in r.units], text=("unit",)))
+    out.append(_table("bytes per path", ("path", "bytes"), [(p, _n(n)) for p, n in r.paths.items()], text=("path",)))
 
     if r.ops:
-        ops = Table(title="cycles per op (what each op adds to its calls; spans overlap)", title_justify="left")
-        for col in ("function", "op", "calls", "cycles", "share", "span"):
-            ops.add_column(col, justify="left" if col in ("function", "op") else "right")
         calls_total = sum(o.cycles for o in r.ops)
-        for o in r.ops:
-            ops.add_row(o.function, o.op, str(o.calls), _n(o.cycles), _pct(o.cycles / calls_total if calls_total else 0),
-                        _n(o.span_cycles))
-        out.append(ops)
+        out.append(_table(
+            "cycles per op (what each op adds to its calls; spans overlap)",
+            ("function", "op", "calls", "cycles", "share", "span"),
+            [(o.function, o.op, str(o.calls), _n(o.cycles), _pct(o.cycles / calls_total if calls_total else 0),
+              _n(o.span_cycles)) for o in r.ops], text=("function", "op")))
 
     if r.phases:
-        ph = Table(title="training steps: cycles per phase (what each adds to the calls)", title_justify="left")
-        for col in ("function", "phase", "calls", "cycles", "share"):
-            ph.add_column(col, justify="left" if col in ("function", "phase") else "right")
-        for row in r.phases:
-            total = sum(x.cycles for x in r.phases if x.function == row.function)
-            ph.add_row(row.function, row.phase, str(row.calls), _n(row.cycles), _pct(row.cycles / total if total else 0))
-        ph.caption = f"resident state (parameters, buffers, optimizer state): {r.resident_bytes:,} bytes"
-        out.append(ph)
+        totals = {f: sum(x.cycles for x in r.phases if x.function == f) for f in {x.function for x in r.phases}}
+        out.append(_table(
+            "training steps: cycles per phase (what each adds to the calls)",
+            ("function", "phase", "calls", "cycles", "share"),
+            [(row.function, row.phase, str(row.calls), _n(row.cycles),
+              _pct(row.cycles / totals[row.function] if totals[row.function] else 0)) for row in r.phases],
+            text=("function", "phase"),
+            caption=f"resident state (parameters, buffers, optimizer state): {r.resident_bytes:,} bytes"))
 
     if r.bindings:
-        b = Table(title="input bindings: the path each input took and its cycles, summed over the calls",
-                  title_justify="left")
-        for col in ("input", "from", "path", "calls", "cycles"):
-            b.add_column(col, justify="left" if col in ("input", "from", "path") else "right", no_wrap=True)
-        for row in r.bindings:
-            b.add_row(row.consumer, row.producer or "host tensor", row.path, str(row.calls), _n(row.cycles))
-        out.append(b)
+        out.append(_table(
+            "input bindings: the path each input took and its cycles, summed over the calls",
+            ("input", "from", "path", "calls", "cycles"),
+            [(row.consumer, row.producer or "host tensor", row.path, str(row.calls), _n(row.cycles))
+             for row in r.bindings], text=("input", "from")))
     if r.handovers:
-        h = Table(title="hand-overs: the whole chain (producer call + its bindings + every binding of its output) "
-                        "each way, simulated, summed over the producer's calls", title_justify="left")
-        for col in ("output", "to", "calls", "as run", "relocated", "converted", "host trip", "saved"):
-            h.add_column(col, justify="left" if col in ("output", "to") else "right", no_wrap=col != "to")
-        for row in r.handovers:
-            h.add_row(row.producer, ", ".join(dict.fromkeys(row.consumers)), str(row.calls), _n(row.as_run),
-                      _n(row.with_constraint), _n(row.without_constraint), _n(row.host_round_trip), _n(row.saved))
-        h.caption = ("relocated: the producer compiled with io_spec_constraints for a consumer's layout; converted: the "
-                     "producer in its own layout + DRAM-to-DRAM conversions; saved = converted - relocated")
-        out.append(h)
+        out.append(_table(
+            "hand-overs: the whole chain (producer call + its bindings + every binding of its output) each way, "
+            "simulated, summed over the producer's calls",
+            ("output", "to", "calls", "as run", "relocated", "converted", "host trip", "saved"),
+            [(row.producer, ", ".join(dict.fromkeys(row.consumers)), str(row.calls), _n(row.as_run),
+              _n(row.with_constraint), _n(row.without_constraint), _n(row.host_round_trip), _n(row.saved))
+             for row in r.handovers], text=("output", "to"),
+            caption="relocated: the producer compiled with io_spec_constraints for a consumer's layout; converted: "
+                    "the producer in its own layout + DRAM-to-DRAM conversions; saved = converted - relocated"))
         for row in r.handovers:
             if row.note:
                 out.append(Text.assemble((f"{row.producer} -> {', '.join(dict.fromkeys(row.consumers))}: ", "bold"),
                                          row.note))
     if r.chains:
-        c = Table(title="hand-over chains: cycles of their calls and bindings, as run and with every function "
-                        "compiled without io_spec_constraints", title_justify="left")
-        for col in ("functions", "chains", "calls", "as run", "unconstrained", "saved"):
-            c.add_column(col, justify="left" if col == "functions" else "right")
-        for row in r.chains:
-            c.add_row(" -> ".join(row.functions), str(row.chains), str(row.calls), _n(row.as_run),
-                      _n(row.unconstrained), _n(row.saved))
-        out.append(c)
+        out.append(_table(
+            "hand-over chains: cycles of their calls and bindings, as run and with every function compiled without "
+            "io_spec_constraints", ("functions", "chains", "calls", "as run", "unconstrained", "saved"),
+            [(" -> ".join(row.functions), str(row.chains), str(row.calls), _n(row.as_run), _n(row.unconstrained),
+              _n(row.saved)) for row in r.chains], text=("functions",)))
     for advice in r.advice:
         out.append(Text.assemble(("advice: ", "bold yellow"), advice))
     return out
@@ -173,19 +168,15 @@ def csv_text(report: Report) -> str:
 
 def comparison(a: Report, b: Report) -> Table:
     """Two reports of the same script side by side: totals, units, runs and bindings."""
-    t = Table(title=f"{a.source or 'run'}: {a.chip} vs {b.chip}", title_justify="left")
-    t.add_column("")
-    t.add_column(a.chip, justify="right")
-    t.add_column(b.chip, justify="right")
-    t.add_column(f"{b.chip} / {a.chip}", justify="right")
+    rows: list[tuple[str, str, str, str]] = []
 
     def row(label: str, x: float | None, y: float | None, fmt=_n) -> None:
         ratio = f"{y / x:.3f}" if x and y is not None else "-"
-        t.add_row(label, fmt(x), fmt(y), ratio)
+        rows.append((label, fmt(x), fmt(y), ratio))
 
     row("total cycles", a.total_cycles, b.total_cycles)
-    t.add_row("time (us)", f"{a.time_us:,.2f}", f"{b.time_us:,.2f}",
-              f"{b.time_us / a.time_us:.3f}" if a.time_us else "-")
+    rows.append(("time (us)", f"{a.time_us:,.2f}", f"{b.time_us:,.2f}",
+                 f"{b.time_us / a.time_us:.3f}" if a.time_us else "-"))
     for label, x, y in aligned([(f"busy: {u.unit}", u.busy_cycles) for u in a.units],
                                [(f"busy: {u.unit}", u.busy_cycles) for u in b.units]):
         row(label, x, y)
@@ -194,7 +185,8 @@ def comparison(a: Report, b: Report) -> Table:
         row(label, x, y)
     for label, x, y in aligned(_binding_figures(a), _binding_figures(b)):
         row(label, x, y)
-    return t
+    return _table(f"{a.source or 'run'}: {a.chip} vs {b.chip}", ("", a.chip, b.chip, f"{b.chip} / {a.chip}"), rows,
+                  text=("",))
 
 
 def aligned(a: list[tuple[str, int]], b: list[tuple[str, int]]) -> list[tuple[str, int | None, int | None]]:

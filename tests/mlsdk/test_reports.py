@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlsdk import Context, MNDevice
+from mlsdk import Context, MNDevice, set_tensor_name_in_module
 from mlsdk.cli import main
 from mlsdk.report import Report, build, op_cycles
 
@@ -107,6 +107,33 @@ def test_json_round_trip_and_csv(session_report, tmp_path):
     assert [int(r["value"]) for r in chain] == [report.chains[0].as_run]
     with pytest.raises(ValueError, match="not an mnsim report"):
         Report.from_json({"format": "other"})
+
+
+def test_narrow_console_folds_names_and_keeps_every_figure(tmp_path):
+    """A model's long parameter names on an 80-column console: the names fold onto more lines,
+    every figure of the bindings table is printed whole."""
+    from rich.console import Console
+
+    from mlsdk.render import text
+    ctx = Context(MNDevice("mini:auto"))
+    weight = torch.ones(8, 16)
+    long_name = "model@transformer@h@11@attn@c_attn@weight@with@a@long@path"
+    module = torch.nn.Module()
+    module.register_parameter("p", torch.nn.Parameter(weight))
+    set_tensor_name_in_module(module, long_name)
+    ctx.register_param(module.p)
+    fn = ctx.compile(lambda d: {"y": d["x"] * module.p}, {"x": torch.zeros(8, 16)}, tmp_path / "s")
+    for _ in range(12):
+        fn({"x": torch.ones(8, 16)})["y"].cpu()
+    report = build([ctx.session], "narrow")
+    console = Console(file=io.StringIO(), width=80)
+    text(report, console)
+    out = console.file.getvalue()
+    bindings = out[out.index("input bindings"):]
+    assert "…" not in bindings
+    for row in report.bindings:
+        assert f"{row.cycles:,}" in bindings and f" {row.calls} " in bindings
+    assert max(len(line) for line in out.splitlines()) <= 80
 
 
 def test_report_refuses_mixed_chips_and_reference_runs(tmp_path):
