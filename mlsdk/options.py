@@ -18,7 +18,9 @@ USED = {
                    "accumulates in float64 at units.MAU.matrix.float64's rate, results rounded to float32",
     "simulation_mode": "both (default) moves data and times it; timing only times the run (outputs hold no "
                        "values; reports work); functional only moves data (values, no cycles: reports count its "
-                       "calls, which leave the hand-over analysis out)",
+                       "calls, which leave the hand-over analysis out); PFN's own values (fake, default, fast, "
+                       "best, full) choose how its compiler simulates candidate schedules, which mnsim does not "
+                       "have: they run as both",
 }
 IGNORED = {
     "option_json": "preset of PFN's codegen (O0..O4, debug); mnsim has one planner",
@@ -35,6 +37,7 @@ IGNORED = {
 }
 FLOAT_DTYPES = ("float", "mixed", "pfloat32", "float64")
 SIMULATION_MODES = ("both", "timing", "functional")
+PFN_SIMULATION_MODES = ("fake", "default", "fast", "best", "full")  # PFN's compiler's; run as "both"
 
 
 def check(options: dict | None) -> dict:
@@ -75,6 +78,9 @@ def forced_simulation_mode(mode: str | None) -> Iterator[None]:
 def simulation_mode(options: dict | None) -> str:
     """How calls of the function are simulated: 'both', 'timing' or 'functional' (see USED)."""
     mode = _forced[-1] if _forced else (options or {}).get("simulation_mode", "both")
+    if mode in PFN_SIMULATION_MODES:
+        return "both"
     if mode not in SIMULATION_MODES:
-        raise OptionError(f"options['simulation_mode'] is {mode!r}; expected one of {', '.join(SIMULATION_MODES)}")
+        raise OptionError(f"options['simulation_mode'] is {mode!r}; expected one of "
+                          f"{', '.join(SIMULATION_MODES + PFN_SIMULATION_MODES)}")
     return mode

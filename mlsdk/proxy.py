@@ -2,9 +2,13 @@
 
 Compiled functions return proxies; passing one to another compiled function binds its device
 buffer without a host round trip. `cpu()` downloads it over the host link (and counts those
-cycles). Torch functions and tensor methods applied to a proxy work on its host value, like
-MLSDK's proxies; there is no `.device`, as in MLSDK. The device side is a runtime
-`DeviceValue`; a proxy of a reference (pfvm:cpu) run holds a host tensor instead.
+cycles). Torch functions, operators and tensor methods applied to a proxy work on its host value,
+like MLSDK's proxies; there is no `.device`, as in MLSDK. What changes a tensor in place (`add_`,
+`p[i] = v`, `p += 1`) writes through: the changed host value is uploaded into the proxy, so a
+later `cpu()` or call sees it (a change kept on a downloaded copy would be lost without a word).
+Copies and pickles of a proxy (`copy.deepcopy`, `torch.save`) are host tensors of its value. The
+device side is a runtime `DeviceValue`; a proxy of a reference (pfvm:cpu) run holds a host tensor
+instead.
 """
 
 from __future__ import annotations
@@ -146,8 +150,28 @@ class TensorProxy:
             raise AttributeError("TensorProxy has no 'device' attribute (as in MLSDK); call .cpu() for a host tensor")
         if name.startswith("_") or not hasattr(torch.Tensor, name):
             raise AttributeError(f"TensorProxy has no attribute {name!r}")
-        attr = getattr(self.cpu(), name)
-        return attr
+        if _in_place(name):
+            return _writing_through(self, name)
+        return getattr(self.cpu(), name)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        host = self.cpu()
+        host[index] = value.cpu() if isinstance(value, TensorProxy) else value
+        self.load_from(host)
+
+    def __format__(self, spec: str) -> str:
+        return format(self.cpu(), spec)
+
+    def __reduce_ex__(self, protocol: int):
+        """A pickle of a proxy is a host tensor of its value (a device buffer cannot leave its
+        Context); so are its copies (`__copy__`, `__deepcopy__`)."""
+        return self.cpu().__reduce_ex__(protocol)
+
+    def __copy__(self) -> torch.Tensor:
+        return self.cpu()
+
+    def __deepcopy__(self, memo: dict) -> torch.Tensor:
+        return self.cpu()
 
     def __array__(self, dtype=None):
         a = self.cpu().numpy()
@@ -166,6 +190,23 @@ class TensorProxy:
         return self.cpu()[index]
 
 
+def _in_place(name: str) -> bool:
+    """Whether tensor method `name` changes its tensor in place (torch's trailing underscore)."""
+    return name.endswith("_") and not name.startswith("_") and callable(getattr(torch.Tensor, name, None))
+
+
+def _writing_through(proxy: TensorProxy, name: str) -> Callable[..., TensorProxy]:
+    """Tensor method `name` (in place) applied to the proxy's host value, uploaded back into it."""
+    def method(*args: Any, **kwargs: Any) -> TensorProxy:
+        host = proxy.cpu()
+        getattr(host, name)(*(a.cpu() if isinstance(a, TensorProxy) else a for a in args),
+                            **{k: v.cpu() if isinstance(v, TensorProxy) else v for k, v in kwargs.items()})
+        proxy.load_from(host)
+        return proxy
+    method.__name__ = name
+    return method
+
+
 def _binary(name: str):
     def op(self: TensorProxy, other: Any) -> torch.Tensor:
         other = other.cpu() if isinstance(other, TensorProxy) else other
@@ -174,13 +215,29 @@ def _binary(name: str):
     return op
 
 
+def _augmented(name: str):
+    """`p op= x`: the in-place tensor method (`__iadd__` -> `add_`), written through."""
+    method = {"__ipow__": "pow_", "__ifloordiv__": "floor_divide_", "__itruediv__": "div_",
+              "__imod__": "remainder_", "__iand__": "bitwise_and_", "__ior__": "bitwise_or_",
+              "__ixor__": "bitwise_xor_", "__ilshift__": "bitwise_left_shift_",
+              "__irshift__": "bitwise_right_shift_"}.get(name, name[3:-2] + "_")
+
+    def op(self: TensorProxy, other: Any) -> TensorProxy:
+        return _writing_through(self, method)(other)
+    op.__name__ = name
+    return op
+
+
 for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
-              "__matmul__", "__rmatmul__", "__pow__", "__neg__", "__lt__", "__le__", "__gt__", "__ge__", "__eq__",
-              "__ne__", "__abs__"):
-    if _name in ("__neg__", "__abs__"):
-        setattr(TensorProxy, _name, lambda self, _n=_name: getattr(self.cpu(), _n)())
-    else:
-        setattr(TensorProxy, _name, _binary(_name))
+              "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__", "__rpow__", "__matmul__",
+              "__rmatmul__", "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__lshift__",
+              "__rlshift__", "__rshift__", "__rrshift__", "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__"):
+    setattr(TensorProxy, _name, _binary(_name))
+for _name in ("__neg__", "__pos__", "__abs__", "__invert__"):
+    setattr(TensorProxy, _name, lambda self, _n=_name: getattr(self.cpu(), _n)())
+for _name in ("__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
+              "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"):
+    setattr(TensorProxy, _name, _augmented(_name))
 TensorProxy.__hash__ = object.__hash__  # __eq__ compares values; proxies stay hashable by identity
 
 TensorLike = torch.Tensor | TensorProxy

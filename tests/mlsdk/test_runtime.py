@@ -3,6 +3,9 @@ how each input is bound (upload, relocation, conversion) and what it costs."""
 
 from __future__ import annotations
 
+import copy
+import io
+
 import pytest
 import torch
 
@@ -136,6 +139,44 @@ def test_tensor_proxy_behaves_like_its_host_value(ctx, tmp_path):
         proxy.device
     downloads = [t for t in ctx.session.transfers if t.kind == "download"]
     assert len(downloads) == 1 and downloads[0].stats.total_cycles > 0, "cpu() downloads once and counts it"
+
+
+def test_tensor_proxy_operators_format_and_copies(ctx, tmp_path):
+    """Every Python operator a tensor has; `f"{loss:.4f}"` as training loops print; pickles and
+    deep copies are host tensors of the value."""
+    fn = ctx.compile(lambda d: {"f": d["x"] * 2, "i": (d["x"] * 3).to(torch.int32)}, {"x": torch.zeros(4)},
+                     tmp_path / "ops")
+    x = torch.arange(4.0)
+    out = fn({"x": x})
+    f, i = out["f"], out["i"]
+    hf, hi = x * 2, (x * 3).to(torch.int32)
+    for got, want in ((f // 3, hf // 3), (7 // (f + 1), 7 // (hf + 1)), (f % 3, hf % 3), (5 % (f + 1), 5 % (hf + 1)),
+                      (2 ** f, 2 ** hf), (f ** 2, hf ** 2), (i & 5, hi & 5), (5 & i, 5 & hi), (i | 8, hi | 8),
+                      (i ^ 3, hi ^ 3), (~i, ~hi), (i << 2, hi << 2), (i >> 1, hi >> 1), (+f, hf), (-f, -hf)):
+        assert torch.equal(got, want)
+    assert f"{f.sum():.3f}" == "12.000" and f"{f[3]:.1f}" == "6.0"
+    assert isinstance(copy.deepcopy(f), torch.Tensor) and torch.equal(copy.deepcopy({"f": f})["f"], hf)
+    buf = io.BytesIO()
+    torch.save({"f": f}, buf)
+    buf.seek(0)
+    assert torch.equal(torch.load(buf)["f"], hf)
+
+
+def test_tensor_proxy_in_place_changes_write_through(ctx, tmp_path):
+    """`add_`, `p[i] = v` and `p += v` change the proxy's value (uploaded), not a downloaded copy:
+    the next cpu() and the next call that reads the proxy see the change."""
+    fn = ctx.compile(producer, {"x": torch.zeros(4)}, tmp_path / "p")
+    proxy = fn({"x": torch.arange(4.0)})["shared"]  # 0, 2, 4, 6
+    assert proxy.add_(1) is proxy
+    proxy[0] = 100.0
+    alias = proxy
+    proxy += 1
+    proxy.mul_(torch.tensor(2.0))
+    assert alias is proxy and isinstance(proxy, TensorProxy)
+    assert torch.equal(proxy.cpu(), torch.tensor([202.0, 8.0, 12.0, 16.0]))
+    assert torch.equal(fn({"x": proxy})["shared"].cpu(), torch.tensor([404.0, 16.0, 24.0, 32.0]))
+    uploads = [t for t in ctx.session.transfers if t.kind == "upload"]
+    assert len(uploads) >= 4, "each in-place change is an upload the report counts"
 
 
 def test_a_tensor_from_cpu_is_the_callers_to_change(ctx, tmp_path):

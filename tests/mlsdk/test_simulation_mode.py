@@ -52,9 +52,19 @@ def test_values_computed_from_a_timing_only_output_have_none_either():
 
 def test_simulation_mode_values_are_checked():
     ctx = Context(MNDevice("mini:auto"))
-    with pytest.raises(mlsdk.OptionError, match=r"simulation_mode'\] is 'fast'; expected one of both, timing, "
-                                                r"functional"):
-        ctx.compile(scores, {"q": Q, "k": K}, None, options={"simulation_mode": "fast"})
+    with pytest.raises(mlsdk.OptionError, match=r"simulation_mode'\] is 'quick'; expected one of both, timing, "
+                                                r"functional, fake, default, fast, best, full"):
+        ctx.compile(scores, {"q": Q, "k": K}, None, options={"simulation_mode": "quick"})
+
+
+@pytest.mark.parametrize("mode", ["fake", "default", "fast", "best", "full"])
+def test_pfn_simulation_modes_run_both(mode):
+    """PFN's values steer its compiler's schedule simulation, which mnsim has not: a program that
+    passes one runs as 'both' (values and cycles)."""
+    ctx = Context(MNDevice("mini:auto"))
+    fn = ctx.compile(scores, {"q": Q, "k": K}, None, options={"simulation_mode": mode})
+    assert torch.allclose(fn({"q": Q, "k": K})["s"].cpu(), Q @ K.T, atol=1e-5)
+    assert fn.last_call.cycles > 0
 
 
 def test_functional_mode_computes_the_values_of_a_full_run_without_timing_anything(monkeypatch):
