@@ -34,6 +34,7 @@ from compiler.iospec import IOSpec
 from runtime import Executable, Run, Runtime, Session, host_spec
 from runtime.session import CALL, BINDING, io_layouts
 
+from . import optim
 from . import options as options_mod
 from . import trace
 from .device import MNDevice
@@ -225,7 +226,8 @@ class Context:
         constraints = dict(io_spec_constraints or {})
         name = function_name(function)
         with self._compiling, _noted(f"while compiling {name} in {self.runtime.label}"):
-            graph = self._trace(function, inputs, name, training)
+            with optim.recording_steps() as stepped:
+                graph = self._trace(function, inputs, name, training)
             if self.device.reference:
                 fn = self._reference_function(name, graph)
             else:
@@ -237,6 +239,7 @@ class Context:
                                                          mode=mode))
                 fn = CompiledFunction(self.runtime, executable.name, executable)
                 self.session.layouts.update(io_layouts(executable.name, compiled.inputs, compiled.outputs))
+            fn.runs_steps_of(stepped)
             self._functions.append(fn)
             self.session.compiles.append((name, time.perf_counter() - t0))
         trace.record_host(f"compile {name}", t0, "compile")

@@ -35,10 +35,16 @@ class CompiledFunction:
         self._executable = executable
         self._last = threading.local()  # each thread's latest call of this function
         self._reference = reference  # pfvm:cpu: the traced graph, run by torch
+        self._stepped: list[torch.optim.Optimizer] = []  # optimizers whose step() each call runs
         if executable is not None:
             self._inputs, self._outputs = executable.input_specs, executable.output_specs
         else:
             self._inputs, self._outputs = specs
+
+    def runs_steps_of(self, optimizers: Any) -> None:
+        """Each call runs these optimizers' step() (traced into the program): torch is told after
+        every call, as its own step() would (`optim.mark_stepped`)."""
+        self._stepped = list(optimizers)
 
     @property
     def input_specs(self) -> dict[str, IOSpec]:
@@ -107,6 +113,7 @@ class CompiledFunction:
             outputs, self._last.call = self._runtime.call(self._executable, device)
             proxies = [TensorProxy(self._runtime, self._outputs[name], value=outputs[name]) for name in self._outputs]
             out_spec = self._executable.compiled.out_spec
+        optim.mark_stepped(self._stepped)
         trace.record_host(f"call {self.name}", t0, "call")
         if out_spec is None:
             return dict(zip(self._outputs, proxies))

@@ -14,9 +14,10 @@ trained here matches one trained with torch.optim on the host to float32 roundin
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -73,6 +74,29 @@ def sent(rate: torch.Tensor) -> None:
     setattr(rate, _SENT, float(rate))
 
 
+_RECORDING: "list[weakref.WeakSet[MNCoreOptimizer]]" = []  # per trace in progress (innermost last)
+
+
+@contextlib.contextmanager
+def recording_steps() -> Iterator["weakref.WeakSet[MNCoreOptimizer]"]:
+    """The optimizers whose step() the function traced inside runs: each call of the compiled
+    step is their step() for torch (`mark_stepped`)."""
+    stepped: "weakref.WeakSet[MNCoreOptimizer]" = weakref.WeakSet()
+    _RECORDING.append(stepped)
+    try:
+        yield stepped
+    finally:
+        _RECORDING.remove(stepped)
+
+
+def mark_stepped(optimizers: Iterable[torch.optim.Optimizer]) -> None:
+    """A call of a compiled step ran these optimizers' step() on the device: set torch's flag its
+    LR schedulers read (`_opt_called`, set by the wrapper a scheduler puts on step()), so a
+    scheduler stepped after the call does not warn that optimizer.step() never ran."""
+    for optimizer in optimizers:
+        optimizer._opt_called = True
+
+
 class MNCoreOptimizer(torch.optim.Optimizer):
     """Base of the MN-Core optimizers: state made eagerly by `init_state`, the learning rate of
     each group a 0-d tensor (`group["lr"]`, registered with the state), and `update` called per
@@ -124,6 +148,8 @@ class MNCoreOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
+        if _RECORDING:
+            _RECORDING[-1].add(self)
         loss = None
         if closure is not None:
             with torch.enable_grad():

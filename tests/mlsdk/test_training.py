@@ -9,6 +9,7 @@ to float32 rounding (1e-4 relative).
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -304,6 +305,24 @@ def test_lr_scheduler_changes_the_rate_without_recompiling():
     assert scheduler.get_last_lr() == pytest.approx(ref_scheduler.get_last_lr())
     assert len(ctx.session.compiles) == 1
     assert_state_close(model, ref)
+
+
+def test_a_scheduler_made_after_compile_sees_the_compiled_steps():
+    """torch's schedulers warn when their step() comes before the optimizer's: a call of the
+    compiled step is the optimizer's step(), so a scheduler made after compile stays quiet."""
+    model = MLP()
+    ctx = Context(MNDevice("mini:auto"))
+    optimizer = MNCoreSGD(model.parameters(), 0.2)
+    registered(ctx, model, optimizer)
+    data = batches((8, 16), 2)
+    step = ctx.compile(training_step(model, optimizer), data[0], None)
+    schedulers = [MNCoreLRScheduler(torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.5), ctx)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for inp in data:
+            step(inp)
+            schedulers[0].step()
+    assert schedulers[0].get_last_lr() == pytest.approx([0.05])
 
 
 def test_adam_spellings_agree_with_torch():
