@@ -98,6 +98,9 @@ class Context:
 
     @classmethod
     def switch_context(cls, context: "Context") -> None:
+        if context is not None and not isinstance(context, Context):
+            raise ArgumentError(f"switch_context takes a Context (or None), got {type(context).__name__} "
+                                f"{context!r:.60}")
         cls._current = context
 
     @classmethod
@@ -137,7 +140,17 @@ class Context:
     register_param = register_buffer
 
     def register_optimizer_buffers(self, optimizer: Any) -> None:
-        self.registry.register(optimizer_prefix(optimizer), optimizer)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ArgumentError(f"{self.runtime.label}: register_optimizer_buffers takes an optimizer, got "
+                                f"{type(optimizer).__name__}" + (" (register a module's tensors with "
+                                "register_param / register_buffer)" if isinstance(optimizer, torch.nn.Module) else ""))
+        try:
+            self.registry.register(optimizer_prefix(optimizer), optimizer)
+        except RegistrationError as e:
+            if "already registered" not in str(e):
+                raise
+            raise RegistrationError(f"{e}: name each optimizer's state apart with "
+                                    "set_buffer_name_in_optimizer(optimizer, prefix) before registering it") from None
 
     def is_registered(self, t: torch.Tensor) -> bool:
         return self.runtime.resident.name_of(t) is not None
@@ -212,7 +225,7 @@ class Context:
         compile the loss alone."""
         self.runtime.check()
         t0 = time.perf_counter()
-        _check_arguments(codegen_dir, cache_options, training)
+        _check_arguments(function, codegen_dir, cache_options, training, io_spec_constraints)
         opts = options_mod.check(options)
         legacy = [type(o).__name__ for o in (optimizers or []) if not isinstance(o, MNCoreOptimizer)]
         if (options or {}).get("backprop") or legacy:
@@ -428,9 +441,16 @@ def _grads_kept(tensors: Any) -> Iterator[None]:
                 t.grad = grad
 
 
-def _check_arguments(codegen_dir: Any, cache_options: Any, training: Any) -> None:
+def _check_arguments(function: Any, codegen_dir: Any, cache_options: Any, training: Any,
+                     io_spec_constraints: Any) -> None:
     """compile's arguments of the wrong type, refused before they reach the compiler (a string
     for cache_options failed on a missing attribute, a number for codegen_dir inside os.fspath)."""
+    if not callable(function):
+        raise ArgumentError(f"compile takes a function (or nn.Module) to compile, not {type(function).__name__} "
+                            f"{function!r:.60}")
+    if io_spec_constraints is not None and not isinstance(io_spec_constraints, dict):
+        raise ArgumentError(f"io_spec_constraints must be a dict of input or output name -> IOSpec (such as "
+                            f"{{'x': other.output_specs['y']}}), not {type(io_spec_constraints).__name__}")
     if codegen_dir is not None and not isinstance(codegen_dir, (str, os.PathLike)):
         raise ArgumentError(f"codegen_dir must be a path (str or os.PathLike) or None, not "
                             f"{type(codegen_dir).__name__} {codegen_dir!r:.60}")

@@ -319,6 +319,9 @@ class MNCoreLRScheduler:
         if not isinstance(optimizer, MNCoreOptimizer):
             raise OptionError("MNCoreLRScheduler wraps a torch LR scheduler of an MNCore optimizer "
                              f"(got one of {type(optimizer).__name__})")
+        if not callable(getattr(context, "is_registered", None)):
+            raise ArgumentError(f"MNCoreLRScheduler(scheduler, context): context must be the mlsdk Context the "
+                                f"optimizer's state is registered in, not {type(context).__name__}")
         self.scheduler, self.context = scheduler, context
         self._rates = [group[LR_KEY] for group in optimizer.param_groups]  # the registered tensors
         self._fixed = [{k: v for k, v in group.items() if k not in ("params", LR_KEY, "initial_lr")}

@@ -68,6 +68,21 @@ def test_storage_path_joins_and_is_path_like(tmp_path):
     os.makedirs(base / "step")
     torch.save(torch.ones(2), joined)
     assert torch.equal(torch.load(joined), torch.ones(2))
+    assert joined.exists() and joined.parent == base / "step" and joined.name == "x.pt"
+    assert isinstance(joined.parent, type(base)) and sorted(p.name for p in (base / "step").iterdir()) == ["x.pt"]
+
+
+def test_object_store_urls_stay_urls_and_are_refused_when_used():
+    """MLSDK's paths may be object-store URLs; mnsim has no store. Joining kept 's3:/bucket'
+    (one slash) and a write would have made a local directory named 's3:'."""
+    from mlsdk import ArgumentError
+    url = storage.path("s3://bucket/run1/") / "ckpt"
+    assert str(url) == "s3://bucket/run1/ckpt" and storage.path(url) == url
+    with pytest.raises(ArgumentError, match="s3://bucket/run1/ckpt is an object-store URL; mnsim reads and writes "
+                                            "local paths only"):
+        torch.save(torch.ones(1), url)
+    with pytest.raises(ArgumentError, match="storage.path takes a str or os.PathLike, not int"):
+        storage.path(3)
 
 
 def test_tensor_names_follow_the_tensor_object():
@@ -80,6 +95,37 @@ def test_tensor_names_follow_the_tensor_object():
     t = torch.zeros(3)
     set_tensor_name(t, "counter")
     assert get_tensor_name(t) == "counter"
+
+
+def test_naming_and_registration_misuse_names_what_was_given():
+    """Each was an AttributeError or TypeError from inside (or a number taken as a name that
+    failed only at compile, in a regular expression); a module passed as an optimizer registered
+    its parameters under the optimizer's prefix."""
+    from mlsdk import ArgumentError, Context, MNCoreLRScheduler, MNCoreSGD, MNDevice, RegistrationError
+    model = torch.nn.Linear(2, 2)
+    for call, message in ((lambda: set_tensor_name(torch.zeros(1), 5), "set_tensor_name takes a str name, got int 5"),
+                          (lambda: set_tensor_name(torch.zeros(1), ""), "set_tensor_name: the name is empty"),
+                          (lambda: set_tensor_name([1], "x"), "set_tensor_name takes a torch.Tensor, got list"),
+                          (lambda: get_tensor_name("x"), "get_tensor_name takes a torch.Tensor, got str"),
+                          (lambda: set_tensor_name_in_module(torch.zeros(1), "m"), "takes an nn.Module, got Tensor"),
+                          (lambda: set_buffer_name_in_optimizer(model, "o"), "takes a torch optimizer, got Linear"),
+                          (lambda: Context.switch_context("x"), "switch_context takes a Context \\(or None\\), got str"),
+                          (lambda: MNCoreLRScheduler(torch.optim.lr_scheduler.StepLR(MNCoreSGD(model.parameters(),
+                                                                                                0.1), 1), None),
+                           "context must be the mlsdk Context")):
+        with pytest.raises(ArgumentError, match=message):
+            call()
+    ctx = Context(MNDevice("mini"))
+    with pytest.raises(ArgumentError, match="register_optimizer_buffers takes an optimizer, got Linear"):
+        ctx.register_optimizer_buffers(model)
+    assert get_tensor_name(model.weight) is None
+    ctx.register_optimizer_buffers(MNCoreSGD(torch.nn.Linear(2, 2).parameters(), 0.1, 0.9))
+    with pytest.raises(RegistrationError, match=r"already registered as 'optimizer@0@momentum_buffer'.*"
+                                                r"set_buffer_name_in_optimizer\(optimizer, prefix\)"):
+        ctx.register_optimizer_buffers(MNCoreSGD(torch.nn.Linear(2, 2).parameters(), 0.1, 0.9))
+    second = MNCoreSGD(torch.nn.Linear(2, 2).parameters(), 0.1, 0.9)
+    set_buffer_name_in_optimizer(second, "second")
+    ctx.register_optimizer_buffers(second)
 
 
 def test_optimizer_buffers_are_named_by_parameter_index():
@@ -130,10 +176,13 @@ def test_compile_arguments_of_the_wrong_type_are_refused_and_the_context_stays_u
     fn, x = (lambda d: {"y": d["x"] * 2}), torch.ones(3)
     for kwargs, message in ((dict(cache_options="/tmp/cache"), "cache_options must be an mlsdk.CacheOptions"),
                             (dict(codegen_dir=123), "codegen_dir must be a path"),
-                            (dict(training="yes"), "training must be True, False or None, not str 'yes'")):
+                            (dict(training="yes"), "training must be True, False or None, not str 'yes'"),
+                            (dict(io_spec_constraints=[1]), "io_spec_constraints must be a dict of input or output "
+                                                            "name -> IOSpec"),
+                            (dict(function=5), "compile takes a function \\(or nn.Module\\) to compile, not int 5")):
         kwargs.setdefault("codegen_dir", None)
         with pytest.raises(ArgumentError, match=message):
-            ctx.compile(fn, {"x": x}, **kwargs)
+            ctx.compile(kwargs.pop("function", fn), {"x": x}, **kwargs)
     doubled = ctx.compile(fn, {"x": x}, None)
     with pytest.raises(CompileError, match=r"is called inside a function being compiled.*\n  at .*test_device_and_names"):
         ctx.compile(lambda d: {"z": doubled({"x": d["x"]})["y"] + 1}, {"x": x}, None)
