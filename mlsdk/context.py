@@ -39,7 +39,7 @@ from . import options as options_mod
 from . import trace
 from .device import MNDevice
 from .errors import ArgumentError, MLSDKError, OptionError, RegistrationError
-from .function import CompiledFunction
+from .function import AutomapFunction, CompiledFunction
 from .optim import MNCoreOptimizer
 from .naming import (get_tensor_name, optimizer_prefix, optimizer_tensors, set_buffer_name_in_optimizer,
                      set_tensor_name, set_tensor_name_in_module)
@@ -348,9 +348,15 @@ class Context:
         specs_out = {k: host_spec(k, v) for k, v in graph.outputs.items() if k not in updates}
         return CompiledFunction(self.runtime, name, reference=graph, specs=(specs_in, specs_out))
 
-    def compile_automap(self, function: Callable, args: tuple, kwargs: dict, codegen_dir: str | os.PathLike,
-                        options: dict | None = None, **compile_kwargs: Any) -> "AutomapFunction":
-        """Compile a function of positional and keyword pytrees; call it with the same signature."""
+    def compile_automap(self, function: Callable, args: tuple, kwargs: dict | None, codegen_dir: str | os.PathLike,
+                        options: dict | None = None, **compile_kwargs: Any) -> AutomapFunction:
+        """Compile a function of positional and keyword pytrees; call it with the same signature.
+        Its codegen_dir records that calling convention, so load_codegen_dir gives it back."""
+        if not isinstance(args, (tuple, list)):
+            raise ArgumentError(f"compile_automap takes the positional arguments as a tuple, not {type(args).__name__}")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise ArgumentError(f"compile_automap takes the keyword arguments as a dict (or None), not "
+                                f"{type(kwargs).__name__}")
         returns: list[bool] = []  # whether the traced call returned a dict
 
         def packed(d: dict) -> Any:
@@ -358,9 +364,13 @@ class Context:
             returns.append(isinstance(result, dict))
             return result if returns[-1] else {"result": result}
         packed.__name__ = function_name(function)
-        fn = self.compile(packed, {"args": tuple(args), "kwargs": dict(kwargs)}, codegen_dir, options=options,
+        fn = self.compile(packed, {"args": tuple(args), "kwargs": dict(kwargs or {})}, None, options=options,
                           **compile_kwargs)
-        return AutomapFunction(fn, single=not returns[-1])
+        automap = AutomapFunction(fn, single=not returns[-1])
+        if codegen_dir is not None and fn.compiled is not None:
+            artifact.save(dataclasses.replace(fn.compiled, summary={**fn.compiled.summary, "calling": automap.calling}),
+                          os.fspath(codegen_dir))
+        return automap
 
     def load_codegen_dir(self, codegen_dir: str | os.PathLike) -> CompiledFunction:
         """A CompiledFunction from a codegen_dir written by compile (in this or another process)."""
@@ -376,21 +386,8 @@ class Context:
         fn = CompiledFunction(self.runtime, executable.name, executable)
         self.session.layouts.update(io_layouts(executable.name, compiled.inputs, compiled.outputs))
         self._functions.append(fn)
-        return fn
-
-
-class AutomapFunction:
-    """A compile_automap result: called with the original positional and keyword arguments."""
-
-    def __init__(self, fn: CompiledFunction, single: bool) -> None:
-        self._fn, self._single = fn, single
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        out = self._fn({"args": tuple(args), "kwargs": dict(kwargs)})
-        return out["result"] if self._single else out
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fn, name)
+        calling = compiled.summary.get("calling")
+        return AutomapFunction(fn, single=calling["single"]) if calling is not None else fn
 
 
 def function_name(function: Callable) -> str:

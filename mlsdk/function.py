@@ -161,3 +161,22 @@ class CompiledFunction:
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+class AutomapFunction(CompiledFunction):
+    """A compile_automap result: the compiled function of {"args": ..., "kwargs": ...}, called
+    with the original positional and keyword arguments (and a lone tensor back when the function
+    returned one)."""
+
+    def __init__(self, fn: CompiledFunction, single: bool) -> None:
+        self.__dict__.update(fn.__dict__)  # the same program, runtime and call records
+        self._single = single
+
+    @property
+    def calling(self) -> dict:
+        """The calling convention a codegen_dir records (summary.json) for load_codegen_dir."""
+        return {"automap": True, "single": self._single}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().__call__({"args": tuple(args), "kwargs": dict(kwargs)})
+        return out["result"] if self._single else out

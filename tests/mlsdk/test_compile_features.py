@@ -16,8 +16,8 @@ import torch
 
 import compiler.compile as compile_module
 from compiler.artifact import ArtifactError
-from mlsdk import (CacheOptions, Context, MNDevice, TensorProxy, register_pytree_dataclass,
-                   register_pytree_namedtuple, storage, trace_event, trace_scope)
+from mlsdk import (ArgumentError, CacheOptions, CompiledFunction, Context, MNDevice, TensorProxy,
+                   register_pytree_dataclass, register_pytree_namedtuple, storage, trace_event, trace_scope)
 
 Dict = dict[str, torch.Tensor]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -129,6 +129,20 @@ def test_compile_automap_takes_the_original_signature(ctx, tmp_path):
     fn2 = ctx.compile_automap(two, (a,), {}, tmp_path / "two")
     out2 = fn2(a)
     assert set(out2) == {"double", "half"} and torch.allclose(out2["half"].cpu(), a / 2)
+    assert isinstance(fn, CompiledFunction) and isinstance(fn2, CompiledFunction)
+
+
+def test_compile_automap_codegen_dir_reloads_with_the_original_signature(ctx, tmp_path):
+    """The codegen_dir records the calling convention: reloaded (here or in a new Context), the
+    function takes the positional and keyword arguments again, not a dict of 'args.0' inputs."""
+    a, b = torch.randn(3), torch.randn(3)
+    ctx.compile_automap(lambda x, *, y: x * y, (a,), {"y": b}, tmp_path / "am")
+    ctx.compile_automap(lambda x: {"s": x + 1}, (a,), None, tmp_path / "dict")
+    again = Context(MNDevice("mini:auto"))
+    single, named = again.load_codegen_dir(tmp_path / "am"), again.load_codegen_dir(tmp_path / "dict")
+    assert torch.allclose(single(a, y=b).cpu(), a * b) and torch.allclose(named(a)["s"].cpu(), a + 1)
+    with pytest.raises(ArgumentError, match="keyword arguments as a dict \\(or None\\), not list"):
+        ctx.compile_automap(lambda x: x, (a,), [b], None)
 
 
 def test_compile_automap_traces_the_function_once(ctx, tmp_path):
