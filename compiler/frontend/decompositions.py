@@ -39,8 +39,11 @@ KEEP = (  # lowered as primitives: never decomposed, even where core ATen would
     aten.convolution.default, aten.mm.default, aten.bmm.default, aten.max_pool2d_with_indices.default,
     aten.avg_pool2d.default, aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec,
     # separable resampling: two products with constant matrices (frontend.legalize_resample)
-    aten.upsample_bilinear2d.default, aten.upsample_bilinear2d.vec, aten._adaptive_avg_pool2d.default,
-    aten.upsample_bilinear2d_backward.default, aten._adaptive_avg_pool2d_backward.default,
+    *(getattr(aten, f"{name}{part}").default for name in ("upsample_bilinear2d", "upsample_bicubic2d",
+                                                          "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa")
+      for part in ("", "_backward")),
+    aten.upsample_bilinear2d.vec, aten.upsample_bicubic2d.vec, aten._upsample_bilinear2d_aa.vec,
+    aten._upsample_bicubic2d_aa.vec, aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d_backward.default,
     aten.im2col.default,  # F.unfold: one window of the input (frontend.legalize_nn)
 )
 

@@ -1,5 +1,6 @@
-"""Separable resampling (bilinear upsampling, adaptive average pooling over uneven windows) and
-their gradients, as two matrix products with constant matrices.
+"""Separable resampling (bilinear and bicubic interpolation, with or without antialiasing;
+adaptive average pooling over uneven windows) and their gradients, as two matrix products with
+constant matrices.
 
 Both ops are linear in x and act on H and W separately: out = R x C^T for a (Ho, H) matrix R and
 a (Wo, W) matrix C that depend on the sizes alone, and the gradient is R^T g C. torch's
@@ -33,13 +34,17 @@ from .rules import RULES, ensure_float, rule
 aten = torch.ops.aten
 
 
+UNIT_WIDTH = 2  # columns of the unit images: torch's antialiased kernels are degenerate on one column
+
+
 def axis_matrix(size: int, out_size: int, along: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """The (out_size, size) matrix of a separable op along one axis: `along` maps (size, 1, size,
-    1) unit images (image k is 1 at row k) to (size, 1, out_size, 1)."""
-    units = torch.eye(size, dtype=torch.float64).reshape(size, 1, size, 1)
+    UNIT_WIDTH) unit images (image k is 1 on row k) to (size, 1, out_size, UNIT_WIDTH), keeping
+    the width (`[out_size, units.shape[-1]]` as the op's size)."""
+    units = torch.eye(size, dtype=torch.float64).reshape(size, 1, size, 1).expand(-1, -1, -1, UNIT_WIDTH).contiguous()
     with torch.no_grad():
         images = along(units)
-    if tuple(images.shape) != (size, 1, out_size, 1):
+    if tuple(images.shape) != (size, 1, out_size, UNIT_WIDTH):
         raise CompileError(f"internal: resampling {size} -> {out_size} gave unit images {tuple(images.shape)}")
     return images[:, 0, :, 0].t().contiguous()
 
@@ -65,37 +70,50 @@ def constant(b: Builder, name: str, data: torch.Tensor, dtype: str) -> Value:
     return v
 
 
-def _bilinear(h: int, w: int, size: tuple[int, int], align_corners: bool, scales: tuple[Any, Any]
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's bilinear upsampling to `size` along H and along W, as the (Ho, H) and (Wo, W)
-    matrices (`scales` as upsample_bilinear2d.default takes them: a factor per axis or None)."""
+INTERPOLATIONS = ("upsample_bilinear2d", "upsample_bicubic2d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa")
+
+
+def _interpolation(name: str, h: int, w: int, size: tuple[int, int], align_corners: bool, scales: tuple[Any, Any]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's interpolation `name` to `size` along H and along W, as the (Ho, H) and (Wo, W)
+    matrices (`scales` as the .default overload takes them: a factor per axis or None). Each mode
+    weighs the neighbours along one axis independently of the other (bicubic's 4 x 4 taps are
+    the products of its 1-D weights, at clamped positions; antialiasing widens the 1-D filter)."""
+    op = getattr(aten, name).default
+
     def along(axis: int) -> Callable[[torch.Tensor], torch.Tensor]:
-        return lambda units: aten.upsample_bilinear2d.default(units, [size[axis], 1], align_corners,
-                                                              scales[axis], None)
+        return lambda units: op(units, [size[axis], units.shape[-1]], align_corners, scales[axis], None)
     return axis_matrix(h, size[0], along(0)), axis_matrix(w, size[1], along(1))
 
 
-@rule("upsample_bilinear2d")
-def _upsample_bilinear(b, out, x, output_size, align_corners, *scales):
-    """.default(x, output_size, align_corners, scales_h, scales_w) and .vec(x, output_size,
-    align_corners, scale_factors): the size is torch's output's; the factors, when given, change
-    where torch samples (1 / factor, not H / Ho)."""
-    if b.aten.endswith(".vec"):
-        scales = tuple(scales[0]) if output_size is None and scales and scales[0] is not None else ()
-    scales = tuple(scales) + (None,) * (2 - len(scales))
-    return resample(b, x, *_bilinear(*x.shape[-2:], tuple(out.shape[-2:]), align_corners, scales))
+def _interpolate(name: str) -> Callable:
+    def legalize(b, out, x, output_size, align_corners, *scales):
+        """.default(x, output_size, align_corners, scales_h, scales_w) and .vec(x, output_size,
+        align_corners, scale_factors): the size is torch's output's; the factors, when given,
+        change where torch samples (1 / factor, not H / Ho)."""
+        if b.aten.endswith(".vec"):
+            scales = tuple(scales[0]) if output_size is None and scales and scales[0] is not None else ()
+        scales = tuple(scales) + (None,) * (2 - len(scales))
+        return resample(b, x, *_interpolation(name, *x.shape[-2:], tuple(out.shape[-2:]), align_corners, scales))
+    return legalize
 
 
-@rule("upsample_bilinear2d_backward")
-def _upsample_bilinear_backward(b, out, gy, output_size, input_size, align_corners, *scales):
-    scales = tuple(scales) + (None,) * (2 - len(scales))
-    rows, cols = _bilinear(*input_size[-2:], tuple(output_size), align_corners, scales)
-    return resample(b, gy, rows.t(), cols.t())
+def _interpolate_backward(name: str) -> Callable:
+    def legalize(b, out, gy, output_size, input_size, align_corners, *scales):
+        scales = tuple(scales) + (None,) * (2 - len(scales))
+        rows, cols = _interpolation(name, *input_size[-2:], tuple(output_size), align_corners, scales)
+        return resample(b, gy, rows.t(), cols.t())
+    return legalize
+
+
+for _name in INTERPOLATIONS:
+    rule(_name)(_interpolate(_name))
+    rule(f"{_name}_backward")(_interpolate_backward(_name))
 
 
 def _adaptive(h: int, w: int, ho: int, wo: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Adaptive average pooling's window means along H and along W (torch's windows)."""
-    pool = lambda size: lambda units: aten._adaptive_avg_pool2d.default(units, [size, 1])  # noqa: E731
+    pool = lambda size: lambda units: aten._adaptive_avg_pool2d.default(units, [size, units.shape[-1]])  # noqa: E731
     return axis_matrix(h, ho, pool(ho)), axis_matrix(w, wo, pool(wo))
 
 

@@ -117,6 +117,22 @@ def test_kl_div_and_bilinear_resampling(device):
     check(device, fn, {"x": torch.randn(4, 16), "t": torch.randn(4, 16), "img": torch.randn(2, 3, 6, 8)})
 
 
+def test_bicubic_and_antialiased_resampling(device):
+    """Bicubic (4 x 4 taps at clamped positions) and antialiased interpolation (a widened filter)
+    are separable too: two products with the matrices torch's own op gives for unit images (they
+    were refused: aten.upsample_bicubic2d, aten._upsample_bilinear2d_aa)."""
+    import torch.nn.functional as F
+    torch.manual_seed(8)
+
+    def fn(d):
+        img = d["img"]
+        return {"cubic": F.interpolate(img, scale_factor=2, mode="bicubic"),
+                "cubic_corners": F.interpolate(img, size=(5, 11), mode="bicubic", align_corners=True),
+                "linear_aa": F.interpolate(img, size=(3, 4), mode="bilinear", antialias=True),
+                "cubic_aa": F.interpolate(img, scale_factor=0.5, mode="bicubic", antialias=True)}
+    check(device, fn, {"img": torch.randn(2, 3, 6, 8)})
+
+
 def test_diagonals_are_windows(device):
     """torch.diagonal (any offset, any pair of dimensions; trace and diag_embed use it) reads
     x[..., i, i + offset]: a window whose index map takes both dimensions from one."""

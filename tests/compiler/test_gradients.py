@@ -81,6 +81,11 @@ MODELS = {
                                                        nn.Upsample(size=(11, 7), mode="bilinear", align_corners=True),
                                                        nn.AdaptiveAvgPool2d((3, 5)), nn.Flatten(), nn.Linear(45, 10)),
                                  cross_entropy, (2, 2, 6, 6)),
+    "bicubic_antialiased": (lambda: nn.Sequential(nn.Conv2d(2, 3, 3, padding=1),
+                                                  nn.Upsample(scale_factor=2, mode="bicubic"),
+                                                  Resized((5, 6), "bilinear", antialias=True),
+                                                  Resized((7, 5), "bicubic", antialias=True)),
+                            square_mean, (2, 2, 6, 6)),
     "bilinear": (lambda: Bilinear(), cross_entropy, (6, 5)),
     # reflection padding inside the network: torch's decomposition indexes both padded dims at once,
     # and its gradient was one gather of 4096 x 5184 runs, refused; as slices, flips and cats
@@ -158,6 +163,17 @@ class EmbedSlices(nn.Module):
         tokens = torch.tensor([[1, 3, 1, 6], [0, 3, 3, 2], [5, 5, 5, 1]])
         h = self.proj(self.table(tokens)) * x.unsqueeze(-1)
         return torch.cat([h[:, 1::2, ::3], h.index_select(2, torch.tensor([5, 0]))], 1)
+
+
+class Resized(nn.Module):
+    """F.interpolate to a size, in a mode (nn.Upsample has no antialias)."""
+
+    def __init__(self, size: tuple[int, int], mode: str, antialias: bool = False) -> None:
+        super().__init__()
+        self.size, self.mode, self.antialias = size, mode, antialias
+
+    def forward(self, x):
+        return F.interpolate(x, size=self.size, mode=self.mode, antialias=self.antialias)
 
 
 class Bilinear(nn.Module):
