@@ -10,16 +10,23 @@ normalisation, torch's own composite of it) before autograd sees them, their gra
 one autograd derives for the decomposition's ops (an index_put accumulation, products and a
 norm). Nothing here is a gradient rule: the forward is torch's, the backward autograd's.
 torch.bilinear (nn.Bilinear) runs as its definition, one einsum: torch's aten._trilinear has
-no decomposition.
+no decomposition. So do three losses and an activation torch computes otherwise:
+multilabel_margin_loss (torch's decomposition of its forward is wrong on targets ended by -1,
+and its backward has none), multi_margin_loss (no decomposition of its backward),
+gaussian_nll_loss (torch checks `var < 0` on the host, which a device program cannot: a
+negative variance is clamped to eps like a small one, where torch raises ValueError) and rrelu
+in eval mode (a leaky ReLU of slope (lower + upper) / 2; in training mode it is random).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch._decomp import decomposition_table
+from torch.nn import _reduction
 from torch.overrides import TorchFunctionMode
 
 aten = torch.ops.aten
@@ -71,7 +78,77 @@ def _bilinear(input1, input2, weight, bias=None):
     return y if bias is None else y + bias
 
 
+def _reduced(loss: torch.Tensor, reduction: str, size_average=None, reduce=None) -> torch.Tensor:
+    """`loss` reduced as torch's losses take it (the legacy size_average / reduce flags first)."""
+    if size_average is not None or reduce is not None:
+        reduction = _reduction.legacy_get_string(size_average, reduce)
+    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
+
+
+def _multilabel_margin(input, target, size_average=None, reduce=None, reduction="mean"):
+    """nn.MultiLabelMarginLoss as torch's kernel computes it: a row's targets are its entries
+    before the first -1; loss = sum over targets j and non-targets i of max(0, 1 - (x[j] - x[i]))
+    / C. (torch's decomposition also counts the entries after a -1.)"""
+    x, y = (input, target) if input.dim() > 1 else (input.unsqueeze(0), target.unsqueeze(0))
+    valid = (y >= 0).cumprod(-1).bool()  # the entries before the first -1
+    index = y.clamp(min=0)
+    is_target = torch.zeros_like(x).scatter_add(-1, index, valid.to(x.dtype)) > 0
+    margins = (1 - x.gather(-1, index).unsqueeze(-1) + x.unsqueeze(-2)).clamp(min=0)  # [target j, class i]
+    counted = valid.unsqueeze(-1) & ~is_target.unsqueeze(-2)
+    loss = torch.where(counted, margins, torch.zeros_like(margins)).sum((-2, -1)) / x.shape[-1]
+    return _reduced(loss if input.dim() > 1 else loss[0], reduction, size_average, reduce)
+
+
+def _multi_margin(input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None, reduction="mean"):
+    """nn.MultiMarginLoss as its definition: sum over classes i != y of w[y] max(0, margin - x[y]
+    + x[i])^p / C (torch decomposes its forward, not its backward)."""
+    if p not in (1, 2):
+        raise ValueError("only p == 1 and p == 2 supported")
+    x, y = (input, target) if input.dim() > 1 else (input.unsqueeze(0), target.unsqueeze(0))
+    terms = (margin - x.gather(-1, y.unsqueeze(-1)) + x).clamp(min=0)
+    terms = terms * terms if p == 2 else terms
+    if weight is not None:
+        terms = terms * weight[y].unsqueeze(-1)
+    others = torch.ones_like(x).scatter(-1, y.unsqueeze(-1), 0.0)
+    loss = (terms * others).sum(-1) / x.shape[-1]
+    return _reduced(loss if input.dim() > 1 else loss[0], reduction, size_average, reduce)
+
+
+def _gaussian_nll(input, target, var, full=False, eps=1e-6, reduction="mean"):
+    """F.gaussian_nll_loss as torch computes it, but for its `torch.any(var < 0)` check (a value
+    the host would read mid-program): var's shape rules, var clamped to eps where its gradient
+    passes unchanged (torch clamps a clone under no_grad)."""
+    if isinstance(var, float):
+        var = var * torch.ones_like(input)
+    elif var.size() != input.size():
+        if input.size()[:-1] == var.size():
+            var = var.unsqueeze(-1)
+        elif not (input.dim() == var.dim() and
+                  sum(b for a, b in zip(input.size(), var.size()) if a != b) == 1):
+            raise ValueError("var is of incorrect size")
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(reduction + " is not valid")
+    var = var + (var.clamp(min=eps) - var).detach()
+    loss = 0.5 * (torch.log(var) + (input - target) ** 2 / var)
+    if full:
+        loss = loss + 0.5 * math.log(2 * math.pi)
+    return _reduced(loss, reduction)
+
+
+def _rrelu(input, lower=0.125, upper=1.0 / 3, training=False, inplace=False):  # torch's defaults
+    """F.rrelu in eval mode: a leaky ReLU with the mean slope (training mode draws slopes: random,
+    not handled)."""
+    if training:
+        return NotImplemented
+    slope = (lower + upper) / 2
+    return F.leaky_relu_(input, slope) if inplace else F.leaky_relu(input, slope)
+
+
 REPLACED: dict[Callable, Callable] = {
+    F.multilabel_margin_loss: _multilabel_margin,
+    F.multi_margin_loss: _multi_margin,
+    F.gaussian_nll_loss: _gaussian_nll,
+    F.rrelu: _rrelu,
     F.pad: _pad,
     torch._C._nn.pad: _pad,
     torch._weight_norm: _weight_norm,

@@ -50,6 +50,24 @@ def mse_to_zero(out, d):
     return F.mse_loss(out, torch.zeros_like(out))
 
 
+def margin_losses(out, d):
+    """Multi-label targets ended by -1 (with a class after it, which does not count), and the
+    multi-class margin loss with p=2 and weights, batched and on one row."""
+    y = d["labels"]
+    listed = torch.stack([y, (y + 3) % 10, torch.full_like(y, -1), (y + 5) % 10], -1)
+    multilabel = torch.cat([listed, torch.full((y.shape[0], 6), -1, dtype=y.dtype)], -1)
+    return (F.multilabel_margin_loss(out, multilabel) + F.multilabel_margin_loss(out[1], multilabel[1])
+            + F.multi_margin_loss(out, y, p=2, margin=0.5, weight=torch.linspace(0.5, 1.5, 10))
+            + F.multi_margin_loss(out[0], y[0], reduction="sum"))
+
+
+def gaussian_nll(out, d):
+    target = d["labels"].float().unsqueeze(-1) / 10
+    return (F.gaussian_nll_loss(out[:, :5], target.expand(-1, 5), F.softplus(out[:, 5:]) + 1e-3, full=True)
+            + F.gaussian_nll_loss(out, target.expand(-1, 10), F.softplus(out[:, 0]) + 1e-3, reduction="sum")
+            + F.gaussian_nll_loss(out, target.expand(-1, 10), 0.5))
+
+
 MODELS = {
     "mlp_cross_entropy": (lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10)), cross_entropy,
                           (8, 16)),
@@ -87,6 +105,12 @@ MODELS = {
                                                   Resized((7, 5), "bicubic", antialias=True)),
                             square_mean, (2, 2, 6, 6)),
     "bilinear": (lambda: Bilinear(), cross_entropy, (6, 5)),
+    # torch's decomposition of multilabel_margin_loss counted the targets after a -1 (wrong
+    # values); neither margin loss's backward has one; gaussian_nll_loss checks var < 0 on the
+    # host; RReLU in eval mode is a leaky ReLU
+    "margin_losses_rrelu": (lambda: nn.Sequential(nn.Linear(16, 10), nn.RReLU(0.1, 0.3)).eval(), margin_losses,
+                            (8, 16)),
+    "gaussian_nll": (lambda: nn.Linear(16, 10), gaussian_nll, (8, 16)),
     # reflection padding inside the network: torch's decomposition indexes both padded dims at once,
     # and its gradient was one gather of 4096 x 5184 runs, refused; as slices, flips and cats
     "reflection_pad_inside": (lambda: nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReflectionPad2d((1, 2, 1, 1)),
