@@ -435,6 +435,25 @@ def _diagonal(b, out, x, offset=0, dim1=0, dim2=1):
     return b.window(x, tuple(out.shape), a, start)
 
 
+@rule("diagonal_scatter")
+def _diagonal_scatter(b, out, x, src, offset=0, dim1=0, dim2=1):
+    """x with its diagonal (as torch.diagonal takes it) replaced by src: the gradient of
+    torch.diag / .diagonal(). src is laid out over x's shape by a window (position [.., i, j] reads
+    src[.., i] below the offset's start, src[.., j] above it) and kept where j - i == offset.
+    (torch's decomposition writes through a view of a clone, which the tracer cannot take.)"""
+    d1, d2 = norm_dim(dim1, x.rank), norm_dim(dim2, x.rank)
+    rest = [d for d in range(x.rank) if d not in (d1, d2)]
+    a = [[0] * x.rank for _ in range(src.rank)]
+    for column, d in enumerate(rest):
+        a[column][d] = 1
+    a[-1][d1 if offset >= 0 else d2] = 1  # the diagonal's index: its row, or its column below the main one
+    placed = b.window(b.cast(src, x.dtype), x.shape, a, [0] * src.rank)
+    rows = b.iota(tuple(x.shape[d] if d == d1 else 1 for d in range(x.rank)), d1, "int32")
+    cols = b.iota(tuple(x.shape[d] if d == d2 else 1 for d in range(x.rank)), d2, "int32")
+    on = b.ew("eq", b.ew("sub", cols, rows, dtype="int32"), offset)
+    return b.ew("where", on, placed, x, dtype=x.dtype)
+
+
 @rule("as_strided", "as_strided_copy")
 def _as_strided(b, out, x, size, stride, storage_offset=0):
     """out[o] = x.flatten()[offset + sum(o * stride)]: the operand is contiguous (functionalized

@@ -122,3 +122,15 @@ def emit_step(ctx: EmitContext, vop: str, dtype: str, iteration: Layout, dst: Op
     moved = iter(strides[1:])
     placed = [LoopOperand(s.memory, s.base, next(moved)) if isinstance(s, LoopOperand) else s for s in ins]
     emit_vops(ctx.b, vop, dtype, loops, LoopOperand(out.memory, out.base, strides[0]), *placed, src_dtype=src_dtype)
+
+
+def fill_lanes(ctx: EmitContext, memory: str, base: int, span: int, dtype: str) -> None:
+    """Copy lane 0 of each of `span` long words (from element `base` of `memory`) into the other
+    lanes. A layout without lanes (no W factor) holds each element in every lane: that is how its
+    placement locates it, so a gather into a layout with lanes reads whichever lane it needs (a
+    window spreading a vector over a matrix's rows read lane 1, which VOPs over such a layout had
+    left as it was). Kernels whose VOPs write lane 0 of such an output fill the rest before the
+    upload."""
+    epl = ctx.hw.elements_per_lw(dtype)
+    for w in range(1, epl):
+        ctx.b.vop("copy", dtype, 1, span, (memory, base + w, 0, epl), (memory, base, 0, epl))

@@ -20,8 +20,8 @@ from sim import ProgramBuilder
 
 from ..errors import CompileError, UnsupportedOpError
 from ..ir import BITWISE, COMPARISONS, Node, Value
-from ..layout import Layout
-from .base import Kernel, Operand, Slot, device_dtype, emit_step
+from ..layout import Layout, has_lanes
+from .base import Kernel, Operand, Slot, device_dtype, emit_step, fill_lanes
 from .context import Arena, EmitContext, Ref
 from .operands import operand_slice, restrict, slice_count
 
@@ -359,6 +359,12 @@ class ElementwiseKernel(Kernel):
             emit_step(ctx, s.vop, s.dtype, self.layout, ops[s.dst], srcs, s.src_dtype)
             if k + 1 < len(self.steps):
                 ctx.b.nop(hazard)
+        if not has_lanes(self.layout):  # the VOPs wrote lane 0: each output in every lane (base.fill_lanes)
+            for v in self.group.outputs:
+                o = ops[v]
+                if ctx.hw.elements_per_lw(o.dtype) > 1:
+                    ctx.b.nop(hazard)
+                    fill_lanes(ctx, o.memory, o.loop(ctx).base, o.placement(ctx).slice_span, o.dtype)
         ctx.b = saved
         compute = body.build().code
         for t in range(slice_count(self.layout)):

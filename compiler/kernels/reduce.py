@@ -20,9 +20,9 @@ from itertools import product
 from math import ceil, prod
 
 from ..ir import Node, Value, reduction_identity
-from ..layout import TIME_AXIS, W_AXIS, Factor, Layout
+from ..layout import TIME_AXIS, W_AXIS, Factor, Layout, has_lanes
 from ..layout.spread import Spread, spread
-from .base import Kernel, Operand, device_dtype
+from .base import Kernel, Operand, device_dtype, fill_lanes
 from .context import Arena, EmitContext, Ref
 from .loops import Operand as LoopOperand
 from .loops import emit_vops, nest
@@ -159,7 +159,6 @@ class ReduceKernel(Kernel):
         in_op, out_op = src.loop(ctx), res.loop(ctx)
         own = per_pe(self.result.layout, epl)
         hazard = ctx.hw.hazards["lm_write_to_read"]
-        lanes_reduced = any(f.axis == W_AXIS for d, f in self.layout.factors if d in self.dims)
         kept_slices = slice_count(self.result.layout)
         total = slice_count(self.layout)
         reduced_slices = total // max(1, kept_slices)
@@ -179,12 +178,9 @@ class ReduceKernel(Kernel):
             if not last:
                 ctx.b.nop(hazard)
                 continue
-            if lanes_reduced and epl > 1:  # the lanes were summed into lane 0: copy the result to all
-                ctx.b.nop(hazard)
-                span = ctx.lm_placement(self.result.layout, dtype).slice_span
-                base = out_op.base
-                for w in range(1, epl):
-                    ctx.b.vop("copy", dtype, 1, span, (res.memory, base + w, 0, epl), (res.memory, base, 0, epl))
+            if not has_lanes(self.result.layout) and epl > 1:  # lane 0 computed (or the lanes summed into
+                ctx.b.nop(hazard)  # it): the result in every lane, as a layout without lanes holds it
+                fill_lanes(ctx, res.memory, out_op.base, ctx.lm_placement(self.result.layout, dtype).slice_span, dtype)
             ctx.b.nop(hazard)
             ctx.upload(out_placement, refs[out], memory=res.memory, word=res.word, slice_index=kept_t)
 

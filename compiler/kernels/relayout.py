@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import CompileError
 from ..ir import Node, Value
-from ..layout import W_AXIS, Broadcast, Factor, Layout, Placement, lanes_innermost
+from ..layout import W_AXIS, Broadcast, Factor, Layout, Placement, has_lanes, lanes_innermost
 from ..layout.spread import Spread, spread, time_sliced
 from ..transfer.gather import LaneMismatch, lw_sources
 from ..transfer.staging import stage
@@ -194,7 +194,7 @@ class RelayoutKernel(Kernel):
 
     def _unpack(self, ctx: EmitContext, src: Ref, dtype: str, budget: int) -> Ref:
         """The source with every element alone in its long word, in every lane (a new buffer)."""
-        if not any(f.axis == W_AXIS and f.size > 1 for _, f in src.placement.layout.factors):
+        if not has_lanes(src.placement.layout):
             return src  # already so (lanes broadcast)
         matched = lane_matched(src.placement, budget)
         matched = time_sliced(matched, budget, ctx.hw.elements_per_lw(dtype)) or matched
@@ -217,9 +217,11 @@ class RelayoutKernel(Kernel):
         arena = Arena(ctx.hw)
         a = arena.alloc(ctx.lm_placement(loose, dtype).slice_span * ctx.params.words_per_lw)
         b = arena.alloc(ctx.lm_placement(packed, dtype).slice_span * ctx.params.words_per_lw)
+        # a target without lanes holds each element in every lane, as readers take it (base.fill_lanes)
+        lanes = (0,) if has_lanes(packed) else tuple(range(ctx.hw.elements_per_lw(dtype)))
         for t in range(slice_count(packed)):
             ctx.download(loose_src, ctx.lm_placement(loose, dtype), memory=a[0], word=a[1], slice_index=t,
                          index=self.index, pad=self._pad())
-            _shuffle(ctx, loose, packed, a, b, dtype, (0,))
+            _shuffle(ctx, loose, packed, a, b, dtype, lanes)
             ctx.b.nop(ctx.hw.hazards["lm_write_to_read"])
             ctx.upload(ctx.lm_placement(packed, dtype), dst, memory=b[0], word=b[1], slice_index=t)

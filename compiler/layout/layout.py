@@ -216,6 +216,12 @@ def _coalesce(factors: list[Factor]) -> list[Factor]:
     return out
 
 
+def has_lanes(layout: Layout) -> bool:
+    """Whether the layout packs elements into the lanes of a long word (a W factor). One without
+    lanes holds each element in every lane of its long word."""
+    return any(f.axis == W_AXIS and f.size > 1 for _, f in layout.factors)
+
+
 def lanes_innermost(layout: Layout) -> bool:
     """Whether the lanes (if packed) are the innermost digit of one dimension: the layouts whose
     lanes an LM layout can keep, so the only ones a relayout can start from."""

@@ -133,6 +133,17 @@ def test_bicubic_and_antialiased_resampling(device):
     check(device, fn, {"img": torch.randn(2, 3, 6, 8)})
 
 
+def test_diagonal_scatter_replaces_the_diagonal(device):
+    """x with its diagonal (any offset, any pair of dimensions) replaced: torch.diag's gradient."""
+    torch.manual_seed(9)
+    check(device, lambda d: {"main": torch.diagonal_scatter(d["a"], d["a"][:, 0] * 2),
+                             "above": torch.diagonal_scatter(d["b"], d["s"], 2),
+                             "below": torch.diagonal_scatter(d["b"].t(), d["s"], -2),
+                             "dims": torch.diagonal_scatter(d["c"], d["t"], -1, 2, 0)},
+          {"a": torch.randn(5, 5), "b": torch.randn(4, 6), "s": torch.randn(4), "c": torch.randn(3, 2, 4),
+           "t": torch.randn(2, 3)})
+
+
 def test_diagonals_are_windows(device):
     """torch.diagonal (any offset, any pair of dimensions; trace and diag_embed use it) reads
     x[..., i, i + offset]: a window whose index map takes both dimensions from one."""
@@ -516,15 +527,14 @@ def test_a_value_read_on_the_host_is_refused_saying_so():
 
 
 def test_a_python_branch_on_values_inside_torch_is_refused_with_a_hint():
-    """torch's own code testing a tensor's values in Python (gaussian_nll_loss's var < 0 check,
-    nn.Transformer's causal-mask test) fails under tracing with torch's internal guard message;
-    the refusal adds what it means and the user's line."""
+    """torch's own code reading a tensor's value in Python (one_hot's class count from the
+    indices' max without num_classes, nn.Transformer's causal-mask test) fails under tracing with
+    torch's internal guard message; the refusal adds what it means and the user's line."""
     def fn(d):
-        return {"y": torch.nn.functional.gaussian_nll_loss(d["x"], d["t"], d["v"])}  # the line
-    inputs = {"x": torch.randn(4, 3), "t": torch.randn(4, 3), "v": torch.rand(4, 3) + 0.1}
+        return {"y": torch.nn.functional.one_hot(d["i"]).float()}  # the line
     with pytest.raises(CompileError, match="reads a tensor's value as a Python number.*a branch on it") as info:
-        compile_function(fn, inputs, hwdesc.load("mini"))
-    assert "gaussian_nll_loss(d[\"x\"], d[\"t\"], d[\"v\"])" in str(info.value)
+        compile_function(fn, {"i": torch.tensor([0, 2, 1])}, hwdesc.load("mini"))
+    assert "one_hot(d[\"i\"]).float()" in str(info.value)
     with pytest.raises(CompileError, match=r"an index `x\[i\]` with a 0-d tensor i \(write x.index_select"):
         compile_function(lambda d: {"y": d["x"][d["i"]]}, {"x": torch.randn(5, 3), "i": torch.tensor(2)},
                          hwdesc.load("mini"))

@@ -61,6 +61,12 @@ def margin_losses(out, d):
             + F.multi_margin_loss(out[0], y[0], reduction="sum"))
 
 
+def diagonals(out, d):
+    """DETR's GIoU loss reads torch.diag of a pairwise matrix: the gradient is a diagonal_scatter."""
+    pairs = out @ out.t()
+    return torch.diag(pairs).mean() + torch.diag(out[:, :8], 1).pow(2).sum() + out.diagonal(-2).sum()
+
+
 def gaussian_nll(out, d):
     target = d["labels"].float().unsqueeze(-1) / 10
     return (F.gaussian_nll_loss(out[:, :5], target.expand(-1, 5), F.softplus(out[:, 5:]) + 1e-3, full=True)
@@ -111,6 +117,7 @@ MODELS = {
     "margin_losses_rrelu": (lambda: nn.Sequential(nn.Linear(16, 10), nn.RReLU(0.1, 0.3)).eval(), margin_losses,
                             (8, 16)),
     "gaussian_nll": (lambda: nn.Linear(16, 10), gaussian_nll, (8, 16)),
+    "diagonals": (lambda: nn.Linear(16, 10), diagonals, (8, 16)),
     # reflection padding inside the network: torch's decomposition indexes both padded dims at once,
     # and its gradient was one gather of 4096 x 5184 runs, refused; as slices, flips and cats
     "reflection_pad_inside": (lambda: nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReflectionPad2d((1, 2, 1, 1)),
