@@ -375,6 +375,8 @@ def _index_put(b, out, x, indices, values, accumulate=False):
     with accumulate, and otherwise keeps the last write (`_last_hits`), as torch on the host."""
     used = [d for d, i in enumerate(indices) if i is not None]
     shapes = [list(x.shape), list(values.shape)]
+    if len(used) == 1 and indices[used[0]].dtype == "bool":
+        return _masked_put(b, x, used[0], indices[used[0]], values, accumulate)
     if not used or used != list(range(used[0], used[-1] + 1)) or \
             any(i.dtype == "bool" for i in indices if i is not None):
         raise UnsupportedOpError(b.aten, shapes, b.source, "index_put other than with integer index tensors on "
@@ -405,6 +407,26 @@ def _index_put(b, out, x, indices, values, accumulate=False):
         result = b.ew("where", hit, summed, base, dtype=x.dtype)
     result = b.reshape(result, moved.shape)
     return b.permute(result, [order.index(d) for d in range(x.rank)])
+
+
+def _masked_put(b: Builder, x: Value, d: int, mask: Value, values: Value, accumulate: bool) -> Value:
+    """x[..., mask, ...] = values (+= with accumulate) for a boolean mask over dims d, d + 1, ...:
+    `x[x < 0] = 0`, `scores[mask] = -inf`. The selected positions are as many as the mask's true
+    elements, a count known only from the data, so values must be the same for each (a scalar,
+    or a tensor without that dimension, or with it of size 1): then the write is a where."""
+    rest = x.shape[d + mask.rank:]
+    selected = d + 1 + len(rest)  # the rank of x[..., mask, ...]: leading dims, the count, the rest
+    vshape = (1,) * (selected - values.rank) + values.shape
+    if values.rank > selected or vshape[d] != 1:
+        raise UnsupportedOpError(b.aten, [list(x.shape), list(values.shape)], b.source,
+                                 "a masked write of one value per selected position (their count depends on the "
+                                 "mask's data); write a value the same for every position, or torch.where(mask, "
+                                 "new, x)")
+    values = b.reshape(b.cast(values, x.dtype), vshape[:d] + (1,) * mask.rank + vshape[d + 1:])
+    mask = b.reshape(mask, (1,) * d + mask.shape + (1,) * len(rest))
+    if accumulate:
+        return b.ew("add", x, b.ew("where", mask, values, 0, dtype=x.dtype), dtype=x.dtype)
+    return b.ew("where", mask, values, x, dtype=x.dtype)
 
 
 @rule("index_add", "index_copy", "masked_scatter",

@@ -133,6 +133,32 @@ def test_bicubic_and_antialiased_resampling(device):
     check(device, fn, {"img": torch.randn(2, 3, 6, 8)})
 
 
+def test_masked_writes(device):
+    """x[mask] = v with a boolean mask (`x[x < 0] = 0`, `scores[mask] = -inf`, rows or columns
+    selected by a mask over some dims, an integer tensor): a where, since v is the same for every
+    selected position. One value per position (their count depends on the mask) is refused."""
+    torch.manual_seed(10)
+
+    def fn(d):
+        x, s, n = d["x"].clone(), d["x"] @ d["x"].t(), d["x"].int()
+        x[x < 0] = 0
+        s[d["m"]] = float("-inf")
+        rows, cols = d["x"].clone(), d["x"].clone()
+        rows[d["x"][:, 0] > 0] = d["v"]
+        cols[:, d["x"][0] > 0] = d["v"][0]
+        n[d["x"] > 0.5] = 7
+        return {"relu": x, "masked": s.softmax(-1), "rows": rows, "cols": cols, "int": n}
+    check(device, fn, {"x": torch.randn(6, 3), "m": torch.rand(6, 6) > 0.5, "v": torch.randn(3)})
+
+    def per_position(d):
+        x = d["x"].clone()
+        x[d["x"][:, 0] > 0] = d["w"]
+        return {"y": x}
+    with pytest.raises(UnsupportedOpError, match=r"a masked write of one value per selected position.*\n  at .*"
+                                                 r"test_compile.py"):
+        compile_function(per_position, {"x": torch.randn(4, 3), "w": torch.randn(2, 3)}, device.hw)
+
+
 def test_diagonal_scatter_replaces_the_diagonal(device):
     """x with its diagonal (any offset, any pair of dimensions) replaced: torch.diag's gradient."""
     torch.manual_seed(9)

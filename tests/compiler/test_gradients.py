@@ -118,6 +118,7 @@ MODELS = {
                             (8, 16)),
     "gaussian_nll": (lambda: nn.Linear(16, 10), gaussian_nll, (8, 16)),
     "diagonals": (lambda: nn.Linear(16, 10), diagonals, (8, 16)),
+    "masked_writes": (lambda: MaskedWrites(), square_mean, (8, 6)),
     # reflection padding inside the network: torch's decomposition indexes both padded dims at once,
     # and its gradient was one gather of 4096 x 5184 runs, refused; as slices, flips and cats
     "reflection_pad_inside": (lambda: nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReflectionPad2d((1, 2, 1, 1)),
@@ -194,6 +195,21 @@ class EmbedSlices(nn.Module):
         tokens = torch.tensor([[1, 3, 1, 6], [0, 3, 3, 2], [5, 5, 5, 1]])
         h = self.proj(self.table(tokens)) * x.unsqueeze(-1)
         return torch.cat([h[:, 1::2, ::3], h.index_select(2, torch.tensor([5, 0]))], 1)
+
+
+class MaskedWrites(nn.Module):
+    """Writes through boolean masks inside a network: a floor, and attention to oneself masked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 5)
+
+    def forward(self, x):
+        h = self.linear(x)
+        h[h < 0] = 0.1
+        scores = h @ h.t()
+        scores[torch.eye(scores.shape[0], dtype=torch.bool)] = float("-inf")
+        return scores.softmax(-1)
 
 
 class Resized(nn.Module):
