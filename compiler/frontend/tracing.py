@@ -580,6 +580,17 @@ def _warn_at(line: str, message: str) -> None:
     warnings.warn_explicit(message, UserWarning, filename, lineno)
 
 
+def _masked_hint(args: Any) -> str:
+    """What to write instead of x[mask] (a boolean index selects as many elements as it holds
+    true values): the masked forms whose shape does not depend on the data."""
+    indices = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ()
+    if not any(isinstance(i, Value) and i.dtype == "bool" for i in indices):
+        return ""
+    return (" (x[mask] has as many elements as the mask holds true values): keep the shape with torch.where("
+            "mask, x, 0), a loss over the selected elements as (loss * mask).sum() / mask.sum(), and x[mask] += v "
+            "as x += torch.where(mask, v, 0)")
+
+
 def _call(b: Builder, fx_node: torch.fx.Node, val: Any, convert: Callable[[Any], Any]) -> Any:
     """Legalize one ATen node; returns its Value (or tuple of Values for multi-output ops)."""
     if fx_node.target is operator.getitem:
@@ -590,7 +601,7 @@ def _call(b: Builder, fx_node: torch.fx.Node, val: Any, convert: Callable[[Any],
     args, kwargs = convert(fx_node.args), convert(dict(fx_node.kwargs))
     shapes = [list(a.shape) for a in args if isinstance(a, Value)]
     if not _static_shape(val):
-        raise UnsupportedOpError(aten, shapes, source, "its output shape depends on the data")
+        raise UnsupportedOpError(aten, shapes, source, "its output shape depends on the data" + _masked_hint(args))
     key = _op_key(fx_node.target)
     if key == "copy_":
         return _write_back(b, args, aten, shapes, source)

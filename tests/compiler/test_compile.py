@@ -158,6 +158,14 @@ def test_masked_writes(device):
                                                  r"test_compile.py"):
         compile_function(per_position, {"x": torch.randn(4, 3), "w": torch.randn(2, 3)}, device.hw)
 
+    def selected(d):  # x[mask] read: as many elements as the mask's true values
+        x = d["x"].clone()
+        x[d["x"] > 0] += 1
+        return {"y": x}
+    with pytest.raises(UnsupportedOpError, match=r"depends on the data \(x\[mask\] has as many elements.*"
+                                                 r"x \+= torch.where\(mask, v, 0\)"):
+        compile_function(selected, {"x": torch.randn(4, 3)}, device.hw)
+
 
 def test_diagonal_scatter_replaces_the_diagonal(device):
     """x with its diagonal (any offset, any pair of dimensions) replaced: torch.diag's gradient."""
