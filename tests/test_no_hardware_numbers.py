@@ -22,7 +22,7 @@ ALLOWED = {
     ("sim/numerics.py", 23): "IEEE binary32 mantissa width",
     ("sim/numerics.py", 32): "bits of an int32 word (two's complement, as torch's int32)",
     ("compiler/dtypes.py", 32): "bits of an int32 word (torch's int32, the IR's integer type)",
-    ("compiler/frontend/legalize_nn.py", 25): "torch's row count past which cdist computes through a product (torch's rule)",
+    ("compiler/frontend/above_autograd.py", 25): "torch's row count past which cdist computes through a product (torch's rule)",
     ("compiler/planner/rewrite.py", 22): "weights of a depthwise convolution run dense, as a shift (1 << 22; planner heuristic)",
     ("compiler/frontend/legalize_sort.py", 16): "topk rounds of selection before sorting instead (compile policy)",
     ("compiler/frontend/legalize_sort.py", 20): "pairs a sort may compare, as a shift (1 << 20; compile policy)",

@@ -14,8 +14,9 @@ no decomposition. So do three losses and an activation torch computes otherwise:
 multilabel_margin_loss (torch's decomposition of its forward is wrong on targets ended by -1,
 and its backward has none), multi_margin_loss (no decomposition of its backward),
 gaussian_nll_loss (torch checks `var < 0` on the host, which a device program cannot: a
-negative variance is clamped to eps like a small one, where torch raises ValueError) and rrelu
-in eval mode (a leaky ReLU of slope (lower + upper) / 2; in training mode it is random).
+negative variance is clamped to eps like a small one, where torch raises ValueError), rrelu
+in eval mode (a leaky ReLU of slope (lower + upper) / 2; in training mode it is random),
+cdist, softshrink and hardshrink (no decomposition of their backward).
 """
 
 from __future__ import annotations
@@ -135,6 +136,48 @@ def _gaussian_nll(input, target, var, full=False, eps=1e-6, reduction="mean"):
     return _reduced(loss, reduction)
 
 
+# torch's threshold for computing Euclidean distances through a product (at::native cdist: more
+# than 25 rows on either side, unless compute_mode says otherwise); torch's rule, kept to give its values
+CDIST_MM_ROWS = 25
+
+
+def _cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
+    """torch.cdist as torch computes it, so that autograd differentiates it (aten._cdist_backward
+    has no decomposition): for p = 2 its product form (|a|^2 + |b|^2 - 2 a.b, clamped at 0) where
+    torch uses it (more than CDIST_MM_ROWS rows on a side, or always when asked), else the
+    differences' p-norm. A zero distance has gradient 0, as torch's kernel gives it."""
+    rows = max(x1.shape[-2], x2.shape[-2])
+    if p == 2 and (compute_mode == "use_mm_for_euclid_dist" or
+                   compute_mode == "use_mm_for_euclid_dist_if_necessary" and rows > CDIST_MM_ROWS):
+        squares = (x1.pow(2).sum(-1, keepdim=True) + x2.pow(2).sum(-1).unsqueeze(-2)
+                   - 2 * x1 @ x2.transpose(-1, -2)).clamp(min=0)
+        return _root(squares, 2.0)
+    diff = (x1.unsqueeze(-2) - x2.unsqueeze(-3)).abs()
+    if p == 0:
+        return (diff != 0).to(diff.dtype).sum(-1)
+    if p == math.inf:
+        return diff.amax(-1)
+    return diff.sum(-1) if p == 1 else _root(diff.pow(p).sum(-1), p)
+
+
+def _root(total, p: float):
+    """total ** (1 / p), with gradient 0 where total is 0 (its derivative there is infinite)."""
+    positive = total > 0
+    return torch.where(positive, torch.where(positive, total, torch.ones_like(total)).pow(1 / p),
+                       torch.zeros_like(total))
+
+
+def _softshrink(input, lambd=0.5):
+    """F.softshrink as its definition (torch decomposes it, not its backward)."""
+    return torch.where(input > lambd, input - lambd, torch.where(input < -lambd, input + lambd,
+                                                                  torch.zeros_like(input)))
+
+
+def _hardshrink(input, lambd=0.5):
+    """F.hardshrink as its definition (torch decomposes it, not its backward)."""
+    return torch.where((input > lambd) | (input < -lambd), input, torch.zeros_like(input))
+
+
 def _rrelu(input, lower=0.125, upper=1.0 / 3, training=False, inplace=False):  # torch's defaults
     """F.rrelu in eval mode: a leaky ReLU with the mean slope (training mode draws slopes: random,
     not handled)."""
@@ -149,6 +192,10 @@ REPLACED: dict[Callable, Callable] = {
     F.multi_margin_loss: _multi_margin,
     F.gaussian_nll_loss: _gaussian_nll,
     F.rrelu: _rrelu,
+    torch.cdist: _cdist,
+    F.softshrink: _softshrink,
+    F.hardshrink: _hardshrink,
+    torch.Tensor.hardshrink: _hardshrink,
     F.pad: _pad,
     torch._C._nn.pad: _pad,
     torch._weight_norm: _weight_norm,

@@ -308,7 +308,8 @@ def _full_like(b, out, x, value, **kwargs):
     return b.full(tuple(out.shape), value, out_dtype(out))
 
 
-@rule("zeros", "zeros_like", "new_zeros", "empty", "empty_like", "new_empty", "empty_strided", "empty_permuted")
+@rule("zeros", "zeros_like", "new_zeros", "empty", "empty_like", "new_empty", "empty_strided", "empty_permuted",
+      "_efficientzerotensor")  # (the zero gradient of sgn and friends)
 def _zeros(b, out, *args, **kwargs):
     return b.full(tuple(out.shape), 0, out_dtype(out))
 

@@ -281,40 +281,6 @@ def unpick(b: Builder, g: Value, dim: int, sources: list[int], size: int) -> Val
     return total
 
 
-# torch's threshold for computing Euclidean distances through a product (at::native cdist: more
-# than 25 rows on either side, unless compute_mode says otherwise); torch's rule, kept to give its values
-CDIST_MM_ROWS = 25
-
-
-@rule("_cdist_forward")
-def _cdist(b, out, x1, x2, p, compute_mode=None):
-    """torch.cdist: the p-norm distance of every row of x1 to every row of x2 (batched). As
-    torch computes it: Euclidean distances of many rows (or compute_mode 1) through a product,
-    sqrt(max(|a|^2 + |b|^2 - 2 a.b, 0)); otherwise from the differences themselves."""
-    x1, x2 = ensure_float(b, x1), ensure_float(b, x2)
-    r1, r2 = x1.shape[-2], x2.shape[-2]
-    if p == 2 and (compute_mode == 1 or compute_mode is None and (r1 > CDIST_MM_ROWS or r2 > CDIST_MM_ROWS)):
-        n1 = b.reduce("sum", b.ew("mul", x1, x1), [x1.rank - 1], True)  # (..., r1, 1)
-        n2 = b.reduce("sum", b.ew("mul", x2, x2), [x2.rank - 1], True)  # (..., r2, 1)
-        order = list(range(x2.rank - 2)) + [x2.rank - 1, x2.rank - 2]
-        cross = b.matmul(x1, b.permute(x2, order), dtype=x1.dtype)  # (..., r1, r2)
-        squared = b.ew("add", b.ew("add", b.ew("mul", cross, -2.0), n1), b.permute(n2, order))
-        return b.ew("sqrt", b.ew("max", squared, 0.0))
-    a = b.reshape(x1, x1.shape[:-1] + (1, x1.shape[-1]))  # (..., r1, 1, m)
-    c = b.reshape(x2, x2.shape[:-2] + (1,) + x2.shape[-2:])  # (..., 1, r2, m)
-    diff = b.ew("abs", b.ew("sub", a, c))
-    last = diff.rank - 1
-    if p == 0:
-        return b.reduce("sum", b.cast(b.ew("ne", diff, 0.0), diff.dtype), [last])
-    if p == math.inf:
-        return b.reduce("max", diff, [last])
-    if p == 1:
-        return b.reduce("sum", diff, [last])
-    if p == 2:
-        return b.ew("sqrt", b.reduce("sum", b.ew("mul", diff, diff), [last]))
-    return b.ew("pow", b.reduce("sum", b.ew("pow", diff, float(p)), [last]), 1.0 / p)
-
-
 @rule("im2col")
 def _im2col(b, out, x, kernel_size, dilation, padding, stride):
     """F.unfold: every output position's patch as a column, (..., C * kh * kw, Ho * Wo), channels

@@ -607,7 +607,8 @@ def _call(b: Builder, fx_node: torch.fx.Node, val: Any, convert: Callable[[Any],
         return _write_back(b, args, aten, shapes, source)
     fn = RULES.get(key)
     if fn is None:
-        raise UnsupportedOpError(aten, shapes, source)
+        raise UnsupportedOpError(aten, shapes, source, "sparse tensors are not simulated (a sparse gradient: "
+                                 "nn.Embedding(sparse=True); use sparse=False)" if "sparse" in key else "")
     b.source, b.aten, b.stem = source, aten, fx_node.name
     b.phase = fx_node.meta.get("custom", {}).get("mnsim_phase", FORWARD)
     b.used = {u.args[1] for u in fx_node.users if u.target is operator.getitem and u.users}  # read by something

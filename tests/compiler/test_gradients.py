@@ -119,6 +119,7 @@ MODELS = {
     "gaussian_nll": (lambda: nn.Linear(16, 10), gaussian_nll, (8, 16)),
     "diagonals": (lambda: nn.Linear(16, 10), diagonals, (8, 16)),
     "masked_writes": (lambda: MaskedWrites(), square_mean, (8, 6)),
+    "distances_shrinks": (lambda: Distances(), square_mean, (6, 4)),
     # reflection padding inside the network: torch's decomposition indexes both padded dims at once,
     # and its gradient was one gather of 4096 x 5184 runs, refused; as slices, flips and cats
     "reflection_pad_inside": (lambda: nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReflectionPad2d((1, 2, 1, 1)),
@@ -251,22 +252,38 @@ def test_gradients_match_torch_autograd(device, case):
 
 
 class Distances(nn.Module):
+    """cdist (zero distances on the diagonal of h to itself; p = 1; the product form past 25
+    rows), softshrink, hardshrink and sgn, whose gradients torch does not decompose."""
+
     def __init__(self):
         super().__init__()
         self.linear = nn.Linear(4, 4)
 
     def forward(self, x):
-        return torch.cdist(self.linear(x), x)
+        h = self.linear(x)
+        tall = torch.cat([h] * 5)  # 30 rows: torch's product form
+        return (torch.cdist(h, x) + torch.cdist(h, h) + torch.cdist(h, h, p=1)
+                + torch.cdist(tall, tall)[:6, :6] + F.softshrink(h, 0.2).sum() + F.hardshrink(h, 0.3).sum()
+                + (torch.sgn(h) * h).sum())
+
+
+class SparseEmbedding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(7, 4, sparse=True)
+
+    def forward(self, x):
+        return self.embedding(torch.tensor([1, 2, 3])) * x
 
 
 def test_backward_ops_keep_the_users_line(mini):
-    """A backward op mnsim cannot lower yet is refused naming it and the line that asked for the gradient."""
-    torch.manual_seed(8)
-    fn, params = gradient_function(Distances(), square_mean)
+    """A backward op mnsim cannot lower is refused naming it and the line that asked for the
+    gradient (an embedding's sparse gradient: the device has no sparse tensors)."""
+    fn, params = gradient_function(SparseEmbedding(), square_mean)
     with pytest.raises(UnsupportedOpError) as info:
         compile_function(fn, {"x": torch.randn(3, 4), **params}, mini)
     message = str(info.value)
-    assert "aten._cdist_backward" in message
+    assert "aten._sparse_coo_tensor" in message and "sparse tensors are not simulated" in message
     assert "test_gradients.py" in message and "torch.autograd.grad(loss" in message
 
 
