@@ -16,7 +16,8 @@ and its backward has none), multi_margin_loss (no decomposition of its backward)
 gaussian_nll_loss (torch checks `var < 0` on the host, which a device program cannot: a
 negative variance is clamped to eps like a small one, where torch raises ValueError), rrelu
 in eval mode (a leaky ReLU of slope (lower + upper) / 2; in training mode it is random),
-cdist, softshrink and hardshrink (no decomposition of their backward).
+cdist, softshrink and hardshrink (no decomposition of their backward); one_hot with a class
+count, which torch's kernel checks by reading the indices (a captured constant's values).
 """
 
 from __future__ import annotations
@@ -178,6 +179,15 @@ def _hardshrink(input, lambd=0.5):
     return torch.where((input > lambd) | (input < -lambd), input, torch.zeros_like(input))
 
 
+def _one_hot(tensor, num_classes=-1):
+    """F.one_hot with its class count given, as its definition: torch's kernel checks the indices'
+    range by reading them, which a captured constant index tensor (a fixed target) turns into a
+    value the trace cannot know. An index out of range gives a row of zeros (torch raises)."""
+    if num_classes < 0:
+        return NotImplemented  # the count is the indices' max: data
+    return (tensor.unsqueeze(-1) == torch.arange(num_classes)).long()
+
+
 def _rrelu(input, lower=0.125, upper=1.0 / 3, training=False, inplace=False):  # torch's defaults
     """F.rrelu in eval mode: a leaky ReLU with the mean slope (training mode draws slopes: random,
     not handled)."""
@@ -193,6 +203,7 @@ REPLACED: dict[Callable, Callable] = {
     F.gaussian_nll_loss: _gaussian_nll,
     F.rrelu: _rrelu,
     torch.cdist: _cdist,
+    F.one_hot: _one_hot,
     F.softshrink: _softshrink,
     F.hardshrink: _hardshrink,
     torch.Tensor.hardshrink: _hardshrink,

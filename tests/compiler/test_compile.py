@@ -133,6 +133,17 @@ def test_bicubic_and_antialiased_resampling(device):
     check(device, fn, {"img": torch.randn(2, 3, 6, 8)})
 
 
+def test_one_hot_of_a_captured_constant(device):
+    """F.one_hot with a class count, of a constant index tensor the function captures (a fixed
+    target), of an input, and of one computed: torch's kernel read the constant's values to
+    check their range, which failed to trace."""
+    fixed = torch.tensor([1, 0, 3, 2])
+    check(device, lambda d: {"fixed": torch.nn.functional.one_hot(fixed, 6).float() * d["x"],
+                             "input": torch.nn.functional.one_hot(d["i"], num_classes=5),
+                             "computed": torch.nn.functional.one_hot(d["i"] % 2, 3).sum(0)},
+          {"x": torch.randn(4, 6), "i": torch.tensor([4, 0, 2, 1])})
+
+
 def test_masked_writes(device):
     """x[mask] = v with a boolean mask (`x[x < 0] = 0`, `scores[mask] = -inf`, rows or columns
     selected by a mask over some dims, an integer tensor): a where, since v is the same for every
