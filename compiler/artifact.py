@@ -8,6 +8,9 @@
     summary.json    ops, chosen locations and layouts, estimated cycles (also summary.txt)
     chip.yaml       the chip's resolved description
 
+or, written by a pfvm:cpu compile, reference.pt: the traced program torch runs on the host and
+the registered tensors' values (a directory holds the latest compile's kind).
+
 Loading checks every file against the manifest before decoding anything: a missing, truncated,
 edited or foreign file (or one replaced by a directory) raises ArtifactError naming it.
 
@@ -21,6 +24,7 @@ import contextlib
 import hashlib
 import io
 import json
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -43,7 +47,10 @@ from .layout import Placement, parse
 FORMAT = "mnsim-codegen/3"  # 2: temporaries share one scratch region (offsets); 3: checksums
 MANIFEST, PROGRAM, SPECS, SUMMARY, SUMMARY_TEXT, CHIP = (
     "manifest.json", "program.npz", "specs.json", "summary.json", "summary.txt", "chip.yaml")
-FILES = (MANIFEST, PROGRAM, SPECS, SUMMARY, SUMMARY_TEXT, CHIP)
+# pfvm:cpu's codegen_dir: the traced program torch runs on the host (and the registered tensors'
+# values), one file; a directory holds either kind, the latest compile's
+REFERENCE, REFERENCE_FORMAT = "reference.pt", "mnsim-reference/1"
+FILES = (MANIFEST, PROGRAM, SPECS, SUMMARY, SUMMARY_TEXT, CHIP)  # a device program's
 
 
 
@@ -55,6 +62,7 @@ def estimate_cycles(compiled: Compiled) -> int:
 def save(compiled: Compiled, directory: str | Path) -> Path:
     d = Path(directory)
     _prepare(d)
+    (d / REFERENCE).unlink(missing_ok=True)  # a pfvm:cpu program compiled here before is not this one
     p = compiled.program
     arrays = {"code": p.code, "relocs": p.relocs}
     for i, buf in enumerate(compiled.buffers.values()):
@@ -110,11 +118,11 @@ def _prepare(d: Path) -> None:
     except OSError as e:
         raise ArtifactError(f"codegen_dir {d}: cannot create it: {e.strerror or e}") from None
     foreign = sorted(f.name for f in d.iterdir()
-                     if f.name not in FILES and not f.name.startswith(".") and not f.is_dir())
+                     if f.name not in (*FILES, REFERENCE) and not f.name.startswith(".") and not f.is_dir())
     if foreign:
         raise ArtifactError(f"codegen_dir {d} holds {', '.join(foreign)}, which mnsim did not write; compile into an "
                             f"empty directory or an earlier codegen_dir")
-    for name in FILES:
+    for name in (*FILES, REFERENCE):
         if (d / name).is_dir():
             raise ArtifactError(f"codegen_dir {d}: {name} is a directory; mnsim writes a file there")
 
@@ -137,6 +145,40 @@ def _summary_text(compiled: Compiled, summary: dict) -> str:
     lines.append("buffers:")
     lines += [f"  {b.symbol} ({b.role}): {b.placement.layout}" for b in compiled.buffers.values()]
     return "\n".join(lines) + "\n"
+
+
+def save_reference(graph: object, directory: str | Path) -> Path:
+    """pfvm:cpu's codegen_dir: the traced graph (its torch module and the registered tensors'
+    values), reloadable by `load_reference` on pfvm:cpu in another process."""
+    d = Path(directory)
+    _prepare(d)
+    (d / MANIFEST).unlink(missing_ok=True)  # a device program compiled here before is not this one
+    try:
+        torch.save({"format": REFERENCE_FORMAT, "graph": graph}, d / REFERENCE)
+    except OSError as e:
+        raise ArtifactError(f"codegen_dir {d}: cannot write {REFERENCE}: {e.strerror or e}") from None
+    return d
+
+
+def load_reference(directory: str | Path) -> object:
+    """The traced graph a pfvm:cpu compile wrote (`save_reference`)."""
+    d = Path(directory)
+    if not (d / REFERENCE).is_file():
+        held = "a device program" if (d / MANIFEST).exists() else "no program"
+        raise ArtifactError(f"codegen_dir {d} holds {held}; pfvm:cpu loads what a pfvm:cpu compile wrote "
+                            f"({REFERENCE}): compile on pfvm:cpu, or load it on the chip it was compiled for")
+    # a pickled fx GraphModule's code names this module without importing it (torch 2.13): a new
+    # process that has not imported it fails to load the program
+    import torch._higher_order_ops.triton_kernel_wrap  # noqa: F401
+    try:  # the user's own file, written by save_reference: a pickle of the graph module
+        with warnings.catch_warnings():  # (torch's own deprecation inside its unpickler)
+            warnings.simplefilter("ignore", FutureWarning)
+            found = torch.load(d / REFERENCE, weights_only=False)
+    except Exception as e:
+        raise ArtifactError(f"codegen_dir {d}: {REFERENCE} is unreadable ({type(e).__name__}: {e})") from None
+    if not isinstance(found, dict) or found.get("format") != REFERENCE_FORMAT:
+        raise ArtifactError(f"codegen_dir {d}: {REFERENCE} is not an {REFERENCE_FORMAT} program")
+    return found["graph"]
 
 
 def load(directory: str | Path, hw: HwDesc | None = None) -> Compiled:
@@ -183,6 +225,9 @@ def load(directory: str | Path, hw: HwDesc | None = None) -> Compiled:
 
 def _manifest(d: Path) -> dict:
     path = d / MANIFEST
+    if not path.exists() and (d / REFERENCE).is_file():
+        raise ArtifactError(f"{d} holds a pfvm:cpu program ({REFERENCE}), not a device one: load it on pfvm:cpu, "
+                            f"or compile for this chip")
     if not path.exists():
         raise ArtifactError(f"{path} is missing: {d} is not a complete mnsim codegen_dir")
     if not path.is_file():
@@ -216,7 +261,7 @@ def _checked_files(d: Path, manifest: dict) -> dict[str, bytes]:
             raise ArtifactError(f"{path} does not match the checksum in {MANIFEST}: it was edited, truncated, or comes "
                                 "from another codegen_dir")
     foreign = sorted(f.name for f in d.iterdir()
-                     if f.name not in FILES and not f.name.startswith(".") and not f.is_dir())
+                     if f.name not in (*FILES, REFERENCE) and not f.name.startswith(".") and not f.is_dir())
     if foreign:
         raise ArtifactError(f"{d / foreign[0]} is not part of an mnsim codegen_dir (written by something else)")
     return out

@@ -243,6 +243,8 @@ class Context:
                 graph = self._trace(function, inputs, name, training)
             if self.device.reference:
                 fn = self._reference_function(name, graph)
+                if codegen_dir is not None:
+                    artifact.save_reference(graph, os.fspath(codegen_dir))
             else:
                 compiled = self._compile_cached(graph, opts, constraints, cache_options)
                 if codegen_dir is not None:
@@ -341,6 +343,21 @@ class Context:
         artifact.save(compiled, where)
         return compiled
 
+    def _load_reference(self, codegen_dir: str | os.PathLike) -> CompiledFunction:
+        """pfvm:cpu's load_codegen_dir: the traced program a pfvm:cpu compile wrote. Its registered
+        tensors are this Context's where it has them by name (the loader registered the model
+        first), else registered with the values the directory carries."""
+        graph = artifact.load_reference(os.fspath(codegen_dir))
+        for name, value in graph.resident.items():
+            if name in self.runtime.resident:
+                graph.resident[name] = self.runtime.resident.tensor(name)
+            else:
+                set_tensor_name(value, name)
+                self.runtime.register(name, value)
+        fn = self._reference_function(Path(os.fspath(codegen_dir)).name, graph)
+        self._functions.append(fn)
+        return fn
+
     def _reference_function(self, name: str, graph: Any) -> CompiledFunction:
         """pfvm:cpu: torch runs the traced program, writing the registered host tensors."""
         updates = set(graph.update_outputs().values())
@@ -378,7 +395,7 @@ class Context:
         if not isinstance(codegen_dir, (str, os.PathLike)):
             raise ArgumentError(f"load_codegen_dir takes a directory path, got {type(codegen_dir).__name__}")
         if self.device.reference:
-            raise CompileError("pfvm:cpu runs the traced Python function; a codegen_dir holds a device program")
+            return self._load_reference(codegen_dir)
         compiled = artifact.load(os.fspath(codegen_dir), self.device.hw)
         name = Path(os.fspath(codegen_dir)).name
         self._adopt_resident(compiled)

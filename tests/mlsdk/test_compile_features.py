@@ -17,7 +17,8 @@ import torch
 import compiler.compile as compile_module
 from compiler.artifact import ArtifactError
 from mlsdk import (ArgumentError, CacheOptions, CompiledFunction, Context, MNDevice, TensorProxy,
-                   register_pytree_dataclass, register_pytree_namedtuple, storage, trace_event, trace_scope)
+                   register_pytree_dataclass, register_pytree_namedtuple, set_tensor_name, storage, trace_event,
+                   trace_scope)
 
 Dict = dict[str, torch.Tensor]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -219,6 +220,51 @@ def test_load_codegen_dir_in_a_fresh_process_without_the_model(ctx, tmp_path):
     assert torch.allclose(torch.tensor(json.loads(values)), expected, atol=1e-5)
 
 
+def test_pfvm_cpu_codegen_dir_reloads_in_a_fresh_process(tmp_path):
+    """PFN's debugging order (original, pfvm:cpu, the chip) runs add.py then load_codegen_dir.py
+    on each device: on pfvm:cpu the codegen_dir holds the traced program, with the registered
+    weights; loaded where the model is registered, a training step updates the model's tensors.
+    Each device refuses the other's directory, naming it."""
+    torch.manual_seed(2)
+    model = torch.nn.Linear(4, 2)
+    ref = Context(MNDevice("pfvm:cpu"))
+    ref.registry.register("model", model)
+    ref.compile(lambda d: {"y": model(d["x"])}, {"x": torch.zeros(3, 4)}, tmp_path / "linear")
+    loader = LOADER.replace('MNDevice("mini:auto")', 'MNDevice("pfvm:cpu")')
+    run = subprocess.run([sys.executable, "-c", loader, str(tmp_path / "linear")], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stderr
+    names, values = run.stdout.strip().splitlines()[-2:]
+    expected = model(torch.arange(12.0).reshape(3, 4)).detach()
+    assert names == "['x']" and torch.allclose(torch.tensor(json.loads(values)), expected, atol=1e-6)
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    set_tensor_name(weight, "w")
+    ref.register_param(weight)
+
+    def step(d):
+        loss = (weight * d["x"]).sum()
+        loss.backward()
+        with torch.no_grad():
+            weight.sub_(0.5 * weight.grad)
+        weight.grad = None
+        return {"loss": loss}
+    ref.compile(step, {"x": torch.ones(3)}, tmp_path / "step")
+    again = Context(MNDevice("pfvm:cpu"))
+    mine = torch.nn.Parameter(torch.full((3,), 2.0))
+    set_tensor_name(mine, "w")
+    again.register_param(mine)
+    loaded = again.load_codegen_dir(tmp_path / "step")
+    assert loaded({"x": torch.tensor([1.0, 2.0, 3.0])})["loss"].item() == 12.0
+    assert mine.tolist() == [1.5, 1.0, 0.5], "the loaded step updates the tensor registered under its name"
+
+    with pytest.raises(ArtifactError, match="holds a pfvm:cpu program \\(reference.pt\\), not a device one"):
+        Context(MNDevice("mini")).load_codegen_dir(tmp_path / "linear")
+    Context(MNDevice("mini")).compile(scale, {"x": torch.zeros(2)}, tmp_path / "device")
+    with pytest.raises(ArtifactError, match="holds a device program; pfvm:cpu loads what a pfvm:cpu compile wrote"):
+        again.load_codegen_dir(tmp_path / "device")
+
+
 def test_load_codegen_dir_errors(ctx, tmp_path):
     with pytest.raises(ArtifactError, match=f"no codegen_dir at {tmp_path / 'missing'}"):
         ctx.load_codegen_dir(storage.path(str(tmp_path / "missing")))
@@ -283,8 +329,7 @@ def test_pfvm_cpu_runs_the_traced_graph_with_torch(tmp_path):
     assert ctx.session.calls == [], "reference runs have no cycles"
     again = fn({"x": out})["y"]  # reference proxies chain too
     assert torch.allclose(again.cpu(), x * 9)
-    with pytest.raises(Exception, match="pfvm:cpu runs the traced Python function"):
-        ctx.load_codegen_dir(tmp_path / "s")
+    assert torch.equal(ctx.load_codegen_dir(tmp_path / "s")({"x": x})["y"].cpu(), x * 3)
 
 
 def test_a_captured_tensor_is_a_constant_of_its_value_at_compile(ctx, tmp_path):
