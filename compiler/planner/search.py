@@ -798,20 +798,27 @@ class Planner:
         for name, spec in self.constraints.items():
             if not isinstance(spec, IOSpec):
                 raise SpecMismatchError(f"io_spec_constraints[{name!r}] is a {type(spec).__name__}, not an IOSpec")
-            value = graph.inputs.get(name) or graph.outputs.get(name)
-            if value is None:
+            # a name both an output and an input (a pipeline stage h -> h): the output, as a producer is
+            # constrained to its consumer's input spec, unless only the input fits the spec
+            named = [(v, role) for v, role in ((graph.outputs.get(name), "output"), (graph.inputs.get(name), "input"))
+                     if v is not None]
+            if not named:
                 known = ", ".join([*graph.inputs, *graph.outputs])
                 raise SpecMismatchError(f"io_spec_constraints names {name!r}, which is neither an input nor an "
                                         f"output; the function has {known}")
-            dtype = value.torch_dtype or value.dtype
-            if tuple(spec.shape) != value.shape or spec.dtype != dtype:
+            fits = [(v, role) for v, role in named
+                    if tuple(spec.shape) == v.shape and spec.dtype == (v.torch_dtype or v.dtype)]
+            if not fits:
+                value, role = named[0]
                 raise SpecMismatchError(f"io_spec_constraints[{name!r}] is {spec.dtype}{list(spec.shape)} (from "
-                                        f"{spec.name!r}) but {name!r} is {dtype}{list(value.shape)}")
+                                        f"{spec.name!r}) but {role} {name!r} is {value.torch_dtype or value.dtype}"
+                                        f"{list(value.shape)}")
+            value, role = fits[0]
             if spec.chip_fingerprint != self.hw.fingerprint:
                 raise SpecMismatchError(f"io_spec_constraints[{name!r}] was compiled for chip {spec.chip!r}; this "
                                         f"compile targets {self.hw.name!r}")
             placement = spec.placement(self.hw, device_dtype(value))
-            if name in graph.inputs:
+            if role == "input":
                 self.register(value, Ref(self.symbol_for(value), placement, spec.lm_layout), "input")
             else:
                 self.output_constraints = getattr(self, "output_constraints", {})

@@ -538,13 +538,31 @@ def test_constrained_producer_output_equals_the_consumer_spec(chip):
 def test_constraint_mismatches_are_refused():
     hw = hwdesc.load("mini")
     spec = compile_function(consumer, {"shared": torch.randn(32, 64)}, hw).inputs["shared"]
-    with pytest.raises(SpecMismatchError, match=r"io_spec_constraints\['shared'\] is float32\[32, 64\] .* but 'shared' "
-                                                r"is float32\[16, 64\]"):
+    with pytest.raises(SpecMismatchError, match=r"io_spec_constraints\['shared'\] is float32\[32, 64\] .* but output "
+                                                r"'shared' is float32\[16, 64\]"):
         compile_function(producer, {"x": torch.randn(16, 64)}, hw, constraints={"shared": spec})
     with pytest.raises(SpecMismatchError, match="names 'nope', which is neither an input nor an output"):
         compile_function(producer, {"x": torch.randn(32, 64)}, hw, constraints={"nope": spec})
     with pytest.raises(SpecMismatchError, match="compiled for chip 'mini'; this compile targets 'mncore2'"):
         compile_function(producer, {"x": torch.randn(32, 64)}, hwdesc.load("mncore2"), constraints={"shared": spec})
+
+
+@pytest.mark.parametrize("width", [64, 48])
+def test_a_constraint_on_a_name_both_input_and_output_is_the_outputs(width):
+    """A pipeline stage h -> h constrained to its consumer's input spec: the output (it was
+    applied to the input, silently, and the consumer converted). When only the input fits the
+    spec, the input."""
+    hw = hwdesc.load("mncore2")
+    w = torch.randn(64, width)
+    after = compile_function(consumer, {"shared": torch.randn(16, width)}, hw).inputs["shared"]
+    stage = compile_function(lambda d: {"shared": d["shared"] @ w}, {"shared": torch.randn(16, 64)}, hw,
+                             constraints={"shared": after})
+    assert stage.outputs["shared"].is_memcopyable_to(after)
+    before = compile_function(lambda d: {"shared": d["x"] * 2}, {"x": torch.randn(16, 64)}, hw).outputs["shared"]
+    if width != 64:  # only the input has the spec's shape
+        stage = compile_function(lambda d: {"shared": d["shared"] @ w}, {"shared": torch.randn(16, 64)}, hw,
+                                 constraints={"shared": before})
+        assert before.is_memcopyable_to(stage.inputs["shared"])
 
 
 def test_unsupported_op_names_op_shapes_and_source_line():
