@@ -121,15 +121,15 @@ class WhatIf:
                 handover.note = _join(handover.note, f"a constraint saves nothing here ({fn.name} gets slower by "
                                                      "what the conversions cost)")
             elif saved < 0 and not constrained:
-                handover.note = _join(handover.note, f"a constraint would cost {-saved} cycles ({fn.name} gets "
+                handover.note = _join(handover.note, f"a constraint would cost {-saved:,} cycles a call ({fn.name} gets "
                                                      "slower than the conversions it avoids)")
             elif saved < 0:
-                handover.note = _join(handover.note, f"the constraint costs {-saved} cycles: {fn.name} compiled "
+                handover.note = _join(handover.note, f"the constraint costs {-saved:,} cycles a call: {fn.name} compiled "
                                                      "without it and converted is faster")
         best = min(x for x in (with_, without) if x is not None) if (with_, without) != (None, None) else None
         if host is not None and best is not None and host < best:
             handover.note = _join(handover.note, f"a host round trip (download + upload) would be cheaper still: "
-                                                 f"{host} cycles, {best - host} fewer")
+                                                 f"{host:,} cycles a call, {best - host:,} fewer")
         return handover
 
 
