@@ -27,6 +27,8 @@ ALLOWED = {
     ("compiler/frontend/legalize_sort.py", 16): "topk rounds of selection before sorting instead (compile policy)",
     ("compiler/frontend/legalize_sort.py", 20): "pairs a sort may compare, as a shift (1 << 20; compile policy)",
     ("sim/params.py", 8): "bits per byte",
+    ("compiler/emit.py", 1536): "host bytes one instruction takes at the peak of building and simulating (host policy)",
+    ("compiler/emit.py", 30): "a GiB is 2 ** 30 bytes (the host-memory refusal's message)",
     ("mlsdk/context.py", 4): "Python frames from a warning up to the user's compile() call (stacklevel)",
     ("sim/program.py", 4): "bindings kept per program with their timing (host-side cache size)",
     ("sim/params.py", 32): "lru_cache size; WORD_BITS (mnsim's memory arrays are uint32, from_hw rejects other sizes)",

@@ -68,3 +68,22 @@ def test_compile_memory_follows_the_program_not_the_elements(chip):
         tracemalloc.stop()
     assert peak < n * 4, f"{peak} bytes traced for {n} elements"
     assert peak < 1 << 20 or peak < 4096 * len(compiled.program), f"{peak} bytes for {len(compiled.program)} instructions"
+
+
+def test_a_program_too_large_for_the_hosts_memory_is_refused_at_compile(mini, monkeypatch):
+    """Real-size MobileNetV2, VGG-11 and U-Net programs passed 16 GB of host memory while being
+    emitted. The program's instructions are bounded by the host's free memory (at
+    HOST_BYTES_PER_INSTRUCTION each): past it, compile refuses naming the step it reached, and
+    the compiler stays usable."""
+    from compiler import emit as emit_module
+    from compiler.errors import CompileError
+    free = 2000 * emit_module.HOST_BYTES_PER_INSTRUCTION  # room for 2,000 instructions
+    monkeypatch.setattr(emit_module, "host_memory_available", lambda: free)
+    convs = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1))
+    with pytest.raises(CompileError, match=r"the program passes 2,000 instructions at .* \(step \d+ of \d+\): building "
+                                           r"and simulating it would take more than the 0.0 GiB of host memory free"):
+        compile_function(lambda d: {"y": convs(d["x"])}, {"x": torch.randn(2, 3, 16, 16)}, mini)
+    small = compile_function(lambda d: {"y": d["x"] * 2}, {"x": torch.randn(4, 8)}, mini)
+    assert len(small.program.code) < 2000
+    monkeypatch.setattr(emit_module, "host_memory_available", lambda: None)  # a system that does not say: no bound
+    assert compile_function(lambda d: {"y": convs(d["x"])}, {"x": torch.randn(2, 3, 16, 16)}, mini).program.code.size
