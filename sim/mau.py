@@ -282,6 +282,7 @@ def _in_place(a: np.ndarray, b: np.ndarray, c: np.ndarray, accumulate: bool, fir
             tile += np.matmul(a[first:last, :, q], b[first:last, :, q])
     result = tile.reshape(count, mabs, m, pes, n // pes).swapaxes(2, 3)  # [unit, MAB, PE, rows, columns]
     if accumulate:
-        c[first:last] += result
+        with np.errstate(invalid="ignore", over="ignore"):  # float32 overflow is inf, as the MAU's (no warning)
+            c[first:last] += result
     else:
         c[first:last] = result
