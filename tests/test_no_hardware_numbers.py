@@ -29,6 +29,7 @@ ALLOWED = {
     ("sim/params.py", 8): "bits per byte",
     ("compiler/emit.py", 1536): "host bytes one instruction takes at the peak of building and simulating (host policy)",
     ("compiler/emit.py", 30): "a GiB is 2 ** 30 bytes (the host-memory refusal's message)",
+    ("compiler/emit.py", 1024): "bytes per kB of /proc/meminfo's figures",
     ("mlsdk/context.py", 4): "Python frames from a warning up to the user's compile() call (stacklevel)",
     ("sim/program.py", 4): "bindings kept per program with their timing (host-side cache size)",
     ("sim/params.py", 32): "lru_cache size; WORD_BITS (mnsim's memory arrays are uint32, from_hw rejects other sizes)",
