@@ -51,6 +51,7 @@ MANIFEST, PROGRAM, SPECS, SUMMARY, SUMMARY_TEXT, CHIP = (
 # values), one file; a directory holds either kind, the latest compile's
 REFERENCE, REFERENCE_FORMAT = "reference.pt", "mnsim-reference/1"
 FILES = (MANIFEST, PROGRAM, SPECS, SUMMARY, SUMMARY_TEXT, CHIP)  # a device program's
+WRITTEN = (*FILES, REFERENCE)  # every name mnsim writes into a codegen_dir
 
 
 
@@ -118,11 +119,11 @@ def _prepare(d: Path) -> None:
     except OSError as e:
         raise ArtifactError(f"codegen_dir {d}: cannot create it: {e.strerror or e}") from None
     foreign = sorted(f.name for f in d.iterdir()
-                     if f.name not in (*FILES, REFERENCE) and not f.name.startswith(".") and not f.is_dir())
+                     if f.name not in WRITTEN and not f.name.startswith(".") and not f.is_dir())
     if foreign:
         raise ArtifactError(f"codegen_dir {d} holds {', '.join(foreign)}, which mnsim did not write; compile into an "
                             f"empty directory or an earlier codegen_dir")
-    for name in (*FILES, REFERENCE):
+    for name in WRITTEN:
         if (d / name).is_dir():
             raise ArtifactError(f"codegen_dir {d}: {name} is a directory; mnsim writes a file there")
 
@@ -261,7 +262,7 @@ def _checked_files(d: Path, manifest: dict) -> dict[str, bytes]:
             raise ArtifactError(f"{path} does not match the checksum in {MANIFEST}: it was edited, truncated, or comes "
                                 "from another codegen_dir")
     foreign = sorted(f.name for f in d.iterdir()
-                     if f.name not in (*FILES, REFERENCE) and not f.name.startswith(".") and not f.is_dir())
+                     if f.name not in WRITTEN and not f.name.startswith(".") and not f.is_dir())
     if foreign:
         raise ArtifactError(f"{d / foreign[0]} is not part of an mnsim codegen_dir (written by something else)")
     return out

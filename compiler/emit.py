@@ -64,14 +64,14 @@ def emit(plan: Plan) -> Emitted:
     touched: list[set[str]] = []
     phases: list[tuple[int, int, str]] = []
     phase = "forward"
-    for step in plan.steps:
+    for number, step in enumerate(plan.steps, 1):
         before, first = set(ctx.buffers), ctx.b.count
         try:
             with ctx.label(step.label):
                 step.kernel.emit(ctx, step.refs)
         except InstructionLimit:
             raise CompileError(
-                f"the program passes {budget:,} instructions at {step.label} (step {plan.steps.index(step) + 1} of "
+                f"the program passes {budget:,} instructions at {step.label} (step {number} of "
                 f"{len(plan.steps)}): building and simulating it would take more than the "
                 f"{budget * HOST_BYTES_PER_INSTRUCTION / 2 ** 30:.1f} GiB of host memory free; compile a smaller "
                 f"batch or image, or split the model into several compiled functions") from None

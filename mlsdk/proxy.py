@@ -155,9 +155,7 @@ class TensorProxy:
         return getattr(self.cpu(), name)
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        host = self.cpu()
-        host[index] = value.cpu() if isinstance(value, TensorProxy) else value
-        self.load_from(host)
+        _writing_through(self, "__setitem__")(index, value)
 
     def __format__(self, spec: str) -> str:
         return format(self.cpu(), spec)
