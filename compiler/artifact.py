@@ -148,21 +148,22 @@ def _summary_text(compiled: Compiled, summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save_reference(graph: object, directory: str | Path) -> Path:
+def save_reference(graph: object, directory: str | Path, calling: dict | None = None) -> Path:
     """pfvm:cpu's codegen_dir: the traced graph (its torch module and the registered tensors'
-    values), reloadable by `load_reference` on pfvm:cpu in another process."""
+    values) and how it is called (compile_automap's convention, or None), reloadable by
+    `load_reference` on pfvm:cpu in another process."""
     d = Path(directory)
     _prepare(d)
     (d / MANIFEST).unlink(missing_ok=True)  # a device program compiled here before is not this one
     try:
-        torch.save({"format": REFERENCE_FORMAT, "graph": graph}, d / REFERENCE)
+        torch.save({"format": REFERENCE_FORMAT, "graph": graph, "calling": calling}, d / REFERENCE)
     except OSError as e:
         raise ArtifactError(f"codegen_dir {d}: cannot write {REFERENCE}: {e.strerror or e}") from None
     return d
 
 
-def load_reference(directory: str | Path) -> object:
-    """The traced graph a pfvm:cpu compile wrote (`save_reference`)."""
+def load_reference(directory: str | Path) -> tuple[object, dict | None]:
+    """The traced graph a pfvm:cpu compile wrote and its calling convention (`save_reference`)."""
     d = Path(directory)
     if not (d / REFERENCE).is_file():
         held = "a device program" if (d / MANIFEST).exists() else "no program"
@@ -179,7 +180,7 @@ def load_reference(directory: str | Path) -> object:
         raise ArtifactError(f"codegen_dir {d}: {REFERENCE} is unreadable ({type(e).__name__}: {e})") from None
     if not isinstance(found, dict) or found.get("format") != REFERENCE_FORMAT:
         raise ArtifactError(f"codegen_dir {d}: {REFERENCE} is not an {REFERENCE_FORMAT} program")
-    return found["graph"]
+    return found["graph"], found.get("calling")
 
 
 def load(directory: str | Path, hw: HwDesc | None = None) -> Compiled:

@@ -347,7 +347,7 @@ class Context:
         """pfvm:cpu's load_codegen_dir: the traced program a pfvm:cpu compile wrote. Its registered
         tensors are this Context's where it has them by name (the loader registered the model
         first), else registered with the values the directory carries."""
-        graph = artifact.load_reference(os.fspath(codegen_dir))
+        graph, calling = artifact.load_reference(os.fspath(codegen_dir))
         for name, value in graph.resident.items():
             if name in self.runtime.resident:
                 graph.resident[name] = self.runtime.resident.tensor(name)
@@ -356,7 +356,7 @@ class Context:
                 self.runtime.register(name, value)
         fn = self._reference_function(Path(os.fspath(codegen_dir)).name, graph)
         self._functions.append(fn)
-        return fn
+        return AutomapFunction(fn, single=calling["single"]) if calling is not None else fn
 
     def _reference_function(self, name: str, graph: Any) -> CompiledFunction:
         """pfvm:cpu: torch runs the traced program, writing the registered host tensors."""
@@ -387,6 +387,8 @@ class Context:
         if codegen_dir is not None and fn.compiled is not None:
             artifact.save(dataclasses.replace(fn.compiled, summary={**fn.compiled.summary, "calling": automap.calling}),
                           os.fspath(codegen_dir))
+        elif codegen_dir is not None:  # pfvm:cpu
+            artifact.save_reference(fn.reference_graph, os.fspath(codegen_dir), automap.calling)
         return automap
 
     def load_codegen_dir(self, codegen_dir: str | os.PathLike) -> CompiledFunction:

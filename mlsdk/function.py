@@ -59,6 +59,11 @@ class CompiledFunction:
         return self._executable.compiled if self._executable is not None else None
 
     @property
+    def reference_graph(self) -> Any:
+        """The traced graph torch runs (None unless this is a pfvm:cpu reference function)."""
+        return self._reference
+
+    @property
     def executable(self) -> Executable | None:
         """The runtime's program (None for a pfvm:cpu reference function)."""
         return self._executable

@@ -142,6 +142,9 @@ def test_compile_automap_codegen_dir_reloads_with_the_original_signature(ctx, tm
     again = Context(MNDevice("mini:auto"))
     single, named = again.load_codegen_dir(tmp_path / "am"), again.load_codegen_dir(tmp_path / "dict")
     assert torch.allclose(single(a, y=b).cpu(), a * b) and torch.allclose(named(a)["s"].cpu(), a + 1)
+    reference = Context(MNDevice("pfvm:cpu"))  # the convention is kept in pfvm:cpu's codegen_dir too
+    reference.compile_automap(lambda x, *, y: x * y, (a,), {"y": b}, tmp_path / "am_cpu")
+    assert torch.allclose(Context(MNDevice("pfvm:cpu")).load_codegen_dir(tmp_path / "am_cpu")(a, y=b).cpu(), a * b)
     with pytest.raises(ArgumentError, match="keyword arguments as a dict \\(or None\\), not list"):
         ctx.compile_automap(lambda x: x, (a,), [b], None)
 
