@@ -723,19 +723,51 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
             if k + 1 < t.chunks:  # the next chunk of this round is in L2BM or on its way: its first hop beside
                 feed.with_next_hop(i + 1, into(i + 1), lambda: product(regs, k > 0))
                 continue
-        product(regs, k > 0)
-        cg.b.nop(hazard)
         partial = t.tiles("k") > 1
-        if out_half or t.float64:  # C converted for its upload: to half, or from float64 to float32
-            up, up_at = (out_dtype, 2 * word_up) if out_half else ("float32", word_up)
-            cg.b.vop("cvt", up, 1, c_elements, (mem_up, up_at, 0, 1), (mem_c, c_at, 0, 1),
-                     src_dtype="float64" if t.float64 else "float32")
-            cg.b.nop(hazard)
-            cg.upload(cg.lm_placement(lc_out, out_dtype), out_ref, memory=mem_up, word=word_up,
-                      slice_index=bl * t.rounds + r, reduce=partial)
-        else:
-            cg.upload(cg.lm_placement(lc, "float32"), out_ref, memory=mem_c, word=word_c,
-                      slice_index=bl * t.rounds + r, reduce=partial)
+        converted = out_half or t.float64  # C converted for its upload: to half, or from float64 to float32
+        up_dtype = out_dtype if out_half else "float32"
+        finish = _Epilogue(cg, t, regs, k > 0, product, mau_rows, hazard, up_dtype,
+                           convert=((mem_up, 2 * word_up if out_half else word_up), (mem_c, c_at),
+                                    "float64" if t.float64 else "float32") if converted else None)
+        cg.upload(cg.lm_placement(lc_out if converted else lc, up_dtype), out_ref,
+                  memory=mem_up if converted else mem_c, word=word_up if converted else word_c,
+                  slice_index=bl * t.rounds + r, reduce=partial, ready=finish.rows_for)
+        finish.rows_for(None)
+
+
+class _Epilogue:
+    """The last MATMUL of a round and C's conversion for its upload, emitted as the upload's
+    pieces need them: the pieces are C's words in order (C is row-major in each PE), so the Data
+    Engines take the first rows to DRAM while the PE stream still multiplies (cut by rows at
+    multiples of the MAU's rows, as `_cuts`: the parts' MAU cycles add up to the whole product's)
+    or converts the later ones."""
+
+    def __init__(self, cg: EmitContext, t: Tiling, regs: Regions, accumulate: bool, product, mau_rows: int,
+                 hazard: int, up_dtype: str, convert: tuple | None) -> None:
+        self.cg, self.t, self.regs, self.product, self.rows, self.hazard = cg, t, regs, product, mau_rows, hazard
+        self.accumulate, self.up_dtype, self.convert = accumulate, up_dtype, convert
+        self.row_elements = t.nt // cg.params.pes_per_mab
+        self.epl = cg.hw.elements_per_lw(up_dtype)
+        self.multiplied = 0  # rows
+        self.converted = 0  # elements
+
+    def rows_for(self, lm_last: int | None) -> None:
+        """Emit what C's upload reads from LM long words [0, lm_last) (all of C: None)."""
+        t = self.t
+        total = t.mt * self.row_elements
+        elements = total if lm_last is None else min(total, lm_last * self.epl)
+        rows = min(t.mt, -(-(-(-elements // self.row_elements)) // self.rows) * self.rows)
+        if rows > self.multiplied:
+            self.product(self.regs, self.accumulate, "m", self.multiplied, rows - self.multiplied)
+            self.cg.b.nop(self.hazard)
+            self.multiplied = rows
+        if self.convert is not None and elements > self.converted:
+            (mem_up, up_at), (mem_c, c_at), src_dtype = self.convert
+            at = self.converted
+            self.cg.b.vop("cvt", self.up_dtype, 1, elements - at, (mem_up, up_at + at, 0, 1), (mem_c, c_at + at, 0, 1),
+                          src_dtype=src_dtype)
+            self.cg.b.nop(self.hazard)
+            self.converted = elements
 
 
 def _cuts(t: Tiling, rows: int, epl: int, count: int) -> list[tuple[str, int, int]]:

@@ -29,6 +29,7 @@ from math import gcd, lcm
 
 import numpy as np
 
+from hwdesc.figures import side_rates
 from sim import ProgramBuilder, Sym
 
 from ..errors import LayoutError
@@ -340,10 +341,13 @@ class Piece:
     q2_count: int
 
 
-def pieces(st: Staging, transit: Transit) -> list[Piece]:
-    """Split a slice into LM long-word ranges whose L1BM and L2BM ranges fit the transit buffers."""
+def pieces(st: Staging, transit: Transit, at_least: int = 1) -> list[Piece]:
+    """Split a slice into LM long-word ranges whose L1BM and L2BM ranges fit the transit buffers,
+    into at least `at_least` of them where the piece quantum allows."""
     fan = st.chain.l1_per_l2 if st.l1_mode == "distribute" else 1
     per_piece = min(transit.l1_room // st.per_lm_lw, transit.l2_room // (st.per_lm_lw * fan))
+    if at_least > 1:
+        per_piece = min(per_piece, max(st.piece_quantum, -(-st.span // at_least)))
     per_piece -= per_piece % st.piece_quantum
     if per_piece <= 0:
         raise LayoutError(f"transit buffers of {transit.l1_room} L1BM / {transit.l2_room} L2BM long words cannot hold "
@@ -526,23 +530,30 @@ def emit_download(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str,
 
 
 def emit_upload(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
-                slice_index: int = 0, reduce: bool = False) -> None:
+                slice_index: int = 0, reduce: bool = False, ready: Callable[[int], None] | None = None) -> None:
     """LM -> DRAM image, one slice; broadcast copies are read from replica 0. With `reduce`, the
     copies on the L2Bs of each Group are partial sums (a product whose L2Bs split K): the Data
-    Engines add them up on the way to DRAM (MV reduce)."""
+    Engines add them up on the way to DRAM (MV reduce).
+
+    With `ready`, the slice is still being written when the upload starts: `ready(last)` is called
+    before each piece with the piece's end (LM long words per PE from `lm_word`) and emits what
+    finishes those words. The slice is then cut into short pieces (`pipelined_pieces`), so that
+    the Data Engines start on the first piece while the PE stream still produces the rest."""
     if reduce and st.l2_replicas != tuple(range(st.chain.l2_per_group)):
         raise LayoutError(f"{st.lm.layout} is not copied over every L2B of a Group; there is nothing to reduce")
     if st.pe_mode == "broadcast":
         raise LayoutError(f"{st.lm.layout} is broadcast over every PE of an L1B; uploading it would need an "
                           f"l1bm mode that reads one PE alone")
     hz, wpl = st.lm.hw.hazards, st.lm.hw.long_word_bytes // st.lm.hw.word_bytes
-    parts = pieces(st, transit)
+    parts = pieces(st, transit, pipelined_pieces(st, reduce) if ready is not None else 1)
     base = dram + slice_index * st.image_lw
     pe_mode = "collect" if st.pe_mode == "distribute" else "individual"
     l1_mode = "collect" if st.l1_mode == "distribute" else "individual"
     in_flight: list[int] = []
     for k, p in enumerate(parts):
         tag = transit.tags[k % 2]
+        if ready is not None:
+            ready(p.lm_last)  # before the wait: the PE stream works while the engines drain piece k - 2
         if k >= 2:
             b.wait(tag)  # the transfer that last used this buffer has drained it
         b.xfer(pe_mode, "up", L1BM, transit.l1[k % 2], lm_mem, lm_word + wpl * p.lm_first, p.q1_count, index=0)
@@ -561,6 +572,17 @@ def emit_upload(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, l
         in_flight.append(tag)
     for tag in dict.fromkeys(in_flight[-2:]):
         b.wait(tag)
+
+
+def pipelined_pieces(st: Staging, reduce: bool) -> int:
+    """How many pieces an upload overlapped with its producer is cut into: the smaller the first,
+    the sooner the Data Engines start; but none so short that its MV ends before the next piece's
+    MV can start (through two transit buffers, the next piece is collected only once the one before
+    has left, and its MV waits a latency): each MV outlasts twice the path's latency."""
+    hw, path = st.chain.hw, st.chain.l2_to_dram
+    mode = "reduce" if reduce else "individual"
+    shortest = 2 * hw.transfers[path].latency_cycles * side_rates(hw, path, mode)[1]
+    return max(1, int(st.n_l2 // shortest))
 
 
 def _collect_spread(b: ProgramBuilder, st: Staging, l2_addr: int, base: Address, p: Piece, tag: int) -> None:

@@ -126,6 +126,32 @@ def test_without_room_to_fetch_ahead_each_chunk_downloads_on_its_own(mini, monke
     assert machine.time(in_series.program.code).total_cycles > machine.time(ahead.program.code).total_cycles
 
 
+def test_cs_upload_starts_while_the_pe_stream_still_finishes_c(mncore2, monkeypatch):
+    """The last MATMUL of a round and C's conversion for its upload (here to half) are emitted piece
+    by piece as the upload reads them, so the Data Engines take C's first rows to DRAM while the PE
+    stream still converts the later ones: the same values, the planner's figure still the simulated
+    one, and fewer cycles than with the whole of C finished before its upload starts."""
+    from compiler.transfer import staging
+    torch.manual_seed(3)
+    inputs = {"a": torch.randn(512, 512, dtype=torch.float16), "b": torch.randn(512, 512, dtype=torch.float16)}
+    machine, dram = Machine(mncore2), MachineParams.from_hw(mncore2).memory_id(Chain.of(mncore2).dram)
+    piecewise = compile_function(matmul_fn, inputs, mncore2)
+    monkeypatch.setattr(staging, "pipelined_pieces", lambda st, reduce: 1)  # the upload after all of C
+    whole = compile_function(matmul_fn, inputs, mncore2)
+    code = piecewise.program.code
+    stats = machine.time(code)
+    uploads = np.flatnonzero((code[:, 0] == isa.Op.MV) & (code[:, isa.MV_DST_MEM] == dram))
+    converts = np.flatnonzero(code[:, 0] == isa.Op.VOP)
+    assert len(uploads) > 1 and len(converts) > 1
+    assert stats.start[uploads].min() < stats.end[converts].max()  # the first piece leaves before C is all converted
+    assert piecewise.summary["planned_cycles"] == stats.total_cycles
+    assert stats.total_cycles < machine.time(whole.program.code).total_cycles
+    got = Device(mncore2).execute(piecewise, inputs)["c"]
+    assert got.dtype == torch.float16
+    want = inputs["a"].float() @ inputs["b"].float()
+    assert (got.float() - want).abs().max() <= 4e-3 * want.abs().max()
+
+
 def test_mixed_operands_are_staged_as_float32(mncore2):
     """`mixed` multiplies in half but keeps float32 in DRAM: the inputs' layouts are float32
     layouts (two elements per long word), converted to half in the PE memories."""
@@ -152,11 +178,12 @@ def test_small_and_half_products_compile_and_match(mncore2_device, shape, dtype)
 
 
 @pytest.mark.parametrize("case", ["float", "mixed", "half"])
-def test_a_1024_cubed_product_reaches_half_of_the_roofline(mncore2, case):
+def test_a_1024_cubed_product_reaches_0_7_of_the_roofline(mncore2, case):
     """The roofline bound from the YAML (hwdesc.figures): max(MAU time, DRAM traffic time). The
-    simulated program must take at most twice that, float at most 1/0.7 of it: its steps' transfers
-    to the PEs go beside the MATMULs, which leaves the Data Engines the bottleneck (bench/ reports
-    the figures)."""
+    simulated program must take at most 1/0.7 of it (issue 15's floor for half and mixed): its
+    steps' transfers to the PEs go beside the MATMULs, which leaves the Data Engines the
+    bottleneck, and C's upload starts while the last rows are finished (bench/ reports the
+    figures)."""
     from hwdesc.figures import dram_traffic_cycles, matrix_cycles
     n = 1024
     dtype = torch.float16 if case == "half" else torch.float32
@@ -165,7 +192,7 @@ def test_a_1024_cubed_product_reaches_half_of_the_roofline(mncore2, case):
     size = mncore2.element_bytes("float16" if case == "half" else "float32")
     bound = max(matrix_cycles(mncore2, n ** 3, "float32" if case == "float" else "float16"),
                 dram_traffic_cycles(mncore2, 2 * n * n * size, n * n * size))
-    assert Machine(mncore2).time(compiled.program.code).total_cycles <= bound / (0.7 if case == "float" else 0.5)
+    assert Machine(mncore2).time(compiled.program.code).total_cycles <= bound / 0.7
 
 
 def test_convolutions_gather_in_runs_longer_than_one_mab(mncore2):
