@@ -93,6 +93,7 @@ ALLOWED = {
     ("compiler/kernels/matmul.py", 32): "undominated tilings per product the planner times (compile-time budget)",
     ("compiler/kernels/matmul.py", 4): "tilings whose operand layouts a product offers its producers (compile-time budget)",
     ("compiler/kernels/matmul.py", 256): "lru_cache size",
+    ("compiler/kernels/conv.py", 4): "tilings whose B reads a device weight by block copies the planner times (compile-time budget)",
     ("compiler/planner/rewrite.py", 4): "when a reduction is split: reduced elements per PE (planner heuristic)",
     ("compiler/planner/rewrite.py", 8): "when a reduction is split: PEs per kept element; parts a whole one needs (planner heuristics)",
     ("compiler/planner/search.py", 6): "candidate layouts timed per node (compile-time budget)",

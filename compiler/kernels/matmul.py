@@ -470,12 +470,16 @@ def _axis_options(axis: str, size: int, roles: tuple[str, ...], chain: Chain) ->
 
 def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool,
             in_bytes: int, out_half: bool = False, a_runs: float | None = None, limit: int = CANDIDATES,
-            pseudo: bool = False, float64: bool = False, spread: tuple[bool, bool] = (False, False)) -> list[Tiling]:
+            pseudo: bool = False, float64: bool = False, spread: tuple[bool, bool] = (False, False),
+            k_align: int | None = None) -> list[Tiling]:
     """The tilings that fit the PE memories and whose product has a storable image, the most
     promising first (by the work each step does, see `_cost`); the planner times the first few.
     The same product is asked for often (candidates, consumers' wishes): the answer is cached.
     `spread`: whether A and B are tensors the host writes (stored spread over the Groups' DRAMs
-    when copied over them, read by distributed broadcast: cheaper to fetch)."""
+    when copied over them, read by distributed broadcast: cheaper to fetch). `k_align`: only
+    tilings whose K chunks (and K parts over the chip) start at multiples of it or divide it, so
+    that K read as (K / k_align, k_align) splits between factors (a convolution's weight read as
+    B by block copies: K = (kernel position, channel))."""
     pseudo, float64 = pseudo and not half, float64 and not half and not out_half
     modes = cg.hw.units[cg.chain.matrix_unit].matrix
     base = "float16" if half else "float32"
@@ -487,13 +491,14 @@ def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: 
             raise CompileError(f"float_dtype {option!r} multiplies in {what}, but {cg.hw.name} has no "
                                f"units.{cg.chain.matrix_unit}.matrix.{option} (its matrix formats: {', '.join(modes)})")
     return list(_tilings(cg.hw, p, batched, trans_b, half, staged_in_float32, in_bytes, out_half,
-                         None if a_runs is None else float(np.float32(a_runs)), limit, pseudo, float64, spread))
+                         None if a_runs is None else float(np.float32(a_runs)), limit, pseudo, float64, spread,
+                         k_align))
 
 
 @lru_cache(maxsize=256)
 def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool, in_bytes: int,
              out_half: bool, a_runs: float | None, limit: int, pseudo: bool, float64: bool,
-             spread: tuple[bool, bool]) -> tuple[Tiling, ...]:
+             spread: tuple[bool, bool], k_align: int | None = None) -> tuple[Tiling, ...]:
     cg = EmitContext(hw)
     chain = Chain.of(cg.hw)
     axes = [a for a in cg.hw.axes if a != chain.pe_axis]
@@ -538,7 +543,9 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
         m_tile = ceil(p.m / nm)
         nt = ceil(ceil(p.n / nn) / col_unit) * col_unit
         k_local = ceil(p.k / t0.tiles("k"))
-        for kp in _kp_options(k_local, pes, epl_in):
+        if k_align is not None and not _aligned(k_local, p.k, k_align):
+            continue
+        for kp in _kp_options(k_local, pes, epl_in) if k_align is None else _aligned_kp(k_local, pes, epl_in, k_align):
             chunks = ceil(k_local / (kp * pes))
             # the fewest rounds whose row tile fits (fewer rounds are always at least as good;
             # a smaller tile never needs more memory): bisect on the rounds
@@ -599,6 +606,16 @@ def _kp_options(k: int, pes: int, epl: int) -> list[int]:
         options.append(kp)
         kp = ceil(kp // 2 / epl) * epl if kp > epl else 0
     return options
+
+
+def _aligned(part: int, whole: int, align: int) -> bool:
+    """Whether `part` (dividing `whole`) cuts K = (whole / align, align) between its factors."""
+    return whole % part == 0 and (align % part == 0 or part % align == 0)
+
+
+def _aligned_kp(k: int, pes: int, epl: int, align: int) -> list[int]:
+    """K per PE per chunk whose chunks `_aligned` cuts K into, largest first."""
+    return [kp for kp in range(k // pes, 0, -1) if kp % epl == 0 and _aligned(kp * pes, k, align)]
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from compiler.kernels import matmul
 from compiler.kernels.context import EmitContext
 from sim import Machine
 from sim.params import MachineParams
+from compiler.transfer.sources import RUN_FIELDS, LaneMismatch
 
 
 @pytest.fixture(scope="module")
@@ -94,17 +95,58 @@ def test_the_data_engines_run_ahead_and_the_planner_times_what_it_emits(mncore2)
     assert one_after_the_other - stats.total_cycles > 0.4 * min(stats.pe_busy, busiest_engine)  # they overlap
 
 
-def test_weights_behind_views_are_stored_so_that_they_arrive_by_block_copies(mncore2):
+@pytest.mark.parametrize("channels, size", [(64, 56), (256, 6), (512, 4)])
+def test_weights_behind_views_are_stored_so_that_they_arrive_by_block_copies(mncore2, channels, size):
     """A convolution's weight reaches the product through a permute and a reshape. The planner
-    only takes tilings whose B layout those views map back onto the weight; otherwise the weight
-    would be stored in some other layout and gathered in short runs on every call. A constant
-    weight is placed in whatever layout the tiling wants: an input must cost no more MVs."""
+    takes tilings whose B layout those views map back onto the weight (its K chunks cut K =
+    (kernel position, channel) between factors; for 256 and 512 channels none of the
+    cost-ranked ones did, and each call gathered the weight one long word per MV: 294,912 MVs
+    and 2.1 M cycles at 512); otherwise the weight would be stored in some other layout and
+    gathered in short runs on every call. A constant weight is placed in whatever layout the
+    tiling wants: an input must cost no more cycles."""
     import torch.nn.functional as F
-    x, w = torch.randn(1, 64, 56, 56), torch.randn(64, 64, 3, 3)  # ResNet-50 conv2_x
+    x, w = torch.randn(1, channels, size, size), torch.randn(channels, channels, 3, 3)  # 64, 56: ResNet-50 conv2_x
     as_input = compile_function(lambda d: {"y": F.conv2d(d["x"], d["w"], padding=1)}, {"x": x, "w": w}, mncore2)
     as_constant = compile_function(lambda d: {"y": F.conv2d(d["x"], w, padding=1)}, {"x": x}, mncore2)
-    mvs = [int((c.program.code[:, 0] == isa.Op.MV).sum()) for c in (as_input, as_constant)]
-    assert mvs[0] <= mvs[1]
+    machine = Machine(mncore2)
+    cycles = [machine.time(c.program.code).total_cycles for c in (as_input, as_constant)]
+    assert cycles[0] <= cycles[1]
+
+
+@pytest.mark.parametrize("chip", ["mini", "mncore2"])
+def test_a_weight_read_as_b_gathers_by_its_terms_as_by_its_element_map(chip, request):
+    """A weight gathered into B's image (K = (kernel position, channel), Co) is matched from its
+    per-dimension terms, not element by element: the runs are the same as the element map's."""
+    from compiler.kernels.conv import weight_index, weight_read
+    from compiler.layout.spread import Spread, spread
+    from compiler.transfer.gather import lw_sources
+    from compiler.transfer.staging import stage
+    hw = request.getfixturevalue(chip)
+    cg = EmitContext(hw)
+    co, c, kh, kw = 32, 16, 3, 3
+    p = matmul.Problem(1, 36, kh * kw * c, co)
+    epl = hw.elements_per_lw("float32")
+    stored = [stage(cg.lm_placement(spread((co, c, kh, kw), epl, hw.axes, Spread(d, False)), "float32")).dram
+              for d in (0, 1)]  # lanes on Co (as a weight is first stored), or on C
+    compared = 0
+    for t in matmul.tilings(cg, p, batched=False, trans_b=False, half=False, staged_in_float32=False,
+                            in_bytes=4)[:6]:
+        _, lb, _ = matmul.layouts_for(cg, t, p, False, False)
+        dst = stage(cg.lm_placement(lb, "float32")).dram
+        for w in stored:
+            read, index = weight_read(dst, w, c)
+            assert index is None  # no padded channel: the terms serve
+            try:
+                by_elements = lw_sources(dst, w, weight_index((co, c, kh, kw), c))
+            except LaneMismatch:
+                with pytest.raises(LaneMismatch):
+                    lw_sources(dst, read)
+                continue
+            by_terms = lw_sources(dst, read)
+            for field in RUN_FIELDS:
+                np.testing.assert_array_equal(getattr(by_terms, field), getattr(by_elements, field), err_msg=field)
+            compared += 1
+    assert compared > 0
 
 
 def test_without_room_to_fetch_ahead_each_chunk_downloads_on_its_own(mini, monkeypatch):
