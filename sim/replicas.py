@@ -5,8 +5,9 @@ an L1B on MN-Core 2, each of their 4 PEs its own member's share). The modelled s
 copies; the host need not write them all at once. The functional engine writes group 0 of every
 upper instance and records the range here as replicated: in the other groups the words are the
 group 0 ones, though the host arrays do not hold them yet. Before any instruction touches a
-replicated range (reads or writes it, by the table of sim.accesses), the copies are written
-(`materialize`); the MATMUL reads a replicated operand from group 0 instead, and when A and B are
+replicated range (reads or writes it, by the table of sim.accesses), the copies of the words it
+touches are written (`materialize`), unless it writes them in every instance (then they are
+dead, `Touches.covers`); the MATMUL reads a replicated operand from group 0 instead, and when A and B are
 both replicated it computes one product per upper instance (sim.mau). The ranges outlive a run
 (the next run of a loop mostly overwrites them); whoever reads memory from outside the engine
 asks for it whole first (`sim.Machine.memory`).
@@ -47,12 +48,16 @@ class Replicated:
 @dataclass(frozen=True)
 class Touches:
     """Every access of a program to a memory, in words, ordered by instruction (a chip may offer
-    mab_broadcast on another path than MN-Core 2's L1BM -> PE one, so no memory is left out)."""
+    mab_broadcast on another path than MN-Core 2's L1BM -> PE one, so no memory is left out).
+    `covers`: the access is a write of all of words [lo, hi) in every instance of its memory (an
+    XFER down that gives every child the same number of long words, a VOP writing 32-bit
+    elements side by side), so what a replica held there before is dead."""
 
     row: np.ndarray
     mem: np.ndarray
     lo: np.ndarray
     hi: np.ndarray
+    covers: np.ndarray
 
     @classmethod
     def of(cls, p: MachineParams, code: np.ndarray) -> "Touches":
@@ -63,10 +68,33 @@ class Touches:
                                 _mv_side(p, code, isa.MV_DST_MEM, isa.MV_DST_ADDR)], axis=1)
         rows = np.repeat(np.arange(len(code)), table.shape[1])
         flat = table.reshape(-1, 3)
+        covers = np.zeros(table.shape[:2], dtype=np.bool_)
+        covers[:, 0] = _whole_writes(p, code)
         keep = flat[:, MEM] >= 0
         mem, first, last = flat[keep, MEM], flat[keep, FIRST], flat[keep, LAST]
         unit = np.where(p.mem_lw_addressed[mem], p.words_per_lw, 1)
-        return cls(rows[keep], mem, first * unit, (last + 1) * unit)
+        return cls(rows[keep], mem, first * unit, (last + 1) * unit, covers.reshape(-1)[keep])
+
+
+def _whole_writes(p: MachineParams, code: np.ndarray) -> np.ndarray:
+    """Per instruction: whether its write (sim.accesses) is all of its word range in every
+    instance of the memory. An XFER down reaches every child of every upper instance: broadcast
+    gives each all n long words, distribute n / fan when n is a multiple of chunk x fan. A VOP
+    writes every PE: all of its range when the elements are words side by side (row after row)."""
+    op = code[:, 0]
+    xfer = op == isa.Op.XFER
+    mode, um, lm = code[:, isa.X_MODE], code[:, isa.X_UP_MEM], code[:, isa.X_LO_MEM]
+    down = xfer & (code[:, isa.X_DIR] == isa.Dir.down)
+    path = p.path_of[np.where(down, um, 0), np.where(down, lm, 0)]
+    chunk = p.mode_chunk[path, np.clip(mode, 0, p.mode_chunk.shape[1] - 1)]
+    fan = p.mem_instances[np.where(down, lm, 0)] // p.mem_instances[np.where(down, um, 0)]
+    dealt = (mode == isa.Mode.distribute) & (code[:, isa.X_N] % np.maximum(chunk * fan, 1) == 0)
+    xfer_whole = down & ((mode == isa.Mode.broadcast) | dealt)
+    n_outer, n_inner = code[:, isa.V_N_OUTER], code[:, isa.V_N_INNER]
+    dense = (code[:, isa.V_DST + 3] == 1) & ((n_outer == 1) | (code[:, isa.V_DST + 2] == n_inner))
+    words = np.isin(code[:, isa.V_DTYPE], (isa.DType.float32, isa.DType.int32))
+    vop_whole = (op == isa.Op.VOP) & dense & words & (n_outer * n_inner > 0)
+    return xfer_whole | vop_whole
 
 
 def _mv_side(p: MachineParams, code: np.ndarray, mem_f: int, addr_f: int) -> np.ndarray:
@@ -95,13 +123,24 @@ class Replicas:
         return None
 
     def materialize(self, mem: int, lo: int, hi: int) -> None:
-        """Write out every range of `mem` that meets words [lo, hi), and forget it."""
+        """Write out words [lo, hi) of `mem` where ranges hold them replicated; what those ranges
+        hold outside [lo, hi) stays replicated."""
+        self._cut(mem, lo, hi, True)
+
+    def dead(self, mem: int, lo: int, hi: int) -> None:
+        """Words [lo, hi) of `mem` are about to be written in every instance: forget them."""
+        self._cut(mem, lo, hi, False)
+
+    def _cut(self, mem: int, lo: int, hi: int, write_out: bool) -> None:
         kept = []
         for r in self.ranges:
             if r.meets(mem, lo, hi):
-                rows = self.memories[r.mem]
-                view = rows.reshape(rows.shape[0] // r.fan, r.fan // r.group, r.group, rows.shape[1])
-                view[:, 1:, :, r.lo:r.hi] = view[:, :1, :, r.lo:r.hi]
+                a, b = max(lo, r.lo), min(hi, r.hi)
+                if write_out:
+                    rows = self.memories[r.mem]
+                    view = rows.reshape(rows.shape[0] // r.fan, r.fan // r.group, r.group, rows.shape[1])
+                    view[:, 1:, :, a:b] = view[:, :1, :, a:b]
+                kept += [Replicated(r.mem, lo_, hi_, r.group, r.fan) for lo_, hi_ in ((r.lo, a), (b, r.hi)) if lo_ < hi_]
             else:
                 kept.append(r)
         self.ranges = kept
@@ -126,17 +165,23 @@ class Replicas:
 
     def touch(self, touches: Callable[[], Touches], start: int, end: int) -> None:
         """Instructions [start, end) of a program whose access table `touches()` gives are about to
-        run unaware of replicas: write out what they touch."""
+        run unaware of replicas: write out the words they touch."""
         if not self.ranges:
             return
         t = touches()
         a, b = np.searchsorted(t.row, [start, end])
         if a == b:
             return
-        mem, lo, hi = t.mem[a:b], t.lo[a:b], t.hi[a:b]
-        for r in list(self.ranges):
-            if np.any((mem == r.mem) & (lo < r.hi) & (r.lo < hi)):
-                self.materialize(r.mem, r.lo, r.hi)
+        mem, lo, hi, covers = t.mem[a:b], t.lo[a:b], t.hi[a:b], t.covers[a:b]
+        meeting = np.zeros(b - a, dtype=np.bool_)
+        for r in self.ranges:
+            meeting |= (mem == r.mem) & (lo < r.hi) & (r.lo < hi)
+        # what any of them reads (or writes in part) first, as it stands before the first runs;
+        # then what is written whole is dead (one of them may read it before another writes it)
+        for k in np.flatnonzero(meeting & ~covers).tolist():
+            self.materialize(int(mem[k]), int(lo[k]), int(hi[k]))
+        for k in np.flatnonzero(meeting & covers).tolist():
+            self.dead(int(mem[k]), int(lo[k]), int(hi[k]))
 
 
 def written_range(p: MachineParams, row: np.ndarray, group: int) -> Replicated:
