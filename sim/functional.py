@@ -85,6 +85,7 @@ def execute(p: MachineParams, memories: list[np.ndarray], code: np.ndarray, hand
             derived[key] = Touches.of(p, code)
         return derived[key]
 
+    plans = derived.setdefault(("vop plans", p.hw.fingerprint), {})
     start = 0
     try:
         for i in [*(stepped_rows(code) if stepped is None else stepped), len(code)]:
@@ -102,7 +103,7 @@ def execute(p: MachineParams, memories: list[np.ndarray], code: np.ndarray, hand
                     mab_broadcast(row, memories, p.mem_instances, p.mem_lw_addressed, group, wpl)
                 else:
                     replicas.touch(touches, i, i + 1)
-                    _dispatch(p, memories, row, op, handlers, view, n_pe, wpl)
+                    _dispatch(p, memories, row, op, handlers, view, n_pe, wpl, plans)
             start = i + 1
     finally:
         if own:
@@ -121,10 +122,11 @@ def _moves(p: MachineParams, code: np.ndarray, start: int, end: int, mems: tuple
 
 
 def _dispatch(p: MachineParams, memories: list[np.ndarray], row: np.ndarray, op: Op, handlers: dict[Op, Handler],
-              view: Callable[[type], list[np.ndarray]], n_pe: int, wpl: int) -> None:
-    """Run one instruction that neither moves nor knows of replicas."""
+              view: Callable[[type], list[np.ndarray]], n_pe: int, wpl: int, plans: dict) -> None:
+    """Run one instruction that neither moves nor knows of replicas (`plans`: the VOPs', kept
+    between runs of the code)."""
     if op == Op.VOP:
-        run_vop(row, view(np.float32), view(np.uint16), view(np.int32), lambda: view(np.float64), n_pe, p.fmt)
+        run_vop(row, view(np.float32), view(np.uint16), view(np.int32), lambda: view(np.float64), n_pe, p.fmt, plans)
     elif op == Op.MV:
         mv_reduce(row, memories, p.mem_instances, p.mem_lw_addressed, p.n_groups, p.fmt)
     elif op == Op.XFER:

@@ -228,15 +228,22 @@ def _vop_half(op, n_pe, n_outer, n_inner, dst_half, src_half, d16, d32, d0, dso,
 FIELDS = isa.V_A - isa.V_DST  # an operand's fields: memory, address, outer stride, inner stride
 
 
-def _operand(views: list[np.ndarray], field: int, row: np.ndarray, n_pe: int, dtype: type) -> tuple:
-    """(array, address, outer stride, inner stride) of an operand; an immediate is a [PEs, 1] array
-    read at stride 0, so the loops do not branch on it (its bits are the operand's dtype)."""
+def _operand(field: int, row: np.ndarray, n_pe: int, dtype: type) -> tuple:
+    """(memory or None, immediate or None, address, outer stride, inner stride) of an operand; an
+    immediate is a [PEs, 1] array read at stride 0, so the loops do not branch on it (its bits are
+    the operand's dtype). `_bound` gives the array the loops read."""
     m, addr, so, si = (int(x) for x in row[field:field + FIELDS])
     if m == IMM:
         wide = np.dtype(dtype).itemsize > np.dtype(np.uint32).itemsize  # a float64: all 64 bits of the field
         bits = np.int64(addr) if wide else np.uint32(addr & 0xFFFFFFFF)
-        return np.full((n_pe, 1), bits).view(dtype), 0, 0, 0
-    return views[m], addr, so, si
+        return None, np.full((n_pe, 1), bits).view(dtype), 0, 0, 0
+    return m, None, addr, so, si
+
+
+def _bound(operand: tuple, views: list[np.ndarray]) -> tuple:
+    """(array, address, outer stride, inner stride) of an `_operand` on the memories `views`."""
+    m, imm, *rest = operand
+    return (imm if m is None else views[m], *rest)
 
 
 def _read_only_used(row: np.ndarray, op: int) -> np.ndarray:
@@ -253,9 +260,22 @@ def _read_only_used(row: np.ndarray, op: int) -> np.ndarray:
 
 
 def run_vop(row: np.ndarray, f32: list[np.ndarray], u16: list[np.ndarray], i32: list[np.ndarray],
-            f64: Callable[[], list[np.ndarray | None]], n_pe: int, fmt: np.ndarray) -> None:
+            f64: Callable[[], list[np.ndarray | None]], n_pe: int, fmt: np.ndarray, plans: dict | None = None) -> None:
     """One VOP on every PE. `f32`, `u16` and `i32` are the memories viewed as float32, half words
-    and int32; `f64()` gives them as float64 (the PE memories; made on first use)."""
+    and int32; `f64()` gives them as float64 (the PE memories; made on first use). `plans` keeps
+    what `_plan` makes of each row for the next time (a program's rows come back every call:
+    reading the fields and making the immediates took about 15 us of a VOP's 60 in an MNIST step)."""
+    key = row.tobytes()
+    plan = None if plans is None else plans.get(key)
+    if plan is None:
+        plan = _plan(row, n_pe, fmt)
+        if plans is not None:
+            plans[key] = plan
+    plan(f32, u16, i32, f64)
+
+
+def _plan(row: np.ndarray, n_pe: int, fmt: np.ndarray) -> Callable:
+    """What a VOP row runs: a function of the memory views (f32, u16, i32, f64) of `run_vop`."""
     row = _read_only_used(row, int(row[isa.V_OP]))
     op, dtype = int(row[isa.V_OP]), int(row[isa.V_DTYPE])
     src_dtype = int(row[isa.V_SRC_DTYPE]) if op == VOp.cvt else dtype
@@ -263,70 +283,79 @@ def run_vop(row: np.ndarray, f32: list[np.ndarray], u16: list[np.ndarray], i32: 
     dm, d0, dso, dsi = (int(x) for x in row[isa.V_DST:isa.V_DST + FIELDS])
     he, hm = int(fmt[FMT_HALF_E]), int(fmt[FMT_HALF_M])
     if DType.float64 in (dtype, src_dtype):
-        _run_f64(row, op, dtype, src_dtype, shape, f32, f64(), n_pe)
-    elif dtype == DType.int32 and src_dtype == DType.int32:
-        a, b, c = (_operand(i32, f, row, n_pe, np.int32) for f in (isa.V_A, isa.V_B, isa.V_C))
-        dst = (i32[dm], d0, dso, dsi)
-        if op in _I32_LOOPS:
-            _I32_LOOPS[op](*shape, *dst, *a, *b, *c)
-        else:
-            _loop_any_i32(op, *shape, *dst, *a, *b, *c)
-    elif src_dtype == DType.int32:  # cvt int32 -> float
-        a = _operand(i32, isa.V_A, row, n_pe, np.int32)
-        _cvt_from_i32(*shape, dtype == DType.float16, u16[dm], f32[dm], d0, dso, dsi, *a, he, hm)
-    elif dtype == DType.int32:  # cvt float -> int32
-        a = _operand(f32, isa.V_A, row, n_pe, np.float32)
+        return _plan_f64(row, op, dtype, src_dtype, shape, n_pe)
+    if dtype == DType.int32 and src_dtype == DType.int32:
+        a, b, c = (_operand(f, row, n_pe, np.int32) for f in (isa.V_A, isa.V_B, isa.V_C))
+        kernel = _I32_LOOPS[op] if op in _I32_LOOPS else partial(_loop_any_i32, op)
+        return lambda f32, u16, i32, f64: kernel(*shape, i32[dm], d0, dso, dsi, *_bound(a, i32), *_bound(b, i32),
+                                                 *_bound(c, i32))
+    if src_dtype == DType.int32:  # cvt int32 -> float
+        a = _operand(isa.V_A, row, n_pe, np.int32)
+        half = dtype == DType.float16
+        return lambda f32, u16, i32, f64: _cvt_from_i32(*shape, half, u16[dm], f32[dm], d0, dso, dsi,
+                                                        *_bound(a, i32), he, hm)
+    if dtype == DType.int32:  # cvt float -> int32
+        a = _operand(isa.V_A, row, n_pe, np.float32)
         from_half = src_dtype == DType.float16 and row[isa.V_A] != IMM
-        _cvt_to_i32(*shape, from_half, i32[dm], d0, dso, dsi, u16[max(int(row[isa.V_A]), 0)], *a, he, hm)
-    elif dtype == DType.float32 and src_dtype == DType.float32:
-        _float_op(row, op, shape, f32, n_pe, np.float32, _F32_LOOPS)
-    else:
-        (am, a0, aso, asi), (bm, b0, bso, bsi), (cm, c0, cso, csi) = (
-            (int(x) for x in row[f:f + FIELDS]) for f in (isa.V_A, isa.V_B, isa.V_C))
-        ka, kb, kc = max(am, 0), max(bm, 0), max(cm, 0)  # an immediate reads no memory; any array will do
-        _vop_half(op, *shape, dtype == DType.float16, src_dtype == DType.float16, u16[dm], f32[dm], d0, dso, dsi,
-                  u16[ka], f32[ka], am == IMM, a0, aso, asi, u16[kb], bm == IMM, b0, bso, bsi,
-                  u16[kc], cm == IMM, c0, cso, csi, he, hm)
+        am = max(int(row[isa.V_A]), 0)
+        return lambda f32, u16, i32, f64: _cvt_to_i32(*shape, from_half, i32[dm], d0, dso, dsi, u16[am],
+                                                      *_bound(a, f32), he, hm)
+    if dtype == DType.float32 and src_dtype == DType.float32:
+        run = _plan_float(row, op, shape, n_pe, np.float32, _F32_LOOPS)
+        return lambda f32, u16, i32, f64: run(f32)
+    (am, a0, aso, asi), (bm, b0, bso, bsi), (cm, c0, cso, csi) = (
+        (int(x) for x in row[f:f + FIELDS]) for f in (isa.V_A, isa.V_B, isa.V_C))
+    ka, kb, kc = max(am, 0), max(bm, 0), max(cm, 0)  # an immediate reads no memory; any array will do
+    to_half, from_half = dtype == DType.float16, src_dtype == DType.float16
+    return lambda f32, u16, i32, f64: _vop_half(
+        op, *shape, to_half, from_half, u16[dm], f32[dm], d0, dso, dsi, u16[ka], f32[ka], am == IMM, a0, aso, asi,
+        u16[kb], bm == IMM, b0, bso, bsi, u16[kc], cm == IMM, c0, cso, csi, he, hm)
 
 
-def _run_f64(row: np.ndarray, op: int, dtype: int, src_dtype: int, shape: tuple, f32: list[np.ndarray],
-             f64: list[np.ndarray | None], n_pe: int) -> None:
+def _plan_f64(row: np.ndarray, op: int, dtype: int, src_dtype: int, shape: tuple, n_pe: int) -> Callable:
     """A VOP with a float64 side: float64 arithmetic, or a cvt between float32 and float64 (the
     validator refuses the other pairs)."""
     dm, d0, dso, dsi = (int(x) for x in row[isa.V_DST:isa.V_DST + FIELDS])
     if dtype == src_dtype:
-        _float_op(row, op, shape, f64, n_pe, np.float64, _F64_LOOPS)
-    elif dtype == DType.float64:  # cvt float32 -> float64
-        _cvt_float(*shape, f64[dm], d0, dso, dsi, *_operand(f32, isa.V_A, row, n_pe, np.float32), np.float64)
-    else:  # cvt float64 -> float32
-        _cvt_float(*shape, f32[dm], d0, dso, dsi, *_operand(f64, isa.V_A, row, n_pe, np.float64), np.float32)
+        run = _plan_float(row, op, shape, n_pe, np.float64, _F64_LOOPS)
+        return lambda f32, u16, i32, f64: run(f64())
+    if dtype == DType.float64:  # cvt float32 -> float64
+        a = _operand(isa.V_A, row, n_pe, np.float32)
+        return lambda f32, u16, i32, f64: _cvt_float(*shape, f64()[dm], d0, dso, dsi, *_bound(a, f32), np.float64)
+    a = _operand(isa.V_A, row, n_pe, np.float64)  # cvt float64 -> float32
+    return lambda f32, u16, i32, f64: _cvt_float(*shape, f32[dm], d0, dso, dsi, *_bound(a, f64()), np.float32)
 
 
-def _float_op(row: np.ndarray, op: int, shape: tuple, views: list[np.ndarray], n_pe: int, element: type,
-              loops: dict) -> None:
-    """A VOP whose operands and result are all `element`s (float32 or float64): a loop of its
-    own for the common ops (float32 ones that fold into their destination: a fold, `_make_fold`),
-    else `numerics.apply` element by element."""
+def _plan_float(row: np.ndarray, op: int, shape: tuple, n_pe: int, element: type, loops: dict) -> Callable:
+    """A VOP whose operands and result are all `element`s (float32 or float64), as a function of
+    the memories viewed so: a loop of its own for the common ops (float32 ones that fold into
+    their destination: a fold, `_make_fold`), else `numerics.apply` element by element."""
     fold = _fold_fields(row, op) if element is np.float32 else None
     dm, d0, dso, dsi = (int(x) for x in row[isa.V_DST:isa.V_DST + FIELDS])
+    shared = prod(shape) >= SHARED_ELEMENTS
     if fold is not None:
         whole, (bm, b0, bso, bsi) = fold
 
-        def pes(first: int, last: int) -> None:
-            """The fold on PEs [first, last)."""
-            _FOLDS_F32[op](last - first, *shape[1:], whole, views[dm][first:last], d0, dsi, views[bm][first:last],
-                           b0, bso, bsi)
-    else:
-        a, b, c = (_operand(views, f, row, n_pe, element) for f in (isa.V_A, isa.V_B, isa.V_C))
-        dst = (views[dm], d0, dso, dsi)
-        kernel = loops[op] if op in loops else partial(_loop_any, op)
-        extra = () if op in loops else (element,)
+        def run(views: list[np.ndarray]) -> None:
+            def pes(first: int, last: int) -> None:
+                """The fold on PEs [first, last)."""
+                _FOLDS_F32[op](last - first, *shape[1:], whole, views[dm][first:last], d0, dsi, views[bm][first:last],
+                               b0, bso, bsi)
+            run_shares(pes, n_pe) if shared else pes(0, n_pe)
+        return run
+    a, b, c = (_operand(f, row, n_pe, element) for f in (isa.V_A, isa.V_B, isa.V_C))
+    kernel = loops[op] if op in loops else partial(_loop_any, op)
+    extra = () if op in loops else (element,)
+
+    def run(views: list[np.ndarray]) -> None:
+        operands = [(views[dm], d0, dso, dsi)] + [_bound(x, views) for x in (a, b, c)]
+        if not shared:
+            kernel(*shape, *operands[0], *operands[1], *operands[2], *operands[3], *extra)
+            return
 
         def pes(first: int, last: int) -> None:
             """The op on PEs [first, last): every operand's rows of those PEs."""
-            rows = [(x[0][first:last], *x[1:]) for x in (dst, a, b, c)]
+            rows = [(x[0][first:last], *x[1:]) for x in operands]
             kernel(last - first, *shape[1:], *rows[0], *rows[1], *rows[2], *rows[3], *extra)
-    if prod(shape) >= SHARED_ELEMENTS:
         run_shares(pes, n_pe)
-    else:
-        pes(0, n_pe)
+    return run
