@@ -190,7 +190,15 @@ def execute_moves(code, start, end, mems, mem_instances, lw_addressed, n_groups,
     for i in range(start, end):
         row = code[i]
         op = row[0]
-        if op == Op.MV:
+        if op == Op.MV and row[isa.MV_MODE] == Mode.individual and row[isa.MV_SRC_INST] >= 0 \
+                and row[isa.MV_DST_INST] >= 0:  # one instance to one: `_mv`'s case without its set-up, the most
+            # common MV (an MNIST step's 17,632 of them a call, from DRAM to an L2B, 150 -> 40 ns each)
+            if g_first == 0:
+                sm, dm = row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]
+                copy_lw(mems[dm], row[isa.MV_DST_INST], word_addr(lw_addressed, dm, row[isa.MV_DST_ADDR], wpl),
+                        mems[sm], row[isa.MV_SRC_INST], word_addr(lw_addressed, sm, row[isa.MV_SRC_ADDR], wpl),
+                        row[isa.MV_N], wpl)
+        elif op == Op.MV:
             p = path_of[row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]]
             _mv(row, mems[row[isa.MV_SRC_MEM]], mems[row[isa.MV_DST_MEM]], mem_instances, lw_addressed, n_groups,
                 mode_chunk[p, row[isa.MV_MODE]], wpl, g_first, g_last)
