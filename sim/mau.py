@@ -18,7 +18,10 @@ of three ways, by the shape:
 
 An operand that a mab_broadcast left replicated over the MABs of an L1B (sim.replicas) is read
 from the first of them. When A and B both are, the L1B's MABs compute the same product, computed
-once and written into each MAB's C (ResNet-50 conv2_x's 14 products: 94 -> 10 ms a call). In the
+once and written into each MAB's C (ResNet-50 conv2_x's 14 products: 94 -> 10 ms a call), or into
+the first MAB's C only, C's words then recorded replicated too, when C is one run per PE and is
+either overwritten or replicated so already (an accumulation over K chunks, each MATMUL adding
+to the same C: conv2_x's 66 products of 48 x 64 x 8 wrote 4,096 PE rows each, 46 -> 14 ms a call). In the
 loop, when only A is, the L1B's MABs compute one product r times wider (A times their B's side by
 side), and when only B is, r times taller (their A's stacked): one long innermost run instead of
 r short ones (the compiled 1024^3 product: 80 -> 67 ms a call, its products 64 x 8 x 8 a MAB).
@@ -41,7 +44,7 @@ from .hostpool import run_shares
 from .index import at
 from .isa import DType
 from .params import MachineParams
-from .replicas import Replicas
+from .replicas import Replicas, Replicated
 
 SHORT_SLICE = 16  # longest K-slice per PE that is multiplied in a loop (see the module docstring)
 LOOP, GATHERED, IN_PLACE = "loop", "gathered", "in place"
@@ -69,7 +72,8 @@ def matmul(p: MachineParams, memories: list[np.ndarray], row: np.ndarray, replic
     accumulate = bool(row[isa.MM_FLAGS] & isa.MM_ACCUMULATE)
     shapes = {isa.MM_A_MEM: (m, kp), isa.MM_B_MEM: (n, kp) if trans else (kp, n), isa.MM_C_MEM: (m, n // pes)}
     how = form(m, k, n, pes)
-    share = _sharing(p, row, shapes, replicas, dtype, how) if replicas else {}
+    words = _words(p, row, shapes, dtype)
+    share = _sharing(p, words, replicas, how) if replicas else {}
 
     wide = np.float64 if DType(int(p.mm_acc[dtype])) == DType.float64 else np.float32  # C's (and float64's) type
 
@@ -96,6 +100,7 @@ def matmul(p: MachineParams, memories: list[np.ndarray], row: np.ndarray, replic
     n_mab = a[0].shape[0] // pes
     a_share, b_share = share.get(isa.MM_A_MEM, 1), share.get(isa.MM_B_MEM, 1)
     every = a_share if a_share == b_share > 1 else 1  # MABs one product serves
+    c_once = replicas is not None and _c_replicated(p, row, words, shapes, replicas, every, accumulate)
     if how == IN_PLACE:  # [units, MAB in the unit, PE, rows, columns]; replicated operands at stride 0
         unit = max(a_share, b_share)  # the MABs a replicated operand serves (1: none is)
         blocks = [_blocks(x, pes, unit, share.get(f, 1), *shapes[f])
@@ -104,12 +109,14 @@ def matmul(p: MachineParams, memories: list[np.ndarray], row: np.ndarray, replic
             blocks[1] = blocks[1].swapaxes(-1, -2)
         if every > 1:  # one product per unit, from its first MAB's operands, written into each MAB's C
             blocks[0], blocks[1] = blocks[0][:, :1], blocks[1][:, :1]
+        if c_once:  # (or its first MAB's only, C replicated)
+            blocks[2] = blocks[2][:, :1]
 
         def units(first: int, last: int) -> None:
             _in_place(*blocks, accumulate, first, last)
         count = n_mab // unit
     else:
-        stack = _Stack(pes, n_mab, every, a_share, b_share, m, kp, n, how == LOOP)
+        stack = _Stack(pes, n_mab, every, a_share, b_share, m, kp, n, how == LOOP, 1 if c_once else every)
 
         def units(first: int, last: int) -> None:
             stack.run(a, b, trans, c, accumulate, first, last)
@@ -129,8 +136,8 @@ class _Stack:
     the product itself 0.1 ms)."""
 
     def __init__(self, pes: int, n_mab: int, every: int, a_share: int, b_share: int, m: int, kp: int, n: int,
-                 short: bool):
-        self.short = short
+                 short: bool, served: int):
+        self.short, self.served = short, served  # MABs whose C a product writes (every, or 1: C replicated)
         self.a_step, self.b_step = max(a_share, every), max(b_share, every)  # MABs between copies read
         self.wide = self.a_step // every  # products one A serves
         self.tall = self.b_step // every  # products one B serves (wide and tall are not both > 1)
@@ -162,8 +169,8 @@ class _Stack:
         if self.short:  # entry by entry, its pieces in buffers that stay in the core's cache
             a_one, b_one = a_cat[:1], b_cat[:1]
             tile = np.empty((1, cols, rows) if turned else (1, rows, cols), a_cat.dtype)
-            _entries(a, b, c, pes, m, kp, n, self.a_step, self.b_step, b_shape, self.every, r, self.wide, self.tall,
-                     a_one, a_part, a_to, b_one, b_part, b_to, tile, turned, accumulate, first, last)
+            _entries(a, b, c, pes, m, kp, n, self.a_step, self.b_step, b_shape, self.every, self.served, r, self.wide,
+                     self.tall, a_one, a_part, a_to, b_one, b_part, b_to, tile, turned, accumulate, first, last)
             return
         _gather(*a, self.a_step * pes, pes, m, kp, lo // self.wide, hi // self.wide, a_cat, rows * k, self.tall,
                 a_part, *a_to)
@@ -171,12 +178,12 @@ class _Stack:
                 b_part, *b_to)
         with np.errstate(invalid="ignore", over="ignore"):
             tile = np.matmul(a_cat, b_cat)
-        _scatter(tile.reshape(-1), rows * cols, cols, 1, *c, pes, n // pes, m, self.every, r, self.wide, self.tall,
-                 lo, hi, accumulate)
+        _scatter(tile.reshape(-1), rows * cols, cols, 1, *c, pes, n // pes, m, self.every, self.served, r, self.wide,
+                 self.tall, lo, hi, accumulate)
 
 
 @njit(cache=True, nogil=True)
-def _entries(a, b, c, pes, m, kp, n, a_step, b_step, b_shape, every, r, wide, tall, a_one, a_part, a_to, b_one,
+def _entries(a, b, c, pes, m, kp, n, a_step, b_step, b_shape, every, served, r, wide, tall, a_one, a_part, a_to, b_one,
              b_part, b_to, tile, turned, accumulate, first, last):
     """The loop's entries [first, last) one at a time: gathered into `a_one` and `b_one` (one
     entry each), multiplied into `tile` and scattered into C before the next, so the pieces stay
@@ -195,7 +202,7 @@ def _entries(a, b, c, pes, m, kp, n, a_step, b_step, b_shape, every, r, wide, ta
             _multiply(b_one, a_one, tile)
         else:
             _multiply(a_one, b_one, tile)
-        _scatter(tile.reshape(-1), rows * cols, strides[0], strides[1], c[0], c[1], c[2], pes, n // pes, m, every, r,
+        _scatter(tile.reshape(-1), rows * cols, strides[0], strides[1], c[0], c[1], c[2], pes, n // pes, m, every, served, r,
                  wide, tall, lo, hi, accumulate)
 
 
@@ -236,13 +243,13 @@ def _gather(mem, base, pitch, step, pes, rows, cols, first, last, out, per_entry
 
 
 @njit(cache=True, nogil=True)
-def _scatter(tile, per_entry, rs, cs, c, c0, cp, pes, npe, m, every, r, wide, tall, lo, hi, accumulate):
+def _scatter(tile, per_entry, rs, cs, c, c0, cp, pes, npe, m, every, served, r, wide, tall, lo, hi, accumulate):
     """Products [lo, hi) from `tile` (flat; product t lies in entry t div r at rows (t mod tall) * m..
-    and columns (t mod wide) * n.., rows and columns `rs` and `cs` apart) into C of each MAB they
-    serve: PE q gets columns q*npe.. of its product."""
+    and columns (t mod wide) * n.., rows and columns `rs` and `cs` apart) into C of the first
+    `served` MABs of the `every` it serves: PE q gets columns q*npe.. of its product."""
     for t in range(lo, hi):
         first = (t - lo) // r * per_entry + (t % tall) * m * rs + (t % wide) * npe * pes * cs  # its (0, 0)
-        for mab in range(t * every, (t + 1) * every):
+        for mab in range(t * every, t * every + served):
             for q in range(pes):
                 pe = mab * pes + q
                 for i in range(m):
@@ -255,20 +262,43 @@ def _scatter(tile, per_entry, rs, cs, c, c0, cp, pes, npe, m, every, r, wide, ta
                             c[pe, at(dst + j)] = tile[at(src + j * cs)]
 
 
-def _sharing(p: MachineParams, row: np.ndarray, shapes: dict, replicas: Replicas, dtype: DType,
-             how: str) -> dict[int, int]:
-    """MABs per copy of each operand held replicated over the MABs of an upper instance (sim.replicas),
-    by operand field. Whatever else a range meets is written out first: C (written), an operand
-    a range holds only in part or over other groups than the MABs, a replicated operand beside an
-    own one when the products are gathered for BLAS (stacked wider or taller, BLAS would round
-    otherwise than MAB by MAB), and operands replicated over different numbers of MABs."""
+def _words(p: MachineParams, row: np.ndarray, shapes: dict, dtype: DType) -> dict[int, tuple[int, int, int]]:
+    """Per operand field: (memory, first word, end word) of what each PE holds of it."""
     words = {}
     for f, (rows, cols) in shapes.items():
         addr, pitch = int(row[f + 1]), int(row[f + 2])
         first, last = p.word_span(DType(int(p.mm_acc[dtype])) if f == isa.MM_C_MEM else dtype, addr,
                                   addr + (rows - 1) * pitch + cols - 1)
         words[f] = (int(row[f]), first, last + 1)
-    replicas.materialize(*words[isa.MM_C_MEM])
+    return words
+
+
+def _c_replicated(p: MachineParams, row: np.ndarray, words: dict, shapes: dict, replicas: Replicas, every: int,
+                  accumulate: bool) -> bool:
+    """Whether a product writes C into the first of the `every` MABs it serves only, C's range
+    then recorded replicated over them: when both operands are, C is one run of words per PE that
+    meets neither, and the MATMUL overwrites it or it is replicated so already (every MAB's C
+    would be the same words). Otherwise C is written out first, and into every MAB."""
+    mem, lo, hi = words[isa.MM_C_MEM]
+    rows, cols = shapes[isa.MM_C_MEM]
+    pes = p.pes_per_mab
+    held = replicas.holding(mem, lo, hi)
+    alike = held is not None and (held.group, held.fan) == (pes, every * pes)
+    apart = all(not (m == mem and a < hi and lo < b) for m, a, b in (words[isa.MM_A_MEM], words[isa.MM_B_MEM]))
+    one_run = rows == 1 or int(row[isa.MM_C_MEM + 2]) == cols
+    if every > 1 and apart and one_run and (alike or not accumulate):
+        replicas.overwritten(Replicated(mem, lo, hi, pes, every * pes))
+        return True
+    replicas.materialize(mem, lo, hi)
+    return False
+
+
+def _sharing(p: MachineParams, words: dict, replicas: Replicas, how: str) -> dict[int, int]:
+    """MABs per copy of each operand held replicated over the MABs of an upper instance (sim.replicas),
+    by operand field. Whatever else a range meets is written out first: an operand a range holds
+    only in part or over other groups than the MABs, a replicated operand beside an own one when
+    the products are gathered for BLAS (stacked wider or taller, BLAS would round otherwise than
+    MAB by MAB), and operands replicated over different numbers of MABs; C is `_c_replicated`'s."""
     share = {}
     for f in (isa.MM_A_MEM, isa.MM_B_MEM):
         r = replicas.holding(*words[f])

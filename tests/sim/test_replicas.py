@@ -149,6 +149,42 @@ def test_a_product_of_replicated_operands_by_either_way(mini, monkeypatch, short
         np.testing.assert_array_equal(whole.memory(name), reference.memory(name), err_msg=name)
 
 
+@pytest.mark.parametrize("short_slice", [mau.SHORT_SLICE, 0, None])  # the loop; BLAS; in place
+@pytest.mark.parametrize("chip", CHIPS)
+def test_a_product_accumulated_over_k_chunks_of_replicated_operands_keeps_c_replicated(chip, monkeypatch,
+                                                                                       short_slice):
+    """A product of operands replicated over an L1B's MABs, overwriting C and then adding to it
+    chunk by chunk, writes C into the first MAB only and records it replicated: every MAB's C
+    would be the same words. A C whose rows lie apart (pitch above its width) is written into
+    every MAB (its range would claim the gap). Either way the state is word for word the one
+    with every replica written out between instructions."""
+    if short_slice is None:
+        monkeypatch.setattr(mau, "form", lambda m, k, n, pes: mau.IN_PLACE)
+    else:
+        monkeypatch.setattr(mau, "SHORT_SLICE", short_slice)
+    m0 = _machine(chip, seed=5)
+    pes, wpl = m0.params.pes_per_mab, m0.params.words_per_lw
+    M, K, N = 4, 8 * pes, 2 * pes
+    kp, cols = K // pes, N // pes
+    b = sim.ProgramBuilder(m0.params)
+    b.xfer("mab_broadcast", "down", "L1BM", 0, "LM0", 0, pes * M * kp // wpl)
+    b.xfer("mab_broadcast", "down", "L1BM", 128, "LM1", 0, pes * kp * N // wpl)
+    for chunk in range(3):  # C one run per PE: GRF0 words [0, M * cols)
+        b.matmul("float32", M, K, N, ("LM0", 0, kp), ("LM1", 0, N), ("GRF0", 0, cols), accumulate=chunk > 0)
+    for chunk in range(2):  # C's rows apart: GRF1 rows at pitch 2 * cols
+        b.matmul("float32", M, K, N, ("LM0", 0, kp), ("LM1", 0, N), ("GRF1", 0, 2 * cols), accumulate=chunk > 0)
+    program = b.build()
+    whole, reference = m0, _machine(chip, seed=5)
+    whole.run(program, mode="functional")
+    grf0, grf1 = whole.params.memory_id("GRF0"), whole.params.memory_id("GRF1")
+    held = [(r.mem, r.lo, r.hi) for r in whole.replicas.ranges]
+    assert (grf0, 0, M * cols) in held
+    assert not any(mem == grf1 for mem, _, _ in held)
+    _one_by_one(reference, program)
+    for name in ("GRF0", "GRF1", "LM0", "LM1"):
+        np.testing.assert_array_equal(whole.memory(name), reference.memory(name), err_msg=name)
+
+
 @pytest.mark.parametrize("short_slice", [mau.SHORT_SLICE, 0])  # the loop; BLAS
 def test_a_product_reading_across_the_edge_of_a_replicated_range_reads_every_mabs_words(mini, monkeypatch,
                                                                                          short_slice):
