@@ -49,9 +49,10 @@ from .replicas import Replicas, Replicated
 SHORT_SLICE = 16  # longest K-slice per PE that is multiplied in a loop (see the module docstring)
 LOOP, GATHERED, IN_PLACE = "loop", "gathered", "in place"
 # Multiply-adds of a MATMUL from which its products are split between the host's threads (host
-# policy: an MNIST step's products are 10^4-10^5 multiply-adds a MAB-share, where waking the
-# threads costs about what they save).
-SHARED_MACS = 1 << 22
+# policy: waking the threads costs some 20-50 us; an MNIST step's products are 10^4-10^5
+# multiply-adds a MAB-share, where that is about what they save, and conv2_x's 1.6 M, 0.26 ms
+# each on one core: 2^22 left them on one, 2^20 splits them, 28 -> 24 ms a call).
+SHARED_MACS = 1 << 20
 
 
 def form(m: int, k: int, n: int, pes: int) -> str:

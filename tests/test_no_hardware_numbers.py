@@ -35,7 +35,7 @@ ALLOWED = {
     ("sim/params.py", 32): "lru_cache size; WORD_BITS (mnsim's memory arrays are uint32, from_hw rejects other sizes)",
     ("sim/accesses.py", 6): "columns of the hazard check's access table (memory, first, last, path, reduces, on ALU)",
     ("sim/machine.py", 16): "DRAM rows grow by at least 1 << 16 words (growth policy)",
-    ("sim/mau.py", 22): "multiply-adds of a MATMUL before its products are split between threads (1 << 22, host policy)",
+    ("sim/mau.py", 20): "multiply-adds of a MATMUL before its products are split between threads (1 << 20, host policy)",
     ("sim/vector.py", 18): "elements a float VOP computes before its PEs are split between threads (1 << 18, host policy)",
     ("sim/functional.py", 18): "words a run of Group-local moves moves before threads split it (1 << 18, host policy)",
     ("sim/strided.py", 18): "elements a host copy has before it is shared between threads (1 << 18, host policy)",
