@@ -99,8 +99,10 @@ def _parse(name: str) -> tuple[bool, HwDesc | None, int | None]:
     chip, _, index = name.rpartition(":") if ":" in name else (name, "", "")
     if not chip:
         chip, index = name, ""
-    if index not in ("", "auto") and not index.isdigit():
+    if index not in ("", "auto") and not (index.isascii() and index.isdigit()):
         chip, index = name, ""
+    if len(index) > 1 and index.isdigit() and index.startswith("0"):  # '01' is not board 1's name
+        raise DeviceNameError(f"{name!r}: a board number has no leading zeros ({chip}:{int(index)}). {_forms()}")
     if chip.endswith((".yaml", ".yml")) or os.sep in chip:
         if not os.path.isfile(chip):
             raise DeviceNameError(f"no hardware description file {chip!r}. {_forms()}")

@@ -43,6 +43,8 @@ def test_pfvm_cpu_is_the_reference_device():
 @pytest.mark.parametrize("name, fragment", [
     ("mncore3:auto", "unknown device 'mncore3:auto'"),
     ("mncore2:8", "boards are numbered 0..7"),
+    ("mncore2:01", "no leading zeros (mncore2:1)"),
+    ("mncore2:\u0661", "unknown device"),  # an Arabic-Indic one: not a board number
     ("pfvm:cuda", "no GPU"),
     ("/nowhere/chip.yaml", "no hardware description file"),
 ])
