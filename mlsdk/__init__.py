@@ -15,7 +15,7 @@ from . import storage
 from .context import CacheOptions, Context
 from .device import MNDevice
 from .errors import (ArgumentError, ArtifactError, CompileError, DeviceError, DeviceMemoryError, DeviceNameError,
-                     HwDescError, InputError, InvalidatedError, LayoutError, MLSDKError, OptionError, ReadOnlyError,
+                     HwDescError, InputError, InvalidatedError, LayoutError, MLSDKError, NameTakenError, OptionError, ReadOnlyError,
                      RegistrationError, ReportError, ScriptError, SimError, SpecMismatchError, UnregisteredWriteError,
                      UnsupportedOpError, LocatedError, SweepError, SweepSpecError, WorkloadError)
 from .function import CompiledFunction
@@ -33,7 +33,7 @@ skip_final_collection()  # a script's exit 0.8 s quicker (mlsdk.shutdown)
 __all__ = [
     "ArgumentError", "ArtifactError", "CacheOptions", "CompileError", "CompiledFunction", "Context", "DeviceError",
     "DeviceMemoryError", "DeviceNameError", "HwDescError", "IOSpec", "InputError", "InvalidatedError", "LayoutError",
-    "MLSDKError", "OptionError", "ReadOnlyError", "RegistrationError", "ReportError", "ScriptError", "SimError", "SpecMismatchError",
+    "MLSDKError", "NameTakenError", "OptionError", "ReadOnlyError", "RegistrationError", "ReportError", "ScriptError", "SimError", "SpecMismatchError",
     "UnregisteredWriteError", "UnsupportedOpError", "LocatedError", "SweepError", "SweepSpecError", "WorkloadError",
     "MNCoreAdam", "MNCoreAdamW", "MNCoreLRScheduler", "MNCoreOptimizer", "MNCoreSGD", "MNDevice", "TensorLike", "TensorProxy", "get_tensor_name", "path", "register_pytree_dataclass",
     "register_pytree_namedtuple", "set_buffer_name_in_optimizer", "set_tensor_name", "set_tensor_name_in_module",

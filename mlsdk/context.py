@@ -38,7 +38,7 @@ from . import optim
 from . import options as options_mod
 from . import trace
 from .device import MNDevice
-from .errors import ArgumentError, MLSDKError, OptionError, RegistrationError
+from .errors import ArgumentError, MLSDKError, NameTakenError, OptionError, RegistrationError
 from .function import AutomapFunction, CompiledFunction
 from .optim import MNCoreOptimizer
 from .naming import (get_tensor_name, optimizer_prefix, optimizer_tensors, set_buffer_name_in_optimizer,
@@ -146,10 +146,8 @@ class Context:
                                 "register_param / register_buffer)" if isinstance(optimizer, torch.nn.Module) else ""))
         try:
             self.registry.register(optimizer_prefix(optimizer), optimizer)
-        except RegistrationError as e:
-            if "already registered" not in str(e):
-                raise
-            raise RegistrationError(f"{e}: name each optimizer's state apart with "
+        except NameTakenError as e:
+            raise NameTakenError(f"{e}: name each optimizer's state apart with "
                                     "set_buffer_name_in_optimizer(optimizer, prefix) before registering it") from None
 
     def is_registered(self, t: torch.Tensor) -> bool:

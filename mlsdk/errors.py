@@ -16,6 +16,7 @@ fits, e.g. ValueError). A failed call leaves the Context usable.
       DeviceMemoryError     a memory that is full                                  MemoryError
       InputError            call inputs that do not match the function             ValueError
       RegistrationError     registering or looking up registered tensors           ValueError
+        NameTakenError      a name registered for another tensor                   ValueError
       InvalidatedError      a handle of an invalidated Context                     RuntimeError
       DeviceError           an operation the device cannot do                      RuntimeError
       DeviceNameError       an MNDevice name that names no chip                    ValueError
@@ -33,7 +34,7 @@ from compiler.errors import (ArtifactError, CompileError, LayoutError, SpecMisma
                              UnsupportedOpError)
 from hwdesc.errors import HwDescError, LocatedError, ReadOnlyError
 from hwdesc.errors import MnsimError as MLSDKError
-from runtime.errors import DeviceError, InputError, InvalidatedError, RegistrationError
+from runtime.errors import DeviceError, InputError, InvalidatedError, NameTakenError, RegistrationError
 from sim.errors import DeviceMemoryError, SimError
 
 
@@ -71,6 +72,6 @@ class WorkloadError(MLSDKError, RuntimeError):
 
 __all__ = [
     "ArgumentError", "ArtifactError", "CompileError", "DeviceError", "DeviceMemoryError", "DeviceNameError", "HwDescError",
-    "InputError", "InvalidatedError", "LayoutError", "MLSDKError", "OptionError", "ReadOnlyError", "RegistrationError", "ReportError", "ScriptError",
+    "InputError", "InvalidatedError", "LayoutError", "MLSDKError", "NameTakenError", "OptionError", "ReadOnlyError", "RegistrationError", "ReportError", "ScriptError",
     "SimError", "SpecMismatchError", "UnregisteredWriteError", "UnsupportedOpError", "LocatedError", "SweepError", "SweepSpecError", "WorkloadError",
 ]

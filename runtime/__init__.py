@@ -9,7 +9,7 @@ programs on the `Device`, measures every hand-over between calls against its cou
 """
 
 from .device import Device, DeviceBuffer, Loaded, from_bits, spec_placement, to_bits
-from .errors import DeviceError, InputError, InvalidatedError, RegistrationError
+from .errors import DeviceError, InputError, InvalidatedError, NameTakenError, RegistrationError
 from .executable import Executable
 from .runtime import Runtime
 from .session import Binding, Call, ChainSummary, Handover, Run, Session, collecting
@@ -18,6 +18,6 @@ from .value import DeviceValue, Origin
 
 __all__ = [
     "Binding", "Call", "ChainSummary", "Device", "DeviceBuffer", "DeviceError", "DeviceValue", "Executable",
-    "Handover", "InputError", "InvalidatedError", "Loaded", "Origin", "RegistrationError", "Run", "Runtime",
+    "Handover", "InputError", "InvalidatedError", "Loaded", "NameTakenError", "Origin", "RegistrationError", "Run", "Runtime",
     "Session", "TORCH_DTYPES", "collecting", "default_spec", "from_bits", "host_spec", "run_reference", "spec_placement", "to_bits",
 ]

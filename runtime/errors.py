@@ -21,6 +21,11 @@ class RegistrationError(MnsimError, ValueError):
     does not hold) or is not registered where a registered one is needed."""
 
 
+class NameTakenError(RegistrationError):
+    """A name registered for one tensor asked of another (two models, or two optimizers, under one
+    prefix)."""
+
+
 class DeviceError(MnsimError, RuntimeError):
     """An operation the device cannot do (a reference device has no simulated chip, a proxy
     without device values)."""

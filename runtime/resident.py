@@ -20,7 +20,7 @@ from compiler.iospec import IOSpec
 from .binder import RELOCATION, Binder, Bound
 from .conversions import layout_key
 from .device import BOTH, DeviceBuffer
-from .errors import RegistrationError
+from .errors import NameTakenError, RegistrationError
 from .memory import allocating
 from .session import DOWNLOAD, UPLOAD, Binding, Run
 from .value import DeviceValue
@@ -43,7 +43,7 @@ class ResidentTensors:
     def register(self, name: str, tensor: torch.Tensor) -> None:
         """Keep `tensor` as `name`; registered again, its host value replaces the device copies."""
         if name in self._tensors and self._tensors[name] is not tensor:
-            raise RegistrationError(f"another tensor is already registered as {name!r}; give each model its own "
+            raise NameTakenError(f"another tensor is already registered as {name!r}; give each model its own "
                                     "prefix")
         if name in self._copies:
             _, spec = self.any_copy(name)

@@ -103,7 +103,7 @@ def test_naming_and_registration_misuse_names_what_was_given():
     """Each was an AttributeError or TypeError from inside (or a number taken as a name that
     failed only at compile, in a regular expression); a module passed as an optimizer registered
     its parameters under the optimizer's prefix."""
-    from mlsdk import ArgumentError, Context, MNCoreLRScheduler, MNCoreSGD, MNDevice, RegistrationError
+    from mlsdk import ArgumentError, Context, MNCoreLRScheduler, MNCoreSGD, MNDevice, NameTakenError
     model = torch.nn.Linear(2, 2)
     for call, message in ((lambda: set_tensor_name(torch.zeros(1), 5), "set_tensor_name takes a str name, got int 5"),
                           (lambda: set_tensor_name(torch.zeros(1), ""), "set_tensor_name: the name is empty"),
@@ -122,7 +122,7 @@ def test_naming_and_registration_misuse_names_what_was_given():
         ctx.register_optimizer_buffers(model)
     assert get_tensor_name(model.weight) is None
     ctx.register_optimizer_buffers(MNCoreSGD(torch.nn.Linear(2, 2).parameters(), 0.1, 0.9))
-    with pytest.raises(RegistrationError, match=r"already registered as 'optimizer@0@momentum_buffer'.*"
+    with pytest.raises(NameTakenError, match=r"already registered as 'optimizer@0@momentum_buffer'.*"
                                                 r"set_buffer_name_in_optimizer\(optimizer, prefix\)"):
         ctx.register_optimizer_buffers(MNCoreSGD(torch.nn.Linear(2, 2).parameters(), 0.1, 0.9))
     second = MNCoreSGD(torch.nn.Linear(2, 2).parameters(), 0.1, 0.9)

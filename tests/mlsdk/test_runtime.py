@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from compiler.errors import CompileError
+import mlsdk
 from mlsdk import CompiledFunction, Context, IOSpec, MNDevice, TensorProxy, storage
 from mlsdk.errors import InputError
 
@@ -237,8 +238,9 @@ def test_registration_errors(ctx):
     set_tensor_name(a, "w")
     set_tensor_name(b, "w")
     ctx.register_buffer(a)
-    with pytest.raises(Exception, match="already registered as 'w'"):
+    with pytest.raises(mlsdk.NameTakenError, match="already registered as 'w'") as taken:
         ctx.register_buffer(b)
+    assert isinstance(taken.value, mlsdk.RegistrationError)
     with pytest.raises(Exception, match="not registered"):
         ctx.get_registered_value_proxy(torch.zeros(1))
     with pytest.raises(TypeError, match="nn.Module or an optimizer"):
