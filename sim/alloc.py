@@ -21,6 +21,12 @@ class Allocator:
         self._used: dict[int, int] = {}
         self.high_water = 0
 
+    def fits(self, size: int, align: int | None = None) -> bool:
+        """Whether `alloc(size, align)` would find room (a free region as large may start where
+        the aligned block no longer fits)."""
+        align = align or self.align
+        return any(-(-start // align) * align + max(1, size) <= start + length for start, length in self._free)
+
     def alloc(self, size: int, align: int | None = None) -> int:
         """Start address of a new region of `size` units, aligned to `align` (default: the allocator's)."""
         if size <= 0:

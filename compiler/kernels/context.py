@@ -86,7 +86,7 @@ class Arena:
         order = prefer or self.memories
         for m in [m for m in order if m not in avoid] + ([] if strict else [m for m in order if m in avoid]):
             alloc = self.allocators.get(m)
-            if alloc is not None and alloc.largest_free >= words:
+            if alloc is not None and alloc.fits(words):
                 return m, alloc.alloc(max(1, words))
         free = {m: a.largest_free for m, a in self.allocators.items()}
         besides = f" outside {', '.join(sorted(avoid))} (read by the same instruction)" if strict and avoid else ""

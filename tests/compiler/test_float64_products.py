@@ -32,7 +32,8 @@ def _inputs(seed: int, *shapes) -> dict[str, torch.Tensor]:
     return {name: torch.randn(*shape) for name, shape in zip("ab", shapes)}
 
 
-@pytest.mark.parametrize("shapes", [((40, 96), (96, 24)), ((3, 16, 40), (3, 40, 8))])  # a product, a batched one
+@pytest.mark.parametrize("shapes", [((40, 96), (96, 24)), ((3, 16, 40), (3, 40, 8)),  # a product, a batched one
+                                    ((257, 300), (300, 66))])  # its last LM region fits only unaligned: refused before
 def test_a_product_is_the_float64_product_rounded_once(device, mini, shapes):
     inputs = _inputs(0, *shapes)
     inputs["a"][0, 0] = 1 + 2.0 ** -20  # what float32 products lose

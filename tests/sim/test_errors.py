@@ -196,3 +196,15 @@ def test_a_builder_refuses_instructions_past_its_limit(mini):
     with pytest.raises(InstructionLimit):
         b.nop(1)
     assert len(b) == 3 and len(b.build(hazards=False).code) == 3
+
+
+def test_an_allocator_fits_only_where_the_aligned_block_does():
+    """A free region as large as asked may start where the aligned block no longer fits: `fits`
+    answers as `alloc` will (the compiler asked `largest_free` and met DeviceMemoryError)."""
+    from sim.alloc import Allocator
+    a = Allocator("LM0", 16, "words", align=4)
+    a.alloc(3, align=1)  # words 0..2: the free region [3, 16) is 13 words, aligned from 4 only 12
+    assert a.largest_free == 13 and not a.fits(13) and a.fits(12)
+    with pytest.raises(DeviceMemoryError):
+        a.alloc(13)
+    assert a.alloc(12) == 4
