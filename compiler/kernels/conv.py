@@ -308,9 +308,11 @@ class ConvKernel(Kernel):
 
 
 # Compile-time budgets: the tilings whose B reads a device weight by block copies that are timed
-# first, and the best-ranked of the others timed beside them (a weight small enough that its
-# gather costs little); each gathered candidate emits the weight's gather, up to one MV per long
-# word, and took ResNet-18's compile at 64x64 from 12 to 72 s.
+# first, and, when B is larger than C, only the best-ranked of the others beside them: each
+# gathered candidate emits the weight's gather, up to one MV per long word, and timing them all
+# took ResNet-18's compile at 64x64 from 12 to 72 s. A smaller weight's candidates are all timed
+# (a depthwise 8-channel layer's best gathers its block-diagonal weight: 10,768 cycles, 17,324
+# by view).
 ALIGNED_CANDIDATES = 4
 GATHERED_BESIDE = 2
 
@@ -350,10 +352,14 @@ def plan(node: Node, planner) -> list[Kernel]:
             aligned = [t for t in tilings(planner.ctx, p, **ask, k_align=c, limit=ALIGNED_CANDIDATES) if t not in found]
         except CompileError:
             pass  # none fits: the others serve
-    kernels = [ConvKernel(node, t, planner.ctx) for t in aligned + found]
-    by_view = [k for k in kernels if k.w_layout is not None]
-    gathered = [k for k in kernels if k.w_layout is None]
-    return by_view + gathered[:GATHERED_BESIDE] if by_view else kernels
+    ranked = [ConvKernel(node, t, planner.ctx) for t in found]
+    extra = [ConvKernel(node, t, planner.ctx) for t in aligned]
+    by_view = [k for k in extra + ranked if k.w_layout is not None]
+    if by_view and p.k > p.m:  # B larger than C: its gather would dominate what a candidate emits
+        return by_view + [k for k in ranked if k.w_layout is None][:GATHERED_BESIDE]
+    # in rank order: the planner skips a candidate whose estimate is far above the fastest timed
+    # alone, and a weight read by view may need a relayout first that its time alone leaves out
+    return ranked + extra
 
 
 def wishes(user: Node, v: Value, planner) -> list[Layout]:
