@@ -15,9 +15,9 @@ from . import storage
 from .context import CacheOptions, Context
 from .device import MNDevice
 from .errors import (ArgumentError, ArtifactError, CompileError, DeviceError, DeviceMemoryError, DeviceNameError,
-                     HwDescError, InputError, InvalidatedError, LayoutError, MLSDKError, NameTakenError, OptionError, ReadOnlyError,
-                     RegistrationError, ReportError, ScriptError, SimError, SpecMismatchError, UnregisteredWriteError,
-                     UnsupportedOpError, LocatedError, SweepError, SweepSpecError, WorkloadError)
+                     HwDescError, InputError, InvalidatedError, LayoutError, MLSDKError, NameTakenError, OptionError,
+                     ReadOnlyError, RegistrationError, ReportError, ScriptError, SimError, SpecMismatchError,
+                     UnregisteredWriteError, UnsupportedOpError, LocatedError, SweepError, SweepSpecError, WorkloadError)
 from .function import CompiledFunction
 from .naming import get_tensor_name, set_buffer_name_in_optimizer, set_tensor_name, set_tensor_name_in_module
 from .optim import MNCoreAdam, MNCoreAdamW, MNCoreLRScheduler, MNCoreOptimizer, MNCoreSGD

@@ -148,7 +148,7 @@ class Context:
             self.registry.register(optimizer_prefix(optimizer), optimizer)
         except NameTakenError as e:
             raise NameTakenError(f"{e}: name each optimizer's state apart with "
-                                    "set_buffer_name_in_optimizer(optimizer, prefix) before registering it") from None
+                                 "set_buffer_name_in_optimizer(optimizer, prefix) before registering it") from None
 
     def is_registered(self, t: torch.Tensor) -> bool:
         return self.runtime.resident.name_of(t) is not None

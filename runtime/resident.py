@@ -44,7 +44,7 @@ class ResidentTensors:
         """Keep `tensor` as `name`; registered again, its host value replaces the device copies."""
         if name in self._tensors and self._tensors[name] is not tensor:
             raise NameTakenError(f"another tensor is already registered as {name!r}; give each model its own "
-                                    "prefix")
+                                 "prefix")
         if name in self._copies:
             _, spec = self.any_copy(name)
             if tuple(tensor.shape) != tuple(spec.shape):

@@ -21,29 +21,36 @@ class Allocator:
         self._used: dict[int, int] = {}
         self.high_water = 0
 
+    def _first_fit(self, size: int, align: int | None) -> tuple[int, int] | None:
+        """(index of the free region, aligned start) of the first region that holds `size` units."""
+        align = align or self.align
+        for i, (start, length) in enumerate(self._free):
+            addr = -(-start // align) * align
+            if addr + size <= start + length:
+                return i, addr
+        return None
+
     def fits(self, size: int, align: int | None = None) -> bool:
         """Whether `alloc(size, align)` would find room (a free region as large may start where
         the aligned block no longer fits)."""
-        align = align or self.align
-        return any(-(-start // align) * align + max(1, size) <= start + length for start, length in self._free)
+        return self._first_fit(max(1, size), align) is not None
 
     def alloc(self, size: int, align: int | None = None) -> int:
         """Start address of a new region of `size` units, aligned to `align` (default: the allocator's)."""
         if size <= 0:
             raise ValueError(f"{self.memory}: allocation size must be positive, got {size}")
-        align = align or self.align
-        for i, (start, length) in enumerate(self._free):
-            addr = -(-start // align) * align
-            if addr + size <= start + length:
-                del self._free[i]
-                if addr > start:
-                    self._insert(start, addr - start)
-                if addr + size < start + length:
-                    self._insert(addr + size, start + length - addr - size)
-                self._used[addr] = size
-                self.high_water = max(self.high_water, addr + size)
-                return addr
-        raise DeviceMemoryError(self.memory, size, self.free_total, self.largest_free, self.unit)
+        found = self._first_fit(size, align)
+        if found is None:
+            raise DeviceMemoryError(self.memory, size, self.free_total, self.largest_free, self.unit)
+        i, addr = found
+        start, length = self._free.pop(i)
+        if addr > start:
+            self._insert(start, addr - start)
+        if addr + size < start + length:
+            self._insert(addr + size, start + length - addr - size)
+        self._used[addr] = size
+        self.high_water = max(self.high_water, addr + size)
+        return addr
 
     def free(self, addr: int) -> None:
         size = self._used.pop(addr, None)

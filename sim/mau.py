@@ -21,8 +21,8 @@ from the first of them. When A and B both are, the L1B's MABs compute the same p
 once and written into each MAB's C (ResNet-50 conv2_x's 14 products: 94 -> 10 ms a call), or into
 the first MAB's C only, C's words then recorded replicated too, when C is one run per PE and is
 either overwritten or replicated so already (an accumulation over K chunks, each MATMUL adding
-to the same C: conv2_x's 66 products of 48 x 64 x 8 wrote 4,096 PE rows each, 46 -> 14 ms a call). In the
-loop, when only A is, the L1B's MABs compute one product r times wider (A times their B's side by
+to the same C: conv2_x's 66 products of 48 x 64 x 8 wrote 4,096 PE rows each, 46 -> 27 ms a
+call). In the loop, when only A is, the L1B's MABs compute one product r times wider (A times their B's side by
 side), and when only B is, r times taller (their A's stacked): one long innermost run instead of
 r short ones (the compiled 1024^3 product: 80 -> 67 ms a call, its products 64 x 8 x 8 a MAB).
 In place, only one replicated operand is read at stride 0 instead of written out first (an MNIST
@@ -203,8 +203,8 @@ def _entries(a, b, c, pes, m, kp, n, a_step, b_step, b_shape, every, served, r, 
             _multiply(b_one, a_one, tile)
         else:
             _multiply(a_one, b_one, tile)
-        _scatter(tile.reshape(-1), rows * cols, strides[0], strides[1], c[0], c[1], c[2], pes, n // pes, m, every, served, r,
-                 wide, tall, lo, hi, accumulate)
+        _scatter(tile.reshape(-1), rows * cols, strides[0], strides[1], c[0], c[1], c[2], pes, n // pes, m, every,
+                 served, r, wide, tall, lo, hi, accumulate)
 
 
 @njit(cache=True, nogil=True)

@@ -240,8 +240,12 @@ class ConvKernel(Kernel):
         device weight must gather into B's layout without moving lanes."""
         if v is self.x:
             return channels_in_lanes(ref.placement) and (self.c_pad == v.shape[1] or clean)
-        destination = stage(ctx.lm_placement(self.lb, device_dtype(v))).dram
+        destination = self.b_image(ctx)
         return lane_compatible(destination, *weight_read(destination, ref.placement, self.c_pad))
+
+    def b_image(self, ctx: EmitContext) -> Placement:
+        """Where B's slices stage from: the DRAM image of B's LM layout (the weight's dtype)."""
+        return stage(ctx.lm_placement(self.lb, device_dtype(self.w))).dram
 
     def writes(self) -> dict[Value, Layout]:
         return {self.node.out: self.view_lm} if self.view is not None else {}
@@ -292,8 +296,7 @@ class ConvKernel(Kernel):
             if view is not None:
                 b_source = Source(view)
             else:
-                read, index = weight_read(stage(ctx.lm_placement(self.lb, device_dtype(self.w))).dram,
-                                          refs[self.w].placement, self.c_pad)
+                read, index = weight_read(self.b_image(ctx), refs[self.w].placement, self.c_pad)
                 b_source = Source(refs[self.w], index) if index is not None else Source(refs[self.w], window=read)
         image = stage(ctx.lm_placement(self.lc_out, self.out_dtype)).dram
         if self.view is not None:
@@ -307,12 +310,12 @@ class ConvKernel(Kernel):
             ctx.gather(lw_sources(target, image), refs[out], [product])
 
 
-# Compile-time budgets: the tilings whose B reads a device weight by block copies that are timed
-# first, and, when B is larger than C, only the best-ranked of the others beside them: each
-# gathered candidate emits the weight's gather, up to one MV per long word, and timing them all
-# took ResNet-18's compile at 64x64 from 12 to 72 s. A smaller weight's candidates are all timed
-# (a depthwise 8-channel layer's best gathers its block-diagonal weight: 10,768 cycles, 17,324
-# by view).
+# Compile-time budgets: the tilings whose B reads a device weight by block copies added to the
+# cost-ranked ones, and, when B is larger than C, the best-ranked of the others kept beside them
+# (the only ones then): each gathered candidate emits the weight's gather, up to one MV per long
+# word, and timing them all took ResNet-18's compile at 64x64 from 12 to 72 s. A smaller weight's
+# candidates are all timed (a depthwise 8-channel layer's best gathers its block-diagonal weight:
+# 10,768 cycles, 17,324 by view).
 ALIGNED_CANDIDATES = 4
 GATHERED_BESIDE = 2
 
@@ -346,8 +349,8 @@ def plan(node: Node, planner) -> list[Kernel]:
         # K = (kernel position, channel) between factors (ConvKernel.w_layout); otherwise it is
         # gathered into B in runs as short as a long word each call (a 256-channel 3x3 layer's
         # weight: 294,912 MVs, 2.3 M cycles). The cost-ranked tilings seldom are (the estimate
-        # leaves the weight's gather out), so the best few that are go first, with the best-ranked
-        # others beside them: the planner times both kinds and keeps the faster.
+        # leaves the weight's gather out), so the best few that are join them: the planner times
+        # both kinds and keeps the faster.
         try:
             aligned = [t for t in tilings(planner.ctx, p, **ask, k_align=c, limit=ALIGNED_CANDIDATES) if t not in found]
         except CompileError:

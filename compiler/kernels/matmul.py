@@ -761,7 +761,7 @@ class _Epilogue:
 
     def __init__(self, cg: EmitContext, t: Tiling, regs: Regions, accumulate: bool, product, mau_rows: int,
                  hazard: int, up_dtype: str, convert: tuple | None) -> None:
-        self.cg, self.t, self.regs, self.product, self.rows, self.hazard = cg, t, regs, product, mau_rows, hazard
+        self.cg, self.t, self.regs, self.product, self.mau_rows, self.hazard = cg, t, regs, product, mau_rows, hazard
         self.accumulate, self.up_dtype, self.convert = accumulate, up_dtype, convert
         self.row_elements = t.nt // cg.params.pes_per_mab
         self.epl = cg.hw.elements_per_lw(up_dtype)
@@ -773,7 +773,8 @@ class _Epilogue:
         t = self.t
         total = t.mt * self.row_elements
         elements = total if lm_last is None else min(total, lm_last * self.epl)
-        rows = min(t.mt, -(-(-(-elements // self.row_elements)) // self.rows) * self.rows)
+        rows = -(-elements // self.row_elements)  # the rows those elements lie in, then whole MAU rows
+        rows = min(t.mt, -(-rows // self.mau_rows) * self.mau_rows)
         if rows > self.multiplied:
             self.product(self.regs, self.accumulate, "m", self.multiplied, rows - self.multiplied)
             self.cg.b.nop(self.hazard)
