@@ -25,6 +25,7 @@ import numpy as np
 
 from . import isa
 from .isa import Dir, DType, Mode, Op
+from .fusion import fused_products
 from .hostpool import run_shares
 from .mau import matmul
 from .moves import execute_moves, group_local, is_move, mab_broadcast, transpose
@@ -86,6 +87,10 @@ def execute(p: MachineParams, memories: list[np.ndarray], code: np.ndarray, hand
         return derived[key]
 
     plans = derived.setdefault(("vop plans", p.hw.fingerprint), {})
+    key = ("fused products", p.hw.fingerprint)
+    if key not in derived:
+        derived[key] = fused_products(p, code)
+    fused, skipped = derived[key]
     start = 0
     try:
         for i in [*(stepped_rows(code) if stepped is None else stepped), len(code)]:
@@ -96,7 +101,8 @@ def execute(p: MachineParams, memories: list[np.ndarray], code: np.ndarray, hand
                 row = code[i]
                 op = Op(int(row[0]))
                 if op == Op.MATMUL:
-                    matmul(p, memories, row, replicas)
+                    if i not in skipped:  # a later part of a product run whole at its first part (sim.fusion)
+                        matmul(p, memories, fused.get(i, row), replicas)
                 elif op == Op.XFER and row[isa.X_MODE] == Mode.mab_broadcast:
                     group = int(p.path_group[p.path_of[int(row[isa.X_UP_MEM]), int(row[isa.X_LO_MEM])]])
                     replicas.overwritten(written_range(p, row, group))  # first: a write cut short stays consistent
