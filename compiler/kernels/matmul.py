@@ -12,7 +12,8 @@ memories; chunks and rounds are time slices of the operands' layouts.
 Each step (one chunk) the Data Engines fetch chunks ahead into a ring of L2BM regions while
 the PE stream moves this one down to the PEs and multiplies it. Tilings are ranked by a model
 of that pipeline from the YAML numbers (`_cost`: Data Engine time per step against the PE
-stream's transfers, hazards and MAU steps) and the best is emitted.
+stream's transfers, hazards and MAU steps) and the best is emitted. The parts it is built from
+are in compiler.kernels.pipeline, the tilings and their layouts in compiler.kernels.tiling.
 """
 
 from __future__ import annotations
@@ -26,139 +27,23 @@ from math import ceil, prod
 import numpy as np
 
 from hwdesc.figures import side_rates
-from sim import Sym
 from sim.isa import DType, VOp
 
 from ..chain import Chain
 from ..errors import CompileError, LayoutError
 from ..ir import Node, Value
-from ..layout import TIME_AXIS, W_AXIS, Broadcast, Factor, Layout, Placement
+from ..layout import W_AXIS, Layout, Placement
 from ..layout.layout import spread
 from ..transfer.gather import lw_sources
-from ..transfer.staging import (Leg, emit_fetch, emit_legs, first_hop, leg_bundles, slice_legs, slice_pieces,
-                                stage, stored_staging)
-from ..transfer.separable import DimTerms
+from ..transfer.staging import leg_bundles, stage, stored_staging
 from .base import Kernel, device_dtype
-from .context import FIRST_FREE_TAG, Arena, EmitContext, Ref
+from .context import Arena, EmitContext, Ref
+from .pipeline import Epilogue, Feed, cuts, multiply
+from .tiling import (NO_OVERLAP, OPERAND_ROLES, OVERLAP_ALL, OVERLAP_EARLY, ROLES, Problem, Source, Take, Tiling,
+                     layouts, layouts_for, output_layout)
 
-ROLES = ("batch", "m", "n")
-NO_OVERLAP, OVERLAP_ALL, OVERLAP_EARLY = 0, 1, 2  # Tiling.overlap
 WISHED_TILINGS = 4  # tilings whose operand layouts a producer is offered (compile-time budget)
 CANDIDATES = 32  # at most this many undominated tilings per product are timed (compile-time budget)
-OPERAND_ROLES = {"a": ("batch", "m", "k"), "b": ("batch", "k", "n"), "c": ("batch", "m", "n")}
-
-
-@dataclass(frozen=True)
-class Take:
-    """A role on (part of) a hardware axis: `n` positions, `stride` apart."""
-
-    axis: str
-    role: str
-    n: int
-    stride: int = 1
-
-
-@dataclass(frozen=True)
-class Tiling:
-    takes: tuple[Take, ...]  # root to leaf
-    batch_local: int  # batches each MAB computes one after another
-    rounds: int  # M rounds
-    mt: int  # rows per MAB per round
-    chunks: int  # K chunks
-    kp: int  # K per PE per chunk
-    nt: int  # columns per MAB (a multiple of PEs x lanes)
-    trans_b: bool
-    half: bool  # the MAU multiplies in half (float16 operands, float32 accumulation)
-    pseudo: bool = False  # float32 operands multiplied as pseudo-single (options float_dtype "pfloat32")
-    # float32 operands converted to float64 in LM and multiplied there, accumulating in float64 (options
-    # float_dtype "float64"); C is rounded to float32 for its upload
-    float64: bool = False
-    # With the PE memories holding two steps' operands (`_double_regions`), a step's transfers to
-    # the PEs issue beside the MATMUL of the step before: OVERLAP_ALL in every step of a round but
-    # the first; OVERLAP_EARLY in all but the first and the last, so that the last MATMUL but one
-    # does not wait for the round's last operands (better when the Data Engines are the bottleneck:
-    # the planner times both). NO_OVERLAP: one step after the other.
-    overlap: int = 0
-    cost: float = 0.0
-
-    @property
-    def mau_dtype(self) -> str:
-        """The MATMUL's format (units.MAU.matrix.<format>): its rate and its operand precision."""
-        return "float16" if self.half else "pfloat32" if self.pseudo else "float64" if self.float64 else "float32"
-
-    def converts_in(self, staged_in_float32: bool) -> bool:
-        """Whether the operands are staged as float32 and converted in LM for the MAU (mixed, float64)."""
-        return self.float64 or (self.half and staged_in_float32)
-
-    def words(self, elements: int) -> int:
-        """Words of `elements` MAU operand elements (half: two a word; float64: two words each)."""
-        return elements // 2 if self.half else 2 * elements if self.float64 else elements
-
-    def element_at(self, word: int) -> int:
-        """The MATMUL address (in operand elements) of a region at `word` (even for float64)."""
-        return 2 * word if self.half else word // 2 if self.float64 else word
-
-    def tiles(self, role: str, axes: tuple[str, ...] | None = None) -> int:
-        return prod(k.n for k in self.takes if k.role == role and (axes is None or k.axis in axes))
-
-    def places(self, operand: str, axis: str) -> bool:
-        """Whether an operand's layout places `axis` (it holds different data along it)."""
-        return any(k.axis == axis and k.role in OPERAND_ROLES[operand] and k.n > 1 for k in self.takes)
-
-
-@dataclass(frozen=True)
-class Problem:
-    batch: int
-    m: int
-    k: int
-    n: int
-
-
-def _axis_factors(t: Tiling, role: str) -> list[Factor]:
-    return [Factor(k.n, k.axis, k.stride) for k in t.takes if k.role == role and k.n > 1]
-
-
-def _copies(t: Tiling, operand: str, of_roles: tuple[str, ...] = ROLES + ("k",)) -> tuple[Broadcast, ...]:
-    """Copies of an operand over the part of a split axis whose role it lacks (A over the L2Bs
-    that split N, when the Groups split M): a sized B@ on an axis its other part places."""
-    roles = OPERAND_ROLES[operand]
-    return tuple(Broadcast(k.axis, k.n, k.stride) for k in t.takes
-                 if k.role in of_roles and k.role not in roles and k.n > 1 and t.places(operand, k.axis))
-
-
-def layouts(t: Tiling, p: Problem, chain: Chain, epl_in: int, epl_out: int, batched: bool) -> tuple[Layout, Layout, Layout]:
-    """LM layouts of A (batch, M, K), B (batch, K, N) and C (batch, M, N) for a tiling."""
-    pes = chain.pes_per_unit
-    np_ = t.nt // pes
-    bdim = lambda time_stride: _axis_factors(t, "batch") + (  # noqa: E731
-        [Factor(t.batch_local, TIME_AXIS, time_stride)] if t.batch_local > 1 else [])
-    rounds = [Factor(t.rounds, TIME_AXIS, t.chunks)] if t.rounds > 1 else []
-    chunks = [Factor(t.chunks, TIME_AXIS, 1)] if t.chunks > 1 else []
-    # K is dealt to the MAB's PEs a long word at a time (k = ..., local long word, PE, lane): a
-    # PE's slice of K is any set of k's as long as A and B agree, and interleaving keeps
-    # consecutive k's in consecutive long words of the staging image, so gathers (im2col) move
-    # long runs.
-    k_split = _axis_factors(t, "k")  # L2Bs of a Group that split K: C's copies there are partial sums
-    k_dim = k_split + chunks + [Factor(t.kp // epl_in, None, 1), Factor(pes, chain.pe_axis, 1),
-                                Factor(epl_in, W_AXIS, 1)]
-    a = [_axis_factors(t, "m") + rounds + [Factor(t.mt, None, t.kp // epl_in)], k_dim]
-    if t.trans_b:
-        b = [k_dim, _axis_factors(t, "n") + [Factor(t.nt, None, t.kp // epl_in)]]
-    else:
-        b = [k_split + chunks + [Factor(t.kp // epl_in, None, epl_in * t.nt // epl_in), Factor(pes, chain.pe_axis, 1),
-                                 Factor(epl_in, None, t.nt // epl_in)],
-             _axis_factors(t, "n") + [Factor(t.nt // epl_in, None, 1), Factor(epl_in, W_AXIS, 1)]]
-    c = [_axis_factors(t, "m") + ([Factor(t.rounds, TIME_AXIS, 1)] if t.rounds > 1 else [])
-         + [Factor(t.mt, None, np_ // epl_out)],
-         _axis_factors(t, "n") + [Factor(pes, chain.pe_axis, 1), Factor(np_ // epl_out, None, 1), Factor(epl_out, W_AXIS, 1)]]
-    if batched:
-        a = [bdim(t.rounds * t.chunks)] + a
-        b = [bdim(t.chunks)] + b
-        c = [bdim(t.rounds)] + c
-    shapes = ((p.batch, p.m, p.k), (p.batch, p.k, p.n), (p.batch, p.m, p.n)) if batched else \
-        ((p.m, p.k), (p.k, p.n), (p.m, p.n))
-    return tuple(Layout.of(dims, shape, _copies(t, operand))
-                 for dims, shape, operand in zip((a, b, c), shapes, ("a", "b", "c")))
 
 
 @dataclass(frozen=True)
@@ -354,7 +239,7 @@ def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_
         mm += ceil((t.mt * t.kp + t.kp * t.nt) / lanes) * issues * hw.step_cycles  # as sim.timing costs a cvt
     c_lw = t.mt * t.tiles("m", (chain.l1_axis, chain.unit_axis)) * t.nt * t.tiles("n", (chain.l1_axis, chain.unit_axis)) \
         * hw.element_bytes("float32") / hw.long_word_bytes * l2_in_group / t.tiles("k")  # partial sums reduce on the way
-    serial = int(t.chunks == 1 or 2 * sum(traffic.l2) > hw.memory_lw(chain.l2))  # nothing to fetch ahead (see _Feed)
+    serial = int(t.chunks == 1 or 2 * sum(traffic.l2) > hw.memory_lw(chain.l2))  # nothing to fetch ahead (see pipeline.Feed)
     stream = tuple(v * steps for key in sorted(modes) for v in modes[key])
     return Work(mm * steps, engine_lw * steps, engine_mvs * steps, stream, steps, t.batch_local * t.rounds, serial,
                 c_lw * t.batch_local * t.rounds, NO_OVERLAP if serial else t.overlap)
@@ -618,51 +503,23 @@ def _aligned_kp(k: int, pes: int, epl: int, align: int) -> list[int]:
     return [kp for kp in range(k // pes, 0, -1) if kp % epl == 0 and _aligned(kp * pes, k, align)]
 
 
-@dataclass(frozen=True)
-class Source:
-    """Where a matrix operand's elements come from: a value's ref, and optionally a gather map
-    (flat element of the operand -> flat element of the ref's tensor, -1 for zero) or a window
-    of the ref's storage that is the operand (a convolution's im2col matrix)."""
-
-    ref: Ref
-    index: np.ndarray | None = None
-    window: DimTerms | None = None
-
-
-def layouts_for(cg: EmitContext, t: Tiling, p: Problem, batched: bool, half_in: bool, out_dtype: str = "float32"):
-    epl_in = cg.hw.elements_per_lw("float16" if half_in else "float32")
-    return layouts(t, p, Chain.of(cg.hw), epl_in, cg.hw.elements_per_lw(out_dtype), batched)
-
-
-def output_layout(cg: EmitContext, t: Tiling, p: Problem, batched: bool, half_in: bool, out_dtype: str
-                  ) -> tuple[Layout, Layout]:
-    """C's LM layout as computed (with copies over the L2Bs that split K, which hold partial sums)
-    and as stored: once the partial sums are added on the way out, C without those copies, in
-    the same DRAM image, so that consumers need not fetch it twice."""
-    lc_out = layouts_for(cg, t, p, batched, half_in, out_dtype)[2]
-    summed = Layout.of(lc_out.dims, lc_out.shape, tuple(b for b in lc_out.broadcast if b not in _copies(t, "c", ("k",))))
-    return lc_out, summed
-
-
 def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Source, b: Source, out_dtype: str,
                  out_ref: Ref) -> None:
     """C = A @ B for a tiling, into `out_ref` (the image of C's LM layout).
 
-    Step by step (one K chunk of one round), the Data Engines fetch steps ahead into L2BM (`_Feed`)
+    Step by step (one K chunk of one round), the Data Engines fetch steps ahead into L2BM (`pipeline.Feed`)
     while the PE stream brings a step's operands down to the PEs and multiplies them. With
     `Tiling.overlap` the PE memories hold two steps' operands: step i + 1's transfers to the PEs
     issue beside step i's MATMUL, cut into pieces so that each bundle of the transfers' pipeline
     has one (the stream then pays the longer of the two, not their sum)."""
-    pes = cg.params.pes_per_mab
     half_in = a.ref.placement.dtype == "float16" and b.ref.placement.dtype == "float16"
     mm_dtype = t.mau_dtype
     la, lb, lc = layouts_for(cg, t, p, batched, half_in)
     lc_out = lc if out_dtype == "float32" else layouts_for(cg, t, p, batched, half_in, out_dtype)[2]
-    c_elements = t.mt * (t.nt // pes)
     # float32 in DRAM, half or float64 in the MAU: stage float32, convert in LM
     convert_in = t.float64 or (t.half and not half_in)
     out_half = out_dtype == "float16"
-    feed = _Feed(cg, (a, b), (la, lb))
+    feed = Feed(cg, (a, b), (la, lb))
     double = _double_regions(cg, t, out_half) if t.overlap and feed.pipelined else None
     sets = double or (_regions(cg, t, convert_in, out_half),)
     (mem_c, word_c) = sets[0].c
@@ -678,16 +535,7 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
         return (regs.a32, regs.b32) if convert_in else (regs.a, regs.b)
 
     def product(regs: Regions, accumulate: bool, axis: str = "m", first: int = 0, size: int = t.mt) -> None:
-        """The MATMUL of one step, or of its rows [first, first + size) (axis "m") or its K per PE
-        [first, first + size) (axis "k")."""
-        (mem_a, word_a), (mem_b, word_b) = regs.a, regs.b
-        a_addr, b_addr, c_addr, m, kp = t.element_at(word_a), t.element_at(word_b), c_at, t.mt, t.kp
-        if axis == "m":
-            m, a_addr, c_addr = size, a_addr + first * t.kp, c_addr + first * (t.nt // pes)
-        else:
-            kp, a_addr, b_addr = size, a_addr + first, b_addr + first * (1 if t.trans_b else t.nt)
-        cg.b.matmul(mm_dtype, m, kp * pes, t.nt, (mem_a, a_addr, t.kp), (mem_b, b_addr, t.kp if t.trans_b else t.nt),
-                    (mem_c, c_addr, t.nt // pes), trans_b=t.trans_b, accumulate=accumulate or (axis == "k" and first > 0))
+        multiply(cg, t, regs.a, regs.b, (mem_c, c_at), accumulate, axis, first, size)
 
     steps = [(bl, r, k) for bl in range(t.batch_local) for r in range(t.rounds) for k in range(t.chunks)]
     slices = lambda bl, r, k: ((bl * t.rounds + r) * t.chunks + k, bl * t.chunks + k)  # noqa: E731
@@ -708,14 +556,14 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
                 feed.drain(i, into(i), *slices(bl, r, k), refills=refills(i + feed.depth))
             if k + 1 <= last_hidden:
                 feed.wait(i + 1)
-                bundles = leg_bundles(feed.legs(i + 1, into(i + 1)), cg.transit)
+                bundles = leg_bundles(feed.legs(i + 1, into(i + 1)), feed.transit)
                 refill = refills(i + 1 + feed.depth)
-                cuts = _cuts(t, mau_rows, epl, len(bundles))
-                for j in range(max(len(bundles), len(cuts))):
+                parts = cuts(t, mau_rows, epl, len(bundles))
+                for j in range(max(len(bundles), len(parts))):
                     hop, members = bundles[j] if j < len(bundles) else (None, [])
                     with cg.b.together():
-                        if j < len(cuts):
-                            product(regs, k > 0, *cuts[j])
+                        if j < len(parts):
+                            product(regs, k > 0, *parts[j])
                         for member in members:
                             member(cg.b)
                     if hop is not None and refill:
@@ -740,148 +588,16 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
             if k + 1 < t.chunks:  # the next chunk of this round is in L2BM or on its way: its first hop beside
                 feed.with_next_hop(i + 1, into(i + 1), lambda: product(regs, k > 0))
                 continue
-        partial = t.tiles("k") > 1
+        partial_sums = t.tiles("k") > 1
         converted = out_half or t.float64  # C converted for its upload: to half, or from float64 to float32
         up_dtype = out_dtype if out_half else "float32"
-        finish = _Epilogue(cg, t, regs, k > 0, product, mau_rows, hazard, up_dtype,
+        finish = Epilogue(cg, t, partial(product, regs, k > 0), mau_rows, hazard, up_dtype,
                            convert=((mem_up, 2 * word_up if out_half else word_up), (mem_c, c_at),
                                     "float64" if t.float64 else "float32") if converted else None)
         cg.upload(cg.lm_placement(lc_out if converted else lc, up_dtype), out_ref,
                   memory=mem_up if converted else mem_c, word=word_up if converted else word_c,
-                  slice_index=bl * t.rounds + r, reduce=partial, ready=finish.rows_for)
+                  slice_index=bl * t.rounds + r, reduce=partial_sums, ready=finish.rows_for)
         finish.rows_for(None)
-
-
-class _Epilogue:
-    """The last MATMUL of a round and C's conversion for its upload, emitted as the upload's
-    pieces need them: the pieces are C's words in order (C is row-major in each PE), so the Data
-    Engines take the first rows to DRAM while the PE stream still multiplies (cut by rows at
-    multiples of the MAU's rows, as `_cuts`: the parts' MAU cycles add up to the whole product's)
-    or converts the later ones."""
-
-    def __init__(self, cg: EmitContext, t: Tiling, regs: Regions, accumulate: bool, product, mau_rows: int,
-                 hazard: int, up_dtype: str, convert: tuple | None) -> None:
-        self.cg, self.t, self.regs, self.product, self.mau_rows, self.hazard = cg, t, regs, product, mau_rows, hazard
-        self.accumulate, self.up_dtype, self.convert = accumulate, up_dtype, convert
-        self.row_elements = t.nt // cg.params.pes_per_mab
-        self.epl = cg.hw.elements_per_lw(up_dtype)
-        self.multiplied = 0  # rows
-        self.converted = 0  # elements
-
-    def rows_for(self, lm_last: int | None) -> None:
-        """Emit what C's upload reads from LM long words [0, lm_last) (all of C: None)."""
-        t = self.t
-        total = t.mt * self.row_elements
-        elements = total if lm_last is None else min(total, lm_last * self.epl)
-        rows = -(-elements // self.row_elements)  # the rows those elements lie in, then whole MAU rows
-        rows = min(t.mt, -(-rows // self.mau_rows) * self.mau_rows)
-        if rows > self.multiplied:
-            self.product(self.regs, self.accumulate, "m", self.multiplied, rows - self.multiplied)
-            self.cg.b.nop(self.hazard)
-            self.multiplied = rows
-        if self.convert is not None and elements > self.converted:
-            (mem_up, up_at), (mem_c, c_at), src_dtype = self.convert
-            at = self.converted
-            self.cg.b.vop("cvt", self.up_dtype, 1, elements - at, (mem_up, up_at + at, 0, 1), (mem_c, c_at + at, 0, 1),
-                          src_dtype=src_dtype)
-            self.cg.b.nop(self.hazard)
-            self.converted = elements
-
-
-def _cuts(t: Tiling, rows: int, epl: int, count: int) -> list[tuple[str, int, int]]:
-    """At most `count` parts of a step's product, as (axis, first, size): its rows cut at multiples
-    of the MAU's rows, or its K per PE at whole long words, whichever allows more parts. Either
-    way the parts' MAU cycles add up to the whole product's (sim.isa's MATMUL rule)."""
-    by_m, by_k = ceil(t.mt / rows), t.kp // epl
-    axis, units, unit, total = ("m", by_m, rows, t.mt) if by_m >= by_k else ("k", by_k, epl, t.kp)
-    n = max(1, min(count, units))
-    ends = [min(total, unit * (units * j // n)) for j in range(n)] + [total]
-    return [(axis, ends[j], ends[j + 1] - ends[j]) for j in range(n)]
-
-
-class _Feed:
-    """Brings the operands' slices for each step to the PEs. When several steps' slices fit L2BM
-    at once, L2BM holds a ring of them: the Data Engines fetch the steps ahead (each region with
-    its own tag) while the PE stream drains step i (and multiplies it), which hides the DRAM
-    latency; otherwise each slice is downloaded on its own, in pieces. Operands are padded along
-    K with zeros: the padding is multiplied and summed. Long words of padding arrive as zeros;
-    padding lanes beside elements arrive with their long word, so an operand whose padding is not
-    known to be zero has been relaid first (MatmulKernel.sums_lane_padding)."""
-
-    def __init__(self, cg: EmitContext, sources: tuple[Source, Source], layouts: tuple[Layout, Layout]) -> None:
-        self.cg = cg
-        self.lms = tuple(cg.lm_placement(layout, src.ref.placement.dtype) for src, layout in zip(sources, layouts))
-        self.plans = [cg.fetch_source(src.ref, lm, pad=0.0, index=src.index, window=src.window)
-                      for src, lm in zip(sources, self.lms)]
-        self.dram = tuple(Sym(src.ref.symbol) for src in sources)
-        self.sources = sources
-        self.offsets = (0, self.plans[0][0].n_l2)
-        region = sum(st.n_l2 for st, _ in self.plans)
-        self.depth = min(cg.hw.memory_lw("L2BM") // region, cg.params.tags + 1 - FIRST_FREE_TAG)
-        self.pipelined = self.depth >= 2
-        self.depth = max(self.depth, 1)
-        self.regions = tuple(range(0, self.depth * region, region))
-        self.tags = tuple(range(FIRST_FREE_TAG, FIRST_FREE_TAG + self.depth))
-        self.hopped = -1  # the step whose first L2BM hop went with the previous MATMUL
-
-    def fetch(self, i: int, *slice_indices: int) -> None:
-        if not self.pipelined:
-            return
-        for (st, source), dram, offset, s in zip(self.plans, self.dram, self.offsets, slice_indices):
-            emit_fetch(self.cg.b, st, dram=dram, l2_addr=self.regions[i % self.depth] + offset, first=0,
-                       count=st.n_l2, tag=self.tags[i % self.depth], slice_index=s, source=source)
-
-    def refills(self, i: int, *slice_indices: int) -> list[Callable[[], None]]:
-        """Step i's fetch in parts, one per leg (in `legs` order): each brings the L2BM long words
-        of that leg's range of its region, so that it can be issued as soon as the leg of the step
-        before in the same region (i - depth) has left them."""
-        out = []
-        for (st, source), dram, offset, s in zip(self.plans, self.dram, self.offsets, slice_indices):
-            for piece in slice_pieces(st, self.cg.transit):
-                out.append(partial(emit_fetch, self.cg.b, st, dram=dram,
-                                   l2_addr=self.regions[i % self.depth] + offset + piece.q2_first,
-                                   first=piece.q2_first, count=piece.q2_count, tag=self.tags[i % self.depth],
-                                   slice_index=s, source=source))
-        return out
-
-    def legs(self, i: int, into: tuple[tuple[str, int], tuple[str, int]]) -> list[Leg]:
-        """Step i's pieces of A, then of B, from its L2BM region to their PE-memory regions `into`."""
-        return [leg for (st, _), (memory, word), offset in zip(self.plans, into, self.offsets)
-                for leg in slice_legs(st, self.cg.transit, l2_addr=self.regions[i % self.depth] + offset,
-                                      lm_mem=memory, lm_word=word)]
-
-    def wait(self, i: int) -> None:
-        """The stream waits for step i's fetch."""
-        self.cg.b.wait(self.tags[i % self.depth])
-
-    def drain(self, i: int, into: tuple[tuple[str, int], tuple[str, int]], *slice_indices: int,
-              refills: list[Callable[[], None]] | None = None) -> None:
-        """Step i's operands to their PE-memory regions `into`: A's and B's pieces in one pipeline
-        (one piece's L2BM hop beside the previous one's LM hop), its first hop already issued if
-        `with_next_hop` did; `refills[h]` right after leg h has left L2BM (see `refills`)."""
-        if not self.pipelined:
-            for src, lm, (memory, word), s in zip(self.sources, self.lms, into, slice_indices):
-                self.cg.download(src.ref, lm, memory=memory, word=word, slice_index=s, pad=0.0, index=src.index,
-                                 window=src.window)
-            return
-        started = self.hopped == i
-        if not started:
-            self.wait(i)
-        emit_legs(self.cg.b, self.legs(i, into), self.cg.transit, started=started,
-                  after=(lambda h: refills[h]()) if refills else None)
-
-    def with_next_hop(self, i: int, into: tuple[tuple[str, int], tuple[str, int]], instruction) -> None:
-        """`instruction()` (step i - 1's MATMUL) in one bundle with step i's first L2BM -> L1BM hop,
-        when step i's data is on its way into L2BM already (pipelined, same round), fetched two or
-        more steps ahead: with a ring of two regions it is fetched while step i - 1 drains and is
-        rarely in when the MATMUL starts, and waiting for it would stall the MATMUL (512^3 on
-        mncore2: 14,258 cycles so, 12,658 without)."""
-        if self.depth < 3:
-            instruction()
-            return
-        self.wait(i)
-        first_hop(self.cg.b, self.legs(i, into), self.cg.transit, instruction)
-        self.hopped = i
 
 
 class MatmulKernel(Kernel):

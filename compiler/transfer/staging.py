@@ -529,37 +529,43 @@ def emit_download(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str,
     emit_legs(b, legs, transit, before=lambda k: b.wait(transit.tags[k % 2]), after=after)
 
 
-def emit_upload(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
-                slice_index: int = 0, reduce: bool = False, ready: Callable[[int], None] | None = None) -> None:
-    """LM -> DRAM image, one slice; broadcast copies are read from replica 0. With `reduce`, the
-    copies on the L2Bs of each Group are partial sums (a product whose L2Bs split K): the Data
-    Engines add them up on the way to DRAM (MV reduce).
+@dataclass(frozen=True)
+class UploadPiece:
+    """One piece of an upload, in the PE stream's three parts, for a caller that spreads them over
+    other work: `collect()` waits until its buffers are free and brings the piece from the PEs
+    into L1BM; `lift` (one instruction on the l2bm slot, which may go in a bundle beside a MATMUL
+    that touches neither L1BM nor L2BM) takes it on into L2BM; `send()` issues the MVs to DRAM."""
 
-    With `ready`, the slice is still being written when the upload starts: `ready(last)` is called
-    before each piece with the piece's end (LM long words per PE from `lm_word`) and emits what
-    finishes those words. The slice is then cut into short pieces (`pipelined_pieces`), so that
-    the Data Engines start on the first piece while the PE stream still produces the rest."""
+    lm_last: int  # LM long words per PE [0, lm_last) of the slice are read once `collect` ran
+    collect: Callable[[], None]
+    lift: Member
+    send: Callable[[], None]
+
+
+def upload_pieces(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
+                  slice_index: int = 0, reduce: bool = False, at_least: int = 1, after: int = 0) -> list[UploadPiece]:
+    """The pieces of `emit_upload` (at least `at_least` of them, where the quantum allows), to emit
+    in order: piece k goes through buffer (after + k) % 2 and waits for the piece two before it."""
     if reduce and st.l2_replicas != tuple(range(st.chain.l2_per_group)):
         raise LayoutError(f"{st.lm.layout} is not copied over every L2B of a Group; there is nothing to reduce")
     if st.pe_mode == "broadcast":
         raise LayoutError(f"{st.lm.layout} is broadcast over every PE of an L1B; uploading it would need an "
                           f"l1bm mode that reads one PE alone")
-    hz, wpl = st.lm.hw.hazards, st.lm.hw.long_word_bytes // st.lm.hw.word_bytes
-    parts = pieces(st, transit, pipelined_pieces(st, reduce) if ready is not None else 1)
+    wpl = st.lm.hw.long_word_bytes // st.lm.hw.word_bytes
     base = dram + slice_index * st.image_lw
     pe_mode = "collect" if st.pe_mode == "distribute" else "individual"
     l1_mode = "collect" if st.l1_mode == "distribute" else "individual"
-    in_flight: list[int] = []
-    for k, p in enumerate(parts):
-        tag = transit.tags[k % 2]
-        if ready is not None:
-            ready(p.lm_last)  # before the wait: the PE stream works while the engines drain piece k - 2
+
+    def collect(k: int, p: Piece) -> None:
         if k >= 2:
-            b.wait(tag)  # the transfer that last used this buffer has drained it
+            b.wait(transit.tags[k % 2])  # the transfer that last used this buffer has drained it
         b.xfer(pe_mode, "up", L1BM, transit.l1[k % 2], lm_mem, lm_word + wpl * p.lm_first, p.q1_count, index=0)
-        b.nop(hz["l1bm_write_to_l2bm_read"])
+
+    def lift(k: int, p: Piece, b: ProgramBuilder) -> None:
         b.xfer(l1_mode, "up", L2BM, transit.l2[k % 2], L1BM, transit.l1[k % 2], p.q2_count, index=0)
-        b.nop(hz["l2bm_write_to_mv_read"])
+
+    def send(k: int, p: Piece) -> None:
+        tag = transit.tags[k % 2]
         if st.spread:
             _collect_spread(b, st, transit.l2[k % 2], base, p, tag)
         for slot, local in enumerate(() if st.spread else st.l2_locals if st.l2_locals is not None else (0,)):
@@ -569,9 +575,43 @@ def emit_upload(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, l
             else:
                 b.mv("individual", L2BM, transit.l2[k % 2], DRAM, base + slot * st.n_l2 + p.q2_first, p.q2_count,
                      tag=tag, src_local=local)
-        in_flight.append(tag)
-    for tag in dict.fromkeys(in_flight[-2:]):
-        b.wait(tag)
+    return [UploadPiece(p.lm_last, partial(collect, k, p), partial(lift, k, p), partial(send, k, p))
+            for k, p in enumerate(pieces(st, transit, at_least), start=after)]
+
+
+def emit_upload(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
+                slice_index: int = 0, reduce: bool = False, ready: Callable[[int], None] | None = None,
+                after: int = 0, settle: bool = True) -> int:
+    """LM -> DRAM image, one slice; broadcast copies are read from replica 0. With `reduce`, the
+    copies on the L2Bs of each Group are partial sums (a product whose L2Bs split K): the Data
+    Engines add them up on the way to DRAM (MV reduce).
+
+    With `ready`, the slice is still being written when the upload starts: `ready(last)` is called
+    before each piece with the piece's end (LM long words per PE from `lm_word`) and emits what
+    finishes those words. The slice is then cut into short pieces (`pipelined_pieces`), so that
+    the Data Engines start on the first piece while the PE stream still produces the rest.
+
+    Uploads may follow each other through the same buffers without waiting in between: `after`
+    is the number of pieces the ones before sent (their last two may still be draining), and
+    all but the last pass `settle=False` (the last waits for every buffer to drain). Returns the
+    pieces sent, counting those before."""
+    hz = st.lm.hw.hazards
+    parts = upload_pieces(b, st, dram=dram, lm_mem=lm_mem, lm_word=lm_word, transit=transit,
+                          slice_index=slice_index, reduce=reduce, after=after,
+                          at_least=pipelined_pieces(st, reduce) if ready is not None else 1)
+    for piece in parts:
+        if ready is not None:
+            ready(piece.lm_last)  # before the wait: the PE stream works while the engines drain piece k - 2
+        piece.collect()
+        b.nop(hz["l1bm_write_to_l2bm_read"])
+        piece.lift(b)
+        b.nop(hz["l2bm_write_to_mv_read"])
+        piece.send()
+    sent = after + len(parts)
+    if settle:
+        for k in range(max(0, sent - 2), sent):
+            b.wait(transit.tags[k % 2])
+    return sent
 
 
 def pipelined_pieces(st: Staging, reduce: bool) -> int:

@@ -13,7 +13,7 @@ import sim.isa as isa
 from compiler.chain import Chain
 from compiler.compile import compile_function
 from runtime import Device
-from compiler.kernels import matmul
+from compiler.kernels import matmul, pipeline
 from compiler.kernels.context import EmitContext
 from sim import Machine
 from sim.params import MachineParams
@@ -182,12 +182,12 @@ def test_without_room_to_fetch_ahead_each_chunk_downloads_on_its_own(mini, monke
     inputs = {"a": torch.randn(64, 512), "b": torch.randn(512, 64)}
     device = Device(mini)
     ahead = compile_function(matmul_fn, inputs, mini)
-    init = matmul._Feed.__init__
+    init = pipeline.Feed.__init__
 
     def no_room(self, *args, **kwargs):
         init(self, *args, **kwargs)
         self.pipelined, self.depth = False, 1
-    monkeypatch.setattr(matmul._Feed, "__init__", no_room)
+    monkeypatch.setattr(pipeline.Feed, "__init__", no_room)
     in_series = compile_function(matmul_fn, inputs, mini)
     got = device.execute(in_series, inputs)["c"]
     torch.testing.assert_close(got, matmul_fn(inputs)["c"], rtol=1e-5, atol=1e-5 * got.abs().max().item())
@@ -383,7 +383,7 @@ def test_a_step_is_cut_into_parts_whose_mau_cycles_add_up(mini):
             return -(-m // rows) * -(-kp * pes // shape.cols) * max(n, -(-rows // shape.load_rows_per_cycle))
         for mt, kp, count in [(64, 8, 3), (20, 64, 5), (16, 4, 4), (128, 4, 100), (8, 12, 2), (40, 40, 7)]:
             t = matmul.Tiling((), 1, 1, mt, 1, kp, 8, False, dtype == "float16")
-            cuts = matmul._cuts(t, rows, epl, count)
+            cuts = pipeline.cuts(t, rows, epl, count)
             axis = cuts[0][0]
             assert {c[0] for c in cuts} == {axis} and 1 <= len(cuts) <= count
             assert [c[1] for c in cuts] == [0, *np.cumsum([c[2] for c in cuts])[:-1]]

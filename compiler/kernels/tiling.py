@@ -1,0 +1,158 @@
+"""A matrix product's tiling: which role (batch, rows M, columns N, or K) each hardware axis
+takes, how the tile per MAB is cut into K chunks and M rounds, and the LM layouts of A, B and C
+that follow from it (compiler.kernels.matmul chooses among tilings and emits them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+import numpy as np
+
+from ..chain import Chain
+from ..layout import TIME_AXIS, W_AXIS, Broadcast, Factor, Layout
+from ..transfer.separable import DimTerms
+from .context import EmitContext, Ref
+
+ROLES = ("batch", "m", "n")
+NO_OVERLAP, OVERLAP_ALL, OVERLAP_EARLY = 0, 1, 2  # Tiling.overlap
+OPERAND_ROLES = {"a": ("batch", "m", "k"), "b": ("batch", "k", "n"), "c": ("batch", "m", "n")}
+
+
+@dataclass(frozen=True)
+class Take:
+    """A role on (part of) a hardware axis: `n` positions, `stride` apart."""
+
+    axis: str
+    role: str
+    n: int
+    stride: int = 1
+
+
+@dataclass(frozen=True)
+class Tiling:
+    takes: tuple[Take, ...]  # root to leaf
+    batch_local: int  # batches each MAB computes one after another
+    rounds: int  # M rounds
+    mt: int  # rows per MAB per round
+    chunks: int  # K chunks
+    kp: int  # K per PE per chunk
+    nt: int  # columns per MAB (a multiple of PEs x lanes)
+    trans_b: bool
+    half: bool  # the MAU multiplies in half (float16 operands, float32 accumulation)
+    pseudo: bool = False  # float32 operands multiplied as pseudo-single (options float_dtype "pfloat32")
+    # float32 operands converted to float64 in LM and multiplied there, accumulating in float64 (options
+    # float_dtype "float64"); C is rounded to float32 for its upload
+    float64: bool = False
+    # With the PE memories holding two steps' operands (`_double_regions`), a step's transfers to
+    # the PEs issue beside the MATMUL of the step before: OVERLAP_ALL in every step of a round but
+    # the first; OVERLAP_EARLY in all but the first and the last, so that the last MATMUL but one
+    # does not wait for the round's last operands (better when the Data Engines are the bottleneck:
+    # the planner times both). NO_OVERLAP: one step after the other.
+    overlap: int = 0
+    cost: float = 0.0
+
+    @property
+    def mau_dtype(self) -> str:
+        """The MATMUL's format (units.MAU.matrix.<format>): its rate and its operand precision."""
+        return "float16" if self.half else "pfloat32" if self.pseudo else "float64" if self.float64 else "float32"
+
+    def converts_in(self, staged_in_float32: bool) -> bool:
+        """Whether the operands are staged as float32 and converted in LM for the MAU (mixed, float64)."""
+        return self.float64 or (self.half and staged_in_float32)
+
+    def words(self, elements: int) -> int:
+        """Words of `elements` MAU operand elements (half: two a word; float64: two words each)."""
+        return elements // 2 if self.half else 2 * elements if self.float64 else elements
+
+    def element_at(self, word: int) -> int:
+        """The MATMUL address (in operand elements) of a region at `word` (even for float64)."""
+        return 2 * word if self.half else word // 2 if self.float64 else word
+
+    def tiles(self, role: str, axes: tuple[str, ...] | None = None) -> int:
+        return prod(k.n for k in self.takes if k.role == role and (axes is None or k.axis in axes))
+
+    def places(self, operand: str, axis: str) -> bool:
+        """Whether an operand's layout places `axis` (it holds different data along it)."""
+        return any(k.axis == axis and k.role in OPERAND_ROLES[operand] and k.n > 1 for k in self.takes)
+
+
+@dataclass(frozen=True)
+class Problem:
+    batch: int
+    m: int
+    k: int
+    n: int
+
+
+def _axis_factors(t: Tiling, role: str) -> list[Factor]:
+    return [Factor(k.n, k.axis, k.stride) for k in t.takes if k.role == role and k.n > 1]
+
+
+def _copies(t: Tiling, operand: str, of_roles: tuple[str, ...] = ROLES + ("k",)) -> tuple[Broadcast, ...]:
+    """Copies of an operand over the part of a split axis whose role it lacks (A over the L2Bs
+    that split N, when the Groups split M): a sized B@ on an axis its other part places."""
+    roles = OPERAND_ROLES[operand]
+    return tuple(Broadcast(k.axis, k.n, k.stride) for k in t.takes
+                 if k.role in of_roles and k.role not in roles and k.n > 1 and t.places(operand, k.axis))
+
+
+def layouts(t: Tiling, p: Problem, chain: Chain, epl_in: int, epl_out: int, batched: bool) -> tuple[Layout, Layout, Layout]:
+    """LM layouts of A (batch, M, K), B (batch, K, N) and C (batch, M, N) for a tiling."""
+    pes = chain.pes_per_unit
+    np_ = t.nt // pes
+    bdim = lambda time_stride: _axis_factors(t, "batch") + (  # noqa: E731
+        [Factor(t.batch_local, TIME_AXIS, time_stride)] if t.batch_local > 1 else [])
+    rounds = [Factor(t.rounds, TIME_AXIS, t.chunks)] if t.rounds > 1 else []
+    chunks = [Factor(t.chunks, TIME_AXIS, 1)] if t.chunks > 1 else []
+    # K is dealt to the MAB's PEs a long word at a time (k = ..., local long word, PE, lane): a
+    # PE's slice of K is any set of k's as long as A and B agree, and interleaving keeps
+    # consecutive k's in consecutive long words of the staging image, so gathers (im2col) move
+    # long runs.
+    k_split = _axis_factors(t, "k")  # L2Bs of a Group that split K: C's copies there are partial sums
+    k_dim = k_split + chunks + [Factor(t.kp // epl_in, None, 1), Factor(pes, chain.pe_axis, 1),
+                                Factor(epl_in, W_AXIS, 1)]
+    a = [_axis_factors(t, "m") + rounds + [Factor(t.mt, None, t.kp // epl_in)], k_dim]
+    if t.trans_b:
+        b = [k_dim, _axis_factors(t, "n") + [Factor(t.nt, None, t.kp // epl_in)]]
+    else:
+        b = [k_split + chunks + [Factor(t.kp // epl_in, None, epl_in * t.nt // epl_in), Factor(pes, chain.pe_axis, 1),
+                                 Factor(epl_in, None, t.nt // epl_in)],
+             _axis_factors(t, "n") + [Factor(t.nt // epl_in, None, 1), Factor(epl_in, W_AXIS, 1)]]
+    c = [_axis_factors(t, "m") + ([Factor(t.rounds, TIME_AXIS, 1)] if t.rounds > 1 else [])
+         + [Factor(t.mt, None, np_ // epl_out)],
+         _axis_factors(t, "n") + [Factor(pes, chain.pe_axis, 1), Factor(np_ // epl_out, None, 1), Factor(epl_out, W_AXIS, 1)]]
+    if batched:
+        a = [bdim(t.rounds * t.chunks)] + a
+        b = [bdim(t.chunks)] + b
+        c = [bdim(t.rounds)] + c
+    shapes = ((p.batch, p.m, p.k), (p.batch, p.k, p.n), (p.batch, p.m, p.n)) if batched else \
+        ((p.m, p.k), (p.k, p.n), (p.m, p.n))
+    return tuple(Layout.of(dims, shape, _copies(t, operand))
+                 for dims, shape, operand in zip((a, b, c), shapes, ("a", "b", "c")))
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a matrix operand's elements come from: a value's ref, and optionally a gather map
+    (flat element of the operand -> flat element of the ref's tensor, -1 for zero) or a window
+    of the ref's storage that is the operand (a convolution's im2col matrix)."""
+
+    ref: Ref
+    index: np.ndarray | None = None
+    window: DimTerms | None = None
+
+
+def layouts_for(cg: EmitContext, t: Tiling, p: Problem, batched: bool, half_in: bool, out_dtype: str = "float32"):
+    epl_in = cg.hw.elements_per_lw("float16" if half_in else "float32")
+    return layouts(t, p, Chain.of(cg.hw), epl_in, cg.hw.elements_per_lw(out_dtype), batched)
+
+
+def output_layout(cg: EmitContext, t: Tiling, p: Problem, batched: bool, half_in: bool, out_dtype: str
+                  ) -> tuple[Layout, Layout]:
+    """C's LM layout as computed (with copies over the L2Bs that split K, which hold partial sums)
+    and as stored: once the partial sums are added on the way out, C without those copies, in
+    the same DRAM image, so that consumers need not fetch it twice."""
+    lc_out = layouts_for(cg, t, p, batched, half_in, out_dtype)[2]
+    summed = Layout.of(lc_out.dims, lc_out.shape, tuple(b for b in lc_out.broadcast if b not in _copies(t, "c", ("k",))))
+    return lc_out, summed
