@@ -19,7 +19,7 @@ from .machine import Machine
 from .params import MachineParams
 from .program import Program
 from .stats import RunStats, TraceEvent
-from .timing import time_code
+from .timing import pe_cycles, time_code
 from .disasm import disassemble
 from .validate import validate
 from . import jitcache as _jitcache
@@ -28,4 +28,4 @@ _jitcache.refresh_package()  # before any kernel is loaded
 
 __all__ = ["ALL_GROUPS", "TABLE", "Allocator", "DType", "DeviceMemoryError", "Dir", "Machine", "MachineParams",
            "Mode", "Op", "Program", "ProgramBuilder", "RunStats", "SimError", "Sym", "TraceEvent", "VOp",
-           "disassemble", "time_code", "validate"]
+           "disassemble", "pe_cycles", "time_code", "validate"]

@@ -245,6 +245,14 @@ def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, 
     return start, end, unit, mask_of, path, nbytes, total, pe_busy, engine_busy, host_busy, wait_stall, queue_stall
 
 
+def pe_cycles(p: MachineParams, row: np.ndarray) -> int:
+    """Cycles one PE-stream instruction holds the stream, by the timing engine's own rule: what a
+    compiler weighs the members of its bundles by (how long each MATMUL piece must last). The row
+    must use modes and ops the chip offers (sim.validate.check_offered): others have no rate."""
+    return int(_pe_cycles(row, p.step_cycles, p.vop_dtype_issues, p.vop_lanes, p.path_of, p.path_group,
+                          p.mode_src_rate, p.mode_dst_rate, p.mem_instances, p.mm_rows, p.mm_cols, p.mm_load_rows))
+
+
 def time_code(p: MachineParams, code: np.ndarray) -> RunStats:
     """Cycles of a (validated) instruction array on the chip `p` describes, from the YAML numbers
     only: no machine state, so a planner can time what it would emit."""

@@ -93,6 +93,10 @@ ALLOWED = {
     ("compiler/kernels/matmul.py", 32): "undominated tilings per product the planner times (compile-time budget)",
     ("compiler/kernels/matmul.py", 4): "tilings whose operand layouts a product offers its producers (compile-time budget)",
     ("compiler/kernels/matmul.py", 256): "lru_cache size",
+    ("compiler/kernels/stationary.py", 8): "A's ring depth in a B-stationary product (compile-time choice)",
+    ("compiler/kernels/matmul.py", 8): "most rounds a B-stationary tiling is tried with (compile-time budget)",
+    ("compiler/kernels/stationary.py", 4): "L2BM and L1BM quartered for a B-stationary product's last round: its ring and legs in "
+                                         "one half, the earlier rounds' uploads in two quarters",
     ("compiler/kernels/conv.py", 4): "tilings whose B reads a device weight by block copies the planner times (compile-time budget)",
     ("compiler/planner/rewrite.py", 4): "when a reduction is split: reduced elements per PE (planner heuristic)",
     ("compiler/planner/rewrite.py", 8): "when a reduction is split: PEs per kept element; parts a whole one needs (planner heuristics)",

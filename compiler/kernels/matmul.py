@@ -12,8 +12,10 @@ memories; chunks and rounds are time slices of the operands' layouts.
 Each step (one chunk) the Data Engines fetch chunks ahead into a ring of L2BM regions while
 the PE stream moves this one down to the PEs and multiplies it. Tilings are ranked by a model
 of that pipeline from the YAML numbers (`_cost`: Data Engine time per step against the PE
-stream's transfers, hazards and MAU steps) and the best is emitted. The parts it is built from
-are in compiler.kernels.pipeline, the tilings and their layouts in compiler.kernels.tiling.
+stream's transfers, hazards and MAU steps) and the best is emitted. Tilings of one round are
+also offered with B kept in the PE memories over several rounds (compiler.kernels.stationary), so
+that C goes up round by round while the last round multiplies. The parts both schedules are
+built from are in compiler.kernels.pipeline, the tilings and their layouts in .tiling.
 """
 
 from __future__ import annotations
@@ -38,12 +40,15 @@ from ..transfer.gather import lw_sources
 from ..transfer.staging import leg_bundles, stage, stored_staging
 from .base import Kernel, device_dtype
 from .context import Arena, EmitContext, Ref
-from .pipeline import Epilogue, Feed, cuts, multiply
+from .pipeline import Epilogue, Feed, beside, multiply
+from .stationary import emit_stationary, stationary_cost, stationary_regions
 from .tiling import (NO_OVERLAP, OPERAND_ROLES, OVERLAP_ALL, OVERLAP_EARLY, ROLES, Problem, Source, Take, Tiling,
                      layouts, layouts_for, output_layout)
 
 WISHED_TILINGS = 4  # tilings whose operand layouts a producer is offered (compile-time budget)
 CANDIDATES = 32  # at most this many undominated tilings per product are timed (compile-time budget)
+STATIONARY_CANDIDATES = 2  # B-stationary tilings timed besides (compile-time budget)
+MOST_STATIONARY_ROUNDS = 8  # rounds a B-stationary tiling may have (more only shorten the last round's upload)
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,7 @@ class Work:
     serial: int  # 1 when the Data Engines cannot fetch ahead (each step waits for its operands)
     upload_lw: float
     overlap: int = 0  # Tiling.overlap where the Data Engines fetch ahead, else NO_OVERLAP
+    operand_lw: tuple[float, float] = (0.0, 0.0)  # engine_lw's parts for A and B (not compared: in engine_lw)
 
     @property
     def exposed(self) -> int:
@@ -242,7 +248,8 @@ def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_
     serial = int(t.chunks == 1 or 2 * sum(traffic.l2) > hw.memory_lw(chain.l2))  # nothing to fetch ahead (see pipeline.Feed)
     stream = tuple(v * steps for key in sorted(modes) for v in modes[key])
     return Work(mm * steps, engine_lw * steps, engine_mvs * steps, stream, steps, t.batch_local * t.rounds, serial,
-                c_lw * t.batch_local * t.rounds, NO_OVERLAP if serial else t.overlap)
+                c_lw * t.batch_local * t.rounds, NO_OVERLAP if serial else t.overlap,
+                (fetches[0][0] * steps, fetches[1][0] * steps))
 
 
 def _spread_fetch(cg: EmitContext, t: Tiling, operand: str, block: int, raw: float, steps: int
@@ -463,7 +470,29 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
                 break
     if not storable:
         raise CompileError(f"no tiling of a {p.batch}x{p.m}x{p.k}x{p.n} product fits the PE memories of {cg.hw.name}")
+    if not (out_half or float64 or staged_in_float32):
+        works = {t: w for t, w in front}
+        storable += _stationary_variants(cg, [(t, works[t]) for t in storable])
     return tuple(storable)
+
+
+def _stationary_variants(cg: EmitContext, ranked: list[tuple[Tiling, Work]]) -> list[Tiling]:
+    """B-stationary versions of one-round tilings (compiler.kernels.stationary: their rows cut into
+    rounds at whole MAU rows, as long as every round's C and all of B fit beside two steps' A),
+    the best few by their estimate, for the planner to time beside the others."""
+    found: dict[Tiling, Tiling] = {}
+    for t, work in ranked:
+        if t.rounds != 1 or t.chunks < 2 or t.batch_local != 1:
+            continue
+        rows = cg.hw.units[cg.chain.matrix_unit].matrix[t.mau_dtype].rows
+        for rounds in range(2, MOST_STATIONARY_ROUNDS + 1):
+            v = replace(t, rounds=rounds, mt=t.mt // rounds, b_stationary=True, overlap=OVERLAP_ALL, cost=0.0)
+            if t.mt % (rounds * rows) or v in found or stationary_regions(cg, v) is None:
+                continue
+            rate = side_rates(cg.hw, cg.chain.dram_to_l2, "individual")[0]
+            found[v] = replace(v, cost=stationary_cost(cg, v, work.mau, *(lw / rate for lw in work.operand_lw),
+                                                      work.upload_lw / rate))
+    return sorted(found.values(), key=lambda v: v.cost)[:STATIONARY_CANDIDATES]
 
 
 def _storable(layout: Layout, hw, dtype: str) -> bool:
@@ -512,6 +541,8 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
     `Tiling.overlap` the PE memories hold two steps' operands: step i + 1's transfers to the PEs
     issue beside step i's MATMUL, cut into pieces so that each bundle of the transfers' pipeline
     has one (the stream then pays the longer of the two, not their sum)."""
+    if t.b_stationary:
+        return emit_stationary(cg, t, p, batched, a, b, out_dtype, out_ref)
     half_in = a.ref.placement.dtype == "float16" and b.ref.placement.dtype == "float16"
     mm_dtype = t.mau_dtype
     la, lb, lc = layouts_for(cg, t, p, batched, half_in)
@@ -528,14 +559,14 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
         mem_up, word_up = sets[0].c_up
     hazard = cg.hw.hazards["lm_write_to_read"]
     mau_rows = cg.hw.units[cg.chain.matrix_unit].matrix[mm_dtype].rows
-    epl = cg.hw.elements_per_lw("float16" if t.half else "float32")
 
     def into(i: int) -> tuple[tuple[str, int], tuple[str, int]]:
         regs = sets[i % len(sets)]
         return (regs.a32, regs.b32) if convert_in else (regs.a, regs.b)
 
-    def product(regs: Regions, accumulate: bool, axis: str = "m", first: int = 0, size: int = t.mt) -> None:
-        multiply(cg, t, regs.a, regs.b, (mem_c, c_at), accumulate, axis, first, size)
+    def product(regs: Regions, accumulate: bool, axis: str = "m", first: int = 0, size: int = t.mt,
+                into=None) -> None:
+        multiply(cg, t, regs.a, regs.b, (mem_c, c_at), accumulate, axis, first, size, into)
 
     steps = [(bl, r, k) for bl in range(t.batch_local) for r in range(t.rounds) for k in range(t.chunks)]
     slices = lambda bl, r, k: ((bl * t.rounds + r) * t.chunks + k, bl * t.chunks + k)  # noqa: E731
@@ -556,18 +587,9 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
                 feed.drain(i, into(i), *slices(bl, r, k), refills=refills(i + feed.depth))
             if k + 1 <= last_hidden:
                 feed.wait(i + 1)
-                bundles = leg_bundles(feed.legs(i + 1, into(i + 1)), feed.transit)
                 refill = refills(i + 1 + feed.depth)
-                parts = cuts(t, mau_rows, epl, len(bundles))
-                for j in range(max(len(bundles), len(parts))):
-                    hop, members = bundles[j] if j < len(bundles) else (None, [])
-                    with cg.b.together():
-                        if j < len(parts):
-                            product(regs, k > 0, *parts[j])
-                        for member in members:
-                            member(cg.b)
-                    if hop is not None and refill:
-                        refill[hop]()
+                beside(cg, t, partial(product, regs, k > 0), leg_bundles(feed.legs(i + 1, into(i + 1)), feed.transit),
+                       after=(lambda hop, refill=refill: refill[hop]()) if refill else None, shaped=False)
                 continue
             if k + 1 < t.chunks:  # the round's last step comes down after this MATMUL, which need not wait for it
                 product(regs, k > 0)

@@ -50,6 +50,10 @@ class Tiling:
     # does not wait for the round's last operands (better when the Data Engines are the bottleneck:
     # the planner times both). NO_OVERLAP: one step after the other.
     overlap: int = 0
+    # B kept in the PE memories over the M rounds (compiler.kernels.stationary): fetched once, in the
+    # first rounds, which go chunk by chunk; the last round's Data Engine time goes to the earlier
+    # rounds' C, on its way out while that round multiplies
+    b_stationary: bool = False
     cost: float = 0.0
 
     @property

@@ -246,13 +246,14 @@ def test_small_and_half_products_compile_and_match(mncore2_device, shape, dtype)
     assert (got - want).abs().max() <= (4e-3 if dtype == torch.float16 else 1e-5) * want.abs().max()
 
 
-@pytest.mark.parametrize("case", ["float", "mixed", "half"])
-def test_a_1024_cubed_product_reaches_0_7_of_the_roofline(mncore2, case):
+@pytest.mark.parametrize("case, fraction", [("float", 0.85), ("mixed", 0.7), ("half", 0.7)])
+def test_a_1024_cubed_product_reaches_its_fraction_of_the_roofline(mncore2, case, fraction):
     """The roofline bound from the YAML (hwdesc.figures): max(MAU time, DRAM traffic time). The
-    simulated program must take at most 1/0.7 of it (issue 15's floor for half and mixed): its
-    steps' transfers to the PEs go beside the MATMULs, which leaves the Data Engines the
-    bottleneck, and C's upload starts while the last rows are finished (bench/ reports the
-    figures)."""
+    simulated program must take at most 1/fraction of it (issue 15's floors: 0.85 for float32,
+    0.7 for half and mixed): its steps' transfers to the PEs go beside the MATMULs, which leaves
+    the Data Engines the bottleneck; in float32, B stays in the PE memories over four rounds so
+    that C's first rounds go up while the last one multiplies (compiler.kernels.stationary), and
+    C's upload starts while the last rows are finished (bench/ reports the figures)."""
     from hwdesc.figures import dram_traffic_cycles, matrix_cycles
     n = 1024
     dtype = torch.float16 if case == "half" else torch.float32
@@ -261,7 +262,7 @@ def test_a_1024_cubed_product_reaches_0_7_of_the_roofline(mncore2, case):
     size = mncore2.element_bytes("float16" if case == "half" else "float32")
     bound = max(matrix_cycles(mncore2, n ** 3, "float32" if case == "float" else "float16"),
                 dram_traffic_cycles(mncore2, 2 * n * n * size, n * n * size))
-    assert Machine(mncore2).time(compiled.program.code).total_cycles <= bound / 0.7
+    assert Machine(mncore2).time(compiled.program.code).total_cycles <= bound / fraction
 
 
 def test_convolutions_gather_in_runs_longer_than_one_mab(mncore2):

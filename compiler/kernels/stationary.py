@@ -1,0 +1,227 @@
+"""A matrix product whose B stays in the PE memories over its M rounds (`Tiling.b_stationary`:
+B-stationary, in the dataflow literature's terms).
+
+Why: C is final only after the last K chunk, so with one round the whole of C goes up after the
+last MATMUL while the MAUs idle (1024^3 float on mncore2: 8,192 of 42,014 cycles, the Groups' Data
+Engines reducing the two L2Bs' partial sums at 16 long words a cycle). Rounds make C final round
+by round, but each round would fetch B again. Here B comes down once, chunk by chunk, and stays:
+
+* first rounds 0 .. R-2, chunk by chunk (step (r, k) for each chunk k, for each round r): B's
+  chunk k comes down with round 0's A into a bank of its own, and rounds 1 .. R-2 reuse it. The
+  Data Engines fetch B while several rounds multiply it, which keeps the MAUs busy;
+* then round R-1, chunk by chunk, with A alone; between its steps the earlier rounds' C go up, on
+  the Data Engine time that round does not need for A;
+* last, round R-1's C, its upload started while its last MATMUL still runs (`Epilogue`).
+
+Each step's transfers to the PEs issue beside the step before's MATMUL (as `Tiling.overlap`), so
+the PE memories hold two steps' A in one two-ported memory, B's chunks in two banks (even and odd
+chunks) written while the other is read, and every round's C (`stationary_regions`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from functools import partial
+from math import ceil
+
+from ..errors import CompileError
+from ..transfer.staging import Member, Transit, UploadPiece, emit_legs, leg_bundles, pipelined_pieces, stage, upload_pieces
+from .context import TAGS, Arena, EmitContext, Ref
+from .pipeline import Epilogue, Feed, beside, multiply
+from .tiling import Problem, Source, Tiling, layouts_for
+
+Region = tuple[str, int]  # (memory, word)
+# Ring depths (regions of L2BM): B's chunk comes B_RING chunks ahead (several steps' MATMULs, more
+# than its fetch takes); A's step A_RING steps ahead. Compile-time choices, not hardware numbers.
+B_RING, A_RING = 3, 8
+
+
+@dataclass(frozen=True)
+class StationaryRegions:
+    a: tuple[Region, Region]  # two steps' A, in one memory with separate read and write ports
+    banks: tuple[Region, Region]  # B's even and odd chunks, one after another
+    c: Region  # C of every round, one after another
+
+
+def stationary_regions(cg: EmitContext, t: Tiling) -> StationaryRegions | None:
+    """Where a B-stationary tiling's operands live, so that a MATMUL (reading A, B's bank of its
+    chunk and C, each from its own memory) issues beside the transfers that write the next step's
+    A and the next chunk of B (the issue model's memory rules, sim.issue). None when nothing fits."""
+    pes = cg.params.pes_per_mab
+    a_words, chunk_words = t.words(t.mt * t.kp), t.words(t.kp * t.nt)
+    bank_words = ceil(t.chunks / 2) * chunk_words
+    c_words = t.rounds * t.mt * (t.nt // pes)
+    memories = cg.chain.scratch
+    two_ported = [m for m in memories if cg.hw.memories[m].ports != "1RW"]
+    for a_mem in two_ported:
+        # C in a two-ported memory where one is left: the MATMUL's parts write disjoint rows of C
+        # and read the next ones, which a one-ported memory's hazard separates by nops whatever
+        # the addresses (sim.hazards, lm_write_to_read)
+        for c_mem in sorted((m for m in memories if m != a_mem), key=lambda m: m not in two_ported):
+            rest = [m for m in memories if m not in (a_mem, c_mem)]
+            banks = [(x, y) for x in rest for y in rest if x != y] + [(x, x) for x in rest if x in two_ported]
+            for b0, b1 in banks:
+                arena = Arena(cg.hw)
+                try:
+                    a = (arena.alloc(a_words, prefer=(a_mem,), strict=True),
+                         arena.alloc(a_words, prefer=(a_mem,), strict=True))
+                    b = (arena.alloc(bank_words, prefer=(b0,), strict=True),
+                         arena.alloc(bank_words, prefer=(b1,), strict=True))
+                    c = arena.alloc(c_words, prefer=(c_mem,), strict=True)
+                except CompileError:
+                    continue
+                return StationaryRegions(a, b, c)
+    return None
+
+
+def stationary_cost(cg: EmitContext, t: Tiling, mau: float, a: float, b: float, up: float) -> float:
+    """An estimate of a B-stationary tiling's cycles, to rank the candidates by, from its one-round
+    version's MAU cycles and its Data Engines' cycles for A, B and C's upload: the first rounds
+    take the longer of their MAU time and B's and their A's fetch, the last round the longer of
+    its MAU time and its A's fetch with the other rounds' C going up; then its own C goes up."""
+    latency, share = cg.hw.transfers[cg.chain.dram_to_l2].latency_cycles, 1 / t.rounds
+    first = max(mau * (1 - share), b + a * (1 - share))
+    last = max(mau * share, (a + up * (t.rounds - 1)) * share)
+    return 2 * latency + first + last + up * share
+
+
+@dataclass(frozen=True)
+class _Fetch:
+    """An operand's slice `slice` (the `ordinal`-th its ring brings) for a step, into `into`."""
+
+    ordinal: int
+    slice: int
+    into: Region
+
+
+@dataclass(frozen=True)
+class _Step:
+    fetches: tuple[_Fetch | None, ...]  # per ring (None: nothing from that ring this step)
+    product: Callable[..., None]  # (axis, first, size): the step's MATMUL or a part of it
+
+
+def _pipeline(cg: EmitContext, t: Tiling, rings: tuple[Feed, ...], steps: list[_Step],
+              before: Callable[..., None] | None = None, extras: list[Member] | None = None) -> Iterator[int]:
+    """Emit `steps`, each step's transfers to the PEs beside the step before's MATMUL; `before` is
+    the MATMUL that step 0's transfers go beside (the last of a previous pipeline). Each operand
+    has a ring of its own (A a region per step, B per chunk), its slices fetched as far ahead as
+    the ring is deep: a slice comes into a region part by part, as the legs of the slice before in
+    that region leave it. Yields after each MATMUL but the last, which the caller emits (whole, or
+    cut by its upload). `extras`: PE-stream instructions (of other slots, touching neither the
+    MATMUL's memories nor the legs') that the caller puts there before the generator goes on: they
+    go into the next MATMUL's bundles.
+
+    The MATMUL goes beside the transfers cut to their lengths (`pipeline.beside`, shaped)."""
+    sequences = [[s.fetches[r] for s in steps if s.fetches[r] is not None] for r in range(len(rings))]
+    for step in steps:  # the rings' first regions in the steps' order: the first step's operands first
+        for ring, sequence, f in zip(rings, sequences, step.fetches):
+            if f is not None and f.ordinal - sequence[0].ordinal < ring.depth:
+                ring.fetch(f.ordinal, f.slice)
+    queued = extras if extras is not None else []
+    for i in range(-1, len(steps) - 1):
+        extras = list(queued)
+        queued.clear()
+        product = steps[i].product if i >= 0 else before
+        legs, refills = [], []
+        for ring, sequence, f in zip(rings, sequences, steps[i + 1].fetches):
+            if f is None:
+                continue
+            ring.wait(f.ordinal)
+            ahead = f.ordinal + ring.depth
+            mine = ring.legs(f.ordinal, (f.into,))
+            legs += mine
+            refills += ring.refills(ahead, sequence[ahead].slice) if ahead < len(sequence) else [None] * len(mine)
+
+        def after(hop: int, refills: list = refills) -> None:
+            if refills[hop] is not None:
+                refills[hop]()
+        if product is None:
+            emit_legs(cg.b, legs, rings[0].transit, after=after)
+        else:
+            beside(cg, t, product, leg_bundles(legs, rings[0].transit), after, extras)
+        if i >= 0:
+            yield i
+
+
+def emit_stationary(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Source, b: Source, out_dtype: str,
+                  out_ref: Ref) -> None:
+    """C = A @ B for a B-stationary tiling into `out_ref` (see the module's docstring)."""
+    regs = stationary_regions(cg, t)
+    if regs is None or t.rounds < 2 or t.batch_local != 1 or out_dtype != "float32":
+        raise CompileError(f"internal: {t} cannot keep B stationary")
+    half_in = a.ref.placement.dtype == "float16" and b.ref.placement.dtype == "float16"
+    la, lb, lc = layouts_for(cg, t, p, batched, half_in)
+    pes = cg.params.pes_per_mab
+    c_round = t.mt * (t.nt // pes)
+    chunk_words = t.words(t.kp * t.nt)
+    mem_c, word_c = regs.c
+    partial_sums = t.tiles("k") > 1
+
+    def bank(k: int) -> Region:
+        memory, word = regs.banks[k % 2]
+        return memory, word + k // 2 * chunk_words
+
+    def step(i: int, r: int, k: int, a_ordinal: int, with_b: bool) -> _Step:
+        a_fetch = _Fetch(a_ordinal, r * t.chunks + k, regs.a[i % 2])
+        product = partial(multiply, cg, t, regs.a[i % 2], bank(k), (mem_c, word_c + r * c_round), k > 0)
+        return _Step((a_fetch, _Fetch(k, k, bank(k)) if with_b else None), product)
+
+    first = [step(i, r, k, i, r == 0) for i, (k, r) in enumerate((k, r) for k in range(t.chunks)
+                                                                  for r in range(t.rounds - 1))]
+    last = [step(len(first) + k, t.rounds - 1, k, k, False) for k in range(t.chunks)]
+    # A's ring at the start of L2BM, B's in the rest
+    l2, l1 = cg.hw.memory_lw(cg.chain.l2), cg.hw.memory_lw(cg.chain.l1)
+    ring_a = Feed(cg, (a,), (la,), depth=A_RING)
+    a_end = ring_a.depth * ring_a.plans[0][0].n_l2
+    ring_b = Feed(cg, (b,), (lb,), l2=(a_end, l2), first_tag=ring_a.tags[-1] + 1, depth=B_RING)
+    if not (ring_a.pipelined and ring_b.pipelined):
+        raise CompileError(f"internal: L2BM cannot hold two of A's and of B's slices for {t}")
+    for _ in _pipeline(cg, t, (ring_a, ring_b), first):
+        pass
+    # Round R-1 fetches A alone through the lower half of L2BM and the first half of L1BM; the
+    # earlier rounds' C go up through the rest, one piece between some of its steps.
+    legs_transit = replace(cg.transit, l1=(0, l1 // 4), l1_room=l1 // 4)
+    up_transit = Transit((l2 // 2, 3 * l2 // 4), (l1 // 2, 3 * l1 // 4), l2 // 4, l1 // 4, TAGS["drain"])
+    ring = Feed(cg, (a,), (la,), l2=(0, l2 // 2), transit=legs_transit, depth=A_RING)
+    extras: list[Member] = []
+    rounds = _pipeline(cg, t, (ring,), [replace(s, fetches=s.fetches[:1]) for s in last], before=first[-1].product,
+                       extras=extras)
+    up_lm = cg.lm_placement(lc, "float32")
+    st = stage(up_lm)
+    # The earlier rounds' C, piece by piece, spread evenly over round R-1's steps: a piece is
+    # collected from the PEs between two steps, lifted into L2BM beside the next step's MATMUL
+    # (early in it) and sent to DRAM after it (by then the lift has landed: no nops for the MV).
+    ups: list[UploadPiece] = []
+    for r in range(t.rounds - 1):
+        ups += upload_pieces(cg.b, st, dram=out_ref.sym, lm_mem=mem_c, lm_word=word_c + r * c_round,
+                             transit=up_transit, slice_index=r, reduce=partial_sums, after=len(ups),
+                             at_least=pipelined_pieces(st, partial_sums))
+    steps_done, left = 0, True
+
+    def advance() -> None:
+        """The next step; once none is left, lifts waiting for one are issued alone."""
+        nonlocal steps_done, left
+        left = left and next(rounds, None) is not None
+        steps_done += left
+        if not left:
+            for member in extras:
+                member(cg.b)
+            extras.clear()
+
+    advance()  # with the first rounds' last MATMUL, after which round R-2's C is final
+    for k, piece in enumerate(ups):
+        while left and steps_done < (len(last) - 1) * k // len(ups):
+            advance()
+        piece.collect()
+        extras.append(piece.lift)
+        advance()
+        piece.send()
+    for _ in rounds:
+        pass
+    hazard = cg.hw.hazards["lm_write_to_read"]
+    mau_rows = cg.hw.units[cg.chain.matrix_unit].matrix[t.mau_dtype].rows
+    finish = Epilogue(cg, t, last[-1].product, mau_rows, hazard, "float32", convert=None)
+    cg.upload(up_lm, out_ref, memory=mem_c, word=word_c + (t.rounds - 1) * c_round, slice_index=t.rounds - 1,
+              reduce=partial_sums, ready=finish.rows_for, transit=up_transit, after=len(ups))
+    finish.rows_for(None)
