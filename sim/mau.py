@@ -253,6 +253,17 @@ def _scatter(tile, per_entry, rs, cs, c, c0, cp, pes, npe, m, every, served, r, 
         for mab in range(t * every, t * every + served):
             for q in range(pes):
                 pe = mab * pes + q
+                if npe == 2:  # one long word of C per row (N = 8 on 4 PEs: 1024^3's products), unrolled:
+                    # a loop of two costs more than its adds (its scatter took as long as the product)
+                    for i in range(m):
+                        src, dst = first + i * rs + q * npe * cs, c0 + i * cp
+                        if accumulate:
+                            c[pe, at(dst)] += tile[at(src)]
+                            c[pe, at(dst + 1)] += tile[at(src + cs)]
+                        else:
+                            c[pe, at(dst)] = tile[at(src)]
+                            c[pe, at(dst + 1)] = tile[at(src + cs)]
+                    continue
                 for i in range(m):
                     src, dst = first + i * rs + q * npe * cs, c0 + i * cp
                     if accumulate:
