@@ -485,13 +485,16 @@ def _stationary_variants(cg: EmitContext, ranked: list[tuple[Tiling, Work]]) -> 
         if t.rounds != 1 or t.chunks < 2 or t.batch_local != 1:
             continue
         rows = cg.hw.units[cg.chain.matrix_unit].matrix[t.mau_dtype].rows
+        rate = side_rates(cg.hw, cg.chain.dram_to_l2, "individual")[0]
         for rounds in range(2, MOST_STATIONARY_ROUNDS + 1):
             v = replace(t, rounds=rounds, mt=t.mt // rounds, b_stationary=True, overlap=OVERLAP_ALL, cost=0.0)
-            if t.mt % (rounds * rows) or v in found or stationary_regions(cg, v) is None:
+            if t.mt % (rounds * rows) or stationary_regions(cg, v) is None:
                 continue
-            rate = side_rates(cg.hw, cg.chain.dram_to_l2, "individual")[0]
-            found[v] = replace(v, cost=stationary_cost(cg, v, work.mau, *(lw / rate for lw in work.operand_lw),
-                                                      work.upload_lw / rate))
+            for first in range(1, rounds):
+                w = replace(v, stationary_first=first)
+                if w not in found:
+                    found[w] = replace(w, cost=stationary_cost(cg, w, work.mau, *(lw / rate for lw in work.operand_lw),
+                                                              work.upload_lw / rate))
     return sorted(found.values(), key=lambda v: v.cost)[:STATIONARY_CANDIDATES]
 
 
@@ -589,7 +592,7 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
                 feed.wait(i + 1)
                 refill = refills(i + 1 + feed.depth)
                 beside(cg, t, partial(product, regs, k > 0), leg_bundles(feed.legs(i + 1, into(i + 1)), feed.transit),
-                       after=(lambda hop, refill=refill: refill[hop]()) if refill else None, shaped=False)
+                       after=(lambda hop, refill=refill: refill[hop]()) if refill else None, fitted=False, spaced=False)
                 continue
             if k + 1 < t.chunks:  # the round's last step comes down after this MATMUL, which need not wait for it
                 product(regs, k > 0)

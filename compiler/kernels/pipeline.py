@@ -76,7 +76,7 @@ class Epilogue:
 
 def beside(cg: EmitContext, t: Tiling, product: Callable[..., None], bundles: list[tuple[int | None, list[Member]]],
            after: Callable[[int], None] | None = None, extras: list[Member] | None = None,
-           shaped: bool = True) -> None:
+           fitted: bool = True, spaced: bool = True) -> None:
     """A step's MATMUL (`product(axis, first, size, into=None)`) cut into parts issued in one
     bundle each with the transfers of `bundles` (`leg_bundles`' (hop, members): the next step's
     legs); `after(hop)` right after each bundle with a hop. Between two bundles a part goes alone:
@@ -86,32 +86,33 @@ def beside(cg: EmitContext, t: Tiling, product: Callable[..., None], bundles: li
     into parts of their own. Each part lasts as long as its bundle's transfers where the product's
     units allow (`cuts` by needs), so the stream pays the MATMUL, not the transfers; where they
     do not allow a part alone between bundles, the parts are equal (a part then also outlasts the
-    write of the bundle before, which the next part's MATMUL may read). With `shaped` False the
-    parts are equal and none goes alone: emit_product's steps are so (its convolutions' products,
-    C in a one-ported memory, got 0.4-1 % slower shaped: ResNet-18 at 64x64, 2,008,108 -> 2,011,436
-    cycles), the B-stationary schedule's shaped (1024^3: 36,710 cycles, 37,862 with equal parts)."""
+    write of the bundle before, which the next part's MATMUL may read). `fitted` False: equal
+    parts (emit_product's steps: its convolutions got 0.4-1 % slower fitted, ResNet-18 at 64x64
+    2,008,108 -> 2,011,436 cycles); `spaced` False: no part alone (when C is in a memory with one
+    port, every part after another waits the port's gap anyway: a part alone only adds one).
+    The B-stationary schedule's are fitted (1024^3: 36,710 cycles, 37,862 with equal parts)."""
     mau_rows = cg.hw.units[cg.chain.matrix_unit].matrix[t.mau_dtype].rows
     epl = cg.hw.elements_per_lw("float16" if t.half else "float32")
     extras = list(extras or [])
-    spaced = list(bundles)
-    if shaped:
-        spaced = bundles[:1]
+    laid = list(bundles)
+    if spaced:
+        laid = bundles[:1]
         for bundle in bundles[1:]:
-            spaced += [(None, []), bundle]
-        if extras and len(spaced) > 1:
-            spaced[1] = (None, extras[:1])
+            laid += [(None, []), bundle]
+        if extras and len(laid) > 1:
+            laid[1] = (None, extras[:1])
             extras = extras[1:]
-    spaced += [(None, [member]) for member in extras]
-    parts = cuts(t, mau_rows, epl, len(spaced))
-    if shaped:
+    laid += [(None, [member]) for member in extras]
+    parts = cuts(t, mau_rows, epl, len(laid))
+    if fitted:
         whole = _cycles(cg, lambda scratch: product("m", 0, None, into=scratch))
-        needs = [max((_cycles(cg, m) for m in members), default=0) for _, members in spaced]
-        parts = cuts(t, mau_rows, epl, len(spaced), needs, whole)
-        if len(parts) < len(spaced):  # too few units for parts alone: equal parts, the gaps left to nops
-            spaced = [bundle for bundle in spaced if bundle[1]]
-            parts = cuts(t, mau_rows, epl, len(spaced))
-    for j in range(max(len(spaced), len(parts))):
-        hop, members = spaced[j] if j < len(spaced) else (None, [])
+        needs = [max((_cycles(cg, m) for m in members), default=0) for _, members in laid]
+        parts = cuts(t, mau_rows, epl, len(laid), needs, whole)
+    if len(parts) < len(laid) and spaced:  # too few units for parts alone: the gaps left to nops
+        laid = [bundle for bundle in laid if bundle[1]]
+        parts = cuts(t, mau_rows, epl, len(laid))
+    for j in range(max(len(laid), len(parts))):
+        hop, members = laid[j] if j < len(laid) else (None, [])
         with cg.b.together():
             if j < len(parts):
                 product(*parts[j])

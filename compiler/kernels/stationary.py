@@ -6,11 +6,12 @@ last MATMUL while the MAUs idle (1024^3 float on mncore2: 8,192 of 42,014 cycles
 Engines reducing the two L2Bs' partial sums at 16 long words a cycle). Rounds make C final round
 by round, but each round would fetch B again. Here B comes down once, chunk by chunk, and stays:
 
-* first rounds 0 .. R-2, chunk by chunk (step (r, k) for each chunk k, for each round r): B's
-  chunk k comes down with round 0's A into a bank of its own, and rounds 1 .. R-2 reuse it. The
-  Data Engines fetch B while several rounds multiply it, which keeps the MAUs busy;
-* then round R-1, chunk by chunk, with A alone; between its steps the earlier rounds' C go up, on
-  the Data Engine time that round does not need for A;
+* first rounds 0 .. P-1 (`Tiling.stationary_first`), chunk by chunk (step (r, k) for each chunk
+  k, for each round r): B's chunk k comes down with round 0's A into a bank of its own, and
+  rounds 1 .. P-1 reuse it. The Data Engines fetch B while several rounds multiply it, which
+  keeps the MAUs busy;
+* then rounds P .. R-1, one after another, with A alone; between their steps the finished
+  rounds' C go up, on the Data Engine time those rounds do not need for A;
 * last, round R-1's C, its upload started while its last MATMUL still runs (`Epilogue`).
 
 Each step's transfers to the PEs issue beside the step before's MATMUL (as `Tiling.overlap`), so
@@ -78,12 +79,13 @@ def stationary_regions(cg: EmitContext, t: Tiling) -> StationaryRegions | None:
 def stationary_cost(cg: EmitContext, t: Tiling, mau: float, a: float, b: float, up: float) -> float:
     """An estimate of a B-stationary tiling's cycles, to rank the candidates by, from its one-round
     version's MAU cycles and its Data Engines' cycles for A, B and C's upload: the first rounds
-    take the longer of their MAU time and B's and their A's fetch, the last round the longer of
-    its MAU time and its A's fetch with the other rounds' C going up; then its own C goes up."""
-    latency, share = cg.hw.transfers[cg.chain.dram_to_l2].latency_cycles, 1 / t.rounds
-    first = max(mau * (1 - share), b + a * (1 - share))
-    last = max(mau * share, (a + up * (t.rounds - 1)) * share)
-    return 2 * latency + first + last + up * share
+    take the longer of their MAU time and B's and their A's fetch, the later rounds the longer of
+    their MAU time and their A's fetch with all rounds' C but the last going up; then the last
+    round's C goes up."""
+    latency = cg.hw.transfers[cg.chain.dram_to_l2].latency_cycles
+    first, later = t.stationary_first / t.rounds, 1 - t.stationary_first / t.rounds
+    return (2 * latency + max(mau * first, b + a * first) + max(mau * later, a * later + up * (1 - 1 / t.rounds))
+            + up / t.rounds)
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ class _Step:
     product: Callable[..., None]  # (axis, first, size): the step's MATMUL or a part of it
 
 
-def _pipeline(cg: EmitContext, t: Tiling, rings: tuple[Feed, ...], steps: list[_Step],
+def _pipeline(cg: EmitContext, t: Tiling, rings: tuple[Feed, ...], steps: list[_Step], spaced: bool,
               before: Callable[..., None] | None = None, extras: list[Member] | None = None) -> Iterator[int]:
     """Emit `steps`, each step's transfers to the PEs beside the step before's MATMUL; `before` is
     the MATMUL that step 0's transfers go beside (the last of a previous pipeline). Each operand
@@ -112,7 +114,7 @@ def _pipeline(cg: EmitContext, t: Tiling, rings: tuple[Feed, ...], steps: list[_
     MATMUL's memories nor the legs') that the caller puts there before the generator goes on: they
     go into the next MATMUL's bundles.
 
-    The MATMUL goes beside the transfers cut to their lengths (`pipeline.beside`, shaped)."""
+    The MATMUL goes beside the transfers cut to their lengths, `spaced` or not (`pipeline.beside`)."""
     sequences = [[s.fetches[r] for s in steps if s.fetches[r] is not None] for r in range(len(rings))]
     for step in steps:  # the rings' first regions in the steps' order: the first step's operands first
         for ring, sequence, f in zip(rings, sequences, step.fetches):
@@ -139,7 +141,7 @@ def _pipeline(cg: EmitContext, t: Tiling, rings: tuple[Feed, ...], steps: list[_
         if product is None:
             emit_legs(cg.b, legs, rings[0].transit, after=after)
         else:
-            beside(cg, t, product, leg_bundles(legs, rings[0].transit), after, extras)
+            beside(cg, t, product, leg_bundles(legs, rings[0].transit), after, extras, spaced=spaced)
         if i >= 0:
             yield i
 
@@ -148,7 +150,7 @@ def emit_stationary(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: So
                   out_ref: Ref) -> None:
     """C = A @ B for a B-stationary tiling into `out_ref` (see the module's docstring)."""
     regs = stationary_regions(cg, t)
-    if regs is None or t.rounds < 2 or t.batch_local != 1 or out_dtype != "float32":
+    if regs is None or not 0 < t.stationary_first < t.rounds or t.batch_local != 1 or out_dtype != "float32":
         raise CompileError(f"internal: {t} cannot keep B stationary")
     half_in = a.ref.placement.dtype == "float16" and b.ref.placement.dtype == "float16"
     la, lb, lc = layouts_for(cg, t, p, batched, half_in)
@@ -168,8 +170,9 @@ def emit_stationary(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: So
         return _Step((a_fetch, _Fetch(k, k, bank(k)) if with_b else None), product)
 
     first = [step(i, r, k, i, r == 0) for i, (k, r) in enumerate((k, r) for k in range(t.chunks)
-                                                                  for r in range(t.rounds - 1))]
-    last = [step(len(first) + k, t.rounds - 1, k, k, False) for k in range(t.chunks)]
+                                                                  for r in range(t.stationary_first))]
+    last = [step(len(first) + j, r, k, j, False)
+            for j, (r, k) in enumerate((r, k) for r in range(t.stationary_first, t.rounds) for k in range(t.chunks))]
     # A's ring at the start of L2BM, B's in the rest
     l2, l1 = cg.hw.memory_lw(cg.chain.l2), cg.hw.memory_lw(cg.chain.l1)
     ring_a = Feed(cg, (a,), (la,), depth=A_RING)
@@ -177,26 +180,31 @@ def emit_stationary(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: So
     ring_b = Feed(cg, (b,), (lb,), l2=(a_end, l2), first_tag=ring_a.tags[-1] + 1, depth=B_RING)
     if not (ring_a.pipelined and ring_b.pipelined):
         raise CompileError(f"internal: L2BM cannot hold two of A's and of B's slices for {t}")
-    for _ in _pipeline(cg, t, (ring_a, ring_b), first):
+    spaced = cg.hw.memories[mem_c].ports != "1RW"  # parts alone only where C's port has no gap between parts
+    for _ in _pipeline(cg, t, (ring_a, ring_b), first, spaced):
         pass
-    # Round R-1 fetches A alone through the lower half of L2BM and the first half of L1BM; the
-    # earlier rounds' C go up through the rest, one piece between some of its steps.
+    # The later rounds fetch A alone through the lower half of L2BM and the first half of L1BM;
+    # the finished rounds' C go up through the rest, one piece between some of their steps.
     legs_transit = replace(cg.transit, l1=(0, l1 // 4), l1_room=l1 // 4)
     up_transit = Transit((l2 // 2, 3 * l2 // 4), (l1 // 2, 3 * l1 // 4), l2 // 4, l1 // 4, TAGS["drain"])
     ring = Feed(cg, (a,), (la,), l2=(0, l2 // 2), transit=legs_transit, depth=A_RING)
     extras: list[Member] = []
-    rounds = _pipeline(cg, t, (ring,), [replace(s, fetches=s.fetches[:1]) for s in last], before=first[-1].product,
-                       extras=extras)
+    rounds = _pipeline(cg, t, (ring,), [replace(s, fetches=s.fetches[:1]) for s in last], spaced,
+                       before=first[-1].product, extras=extras)
     up_lm = cg.lm_placement(lc, "float32")
     st = stage(up_lm)
-    # The earlier rounds' C, piece by piece, spread evenly over round R-1's steps: a piece is
-    # collected from the PEs between two steps, lifted into L2BM beside the next step's MATMUL
-    # (early in it) and sent to DRAM after it (by then the lift has landed: no nops for the MV).
+    # All rounds' C but the last, piece by piece, spread evenly over the later rounds' steps, none
+    # before its round is done: a piece is collected from the PEs between two steps, lifted into
+    # L2BM beside the next step's MATMUL (early in it) and sent to DRAM after it (by then the lift
+    # has landed: no nops for the MV).
     ups: list[UploadPiece] = []
+    ready: list[int] = []  # steps of the later rounds emitted before each piece's round is done
     for r in range(t.rounds - 1):
-        ups += upload_pieces(cg.b, st, dram=out_ref.sym, lm_mem=mem_c, lm_word=word_c + r * c_round,
-                             transit=up_transit, slice_index=r, reduce=partial_sums, after=len(ups),
-                             at_least=pipelined_pieces(st, partial_sums))
+        pieces = upload_pieces(cg.b, st, dram=out_ref.sym, lm_mem=mem_c, lm_word=word_c + r * c_round,
+                               transit=up_transit, slice_index=r, reduce=partial_sums, after=len(ups),
+                               at_least=pipelined_pieces(st, partial_sums))
+        ups += pieces
+        ready += [max(1, (r + 1 - t.stationary_first) * t.chunks)] * len(pieces)
     steps_done, left = 0, True
 
     def advance() -> None:
@@ -209,9 +217,8 @@ def emit_stationary(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: So
                 member(cg.b)
             extras.clear()
 
-    advance()  # with the first rounds' last MATMUL, after which round R-2's C is final
     for k, piece in enumerate(ups):
-        while left and steps_done < (len(last) - 1) * k // len(ups):
+        while left and steps_done < max(ready[k], (len(last) - 1) * k // len(ups)):
             advance()
         piece.collect()
         extras.append(piece.lift)

@@ -50,10 +50,11 @@ class Tiling:
     # does not wait for the round's last operands (better when the Data Engines are the bottleneck:
     # the planner times both). NO_OVERLAP: one step after the other.
     overlap: int = 0
-    # B kept in the PE memories over the M rounds (compiler.kernels.stationary): fetched once, in the
-    # first rounds, which go chunk by chunk; the last round's Data Engine time goes to the earlier
-    # rounds' C, on its way out while that round multiplies
+    # B kept in the PE memories over the M rounds (compiler.kernels.stationary): fetched once while
+    # the first `stationary_first` rounds go chunk by chunk; the later rounds' Data Engine time goes
+    # to the finished rounds' C, on its way out while they multiply
     b_stationary: bool = False
+    stationary_first: int = 0
     cost: float = 0.0
 
     @property
