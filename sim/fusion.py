@@ -5,9 +5,10 @@ transfers (compiler.kernels.pipeline.beside: the 1024^3 product's 128 steps beco
 and the functional engine's cost is mostly per MATMUL over every MAB (sim.mau). Parts that
 continue each other (the same B and C pitch, A's and C's rows following on) run as one product
 at the first part's place, when nothing issued between them touches any word the product reads
-or writes (so it cannot tell when the rows were computed), and when the product is computed in
-sim.mau's loop form, which sums each element along K in order however the products are stacked:
-the words are the same. The timing engine runs the program as written.
+or writes and its C meets neither its A nor its B (so nothing can tell when the rows were
+computed), and when the product is computed in sim.mau's loop form, which sums each element
+along K in order however the products are stacked: the words are the same. The timing engine
+runs the program as written.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import isa
+from .accesses import FIRST, LAST, MEM, accesses
 from .isa import Op
 from .mau import SHORT_SLICE
 from .params import MachineParams
@@ -60,7 +62,12 @@ def fused_products(p: MachineParams, code: np.ndarray) -> tuple[dict[int, np.nda
 
 def _disturbed(p: MachineParams, touches: Touches, product: np.ndarray, parts: np.ndarray) -> bool:
     """Whether an instruction between the first and the last of `parts` touches a word `product`
-    (their union) reads or writes."""
+    (their union) reads or writes, or the parts' C meets their A or B (one part would read what
+    another wrote, which the whole product reads before it writes)."""
+    writes, reads = accesses(p, product[None])
+    for operand in reads[0, :2]:  # A and B
+        if operand[MEM] == writes[0, MEM] and operand[FIRST] <= writes[0, LAST] and writes[0, FIRST] <= operand[LAST]:
+            return True
     own = Touches.of(p, product[None])
     lo, hi = np.searchsorted(touches.row, [parts[0] + 1, parts[-1]])
     rows = touches.row[lo:hi]

@@ -28,7 +28,7 @@ def _program(m: sim.Machine, between_writes_a: bool) -> sim.Program:
     last part's rows of A), a mab_broadcast into LM1 beside B, and a VOP on GRF1 between."""
     pes = m.params.pes_per_mab
     wpl = m.params.words_per_lw
-    M, K, N = 24, 4 * pes, 2 * pes
+    K, N = 4 * pes, 2 * pes
     kp, npe = K // pes, N // pes
     b = sim.ProgramBuilder(m.params)
 
@@ -56,13 +56,40 @@ def test_parts_of_a_product_leave_the_words_they_leave_one_at_a_time(chip, betwe
     else:
         assert list(fused) == [matmuls[0]] and skipped == set(matmuls[1:])
         assert fused[matmuls[0]][sim.isa.MM_M] == 24
+    _same_words_unfused(chip, m, program, lambda m: _program(m, between_writes_a), monkeypatch)
+
+
+def _same_words_unfused(chip: str, m: sim.Machine, program: sim.Program, build, monkeypatch) -> None:
+    """`program` run on `m` leaves the words a fresh copy of it (a program keeps what the engine
+    derived from it, fusion included) leaves with nothing fused."""
     m.run(program, mode="functional")
     got = [a.copy() for a in m.memories]
     reference = _machine(chip)
-    monkeypatch.setattr(functional, "fused_products", lambda p, code: ({}, frozenset()))
-    reference.run(program, mode="functional")
+    asked = []
+    monkeypatch.setattr(functional, "fused_products", lambda p, code: (asked.append(1), ({}, frozenset()))[1])
+    reference.run(build(reference), mode="functional")
+    assert asked  # the reference ran unfused
     for a, b in zip(got, reference.memories):
         assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("overlap", ["C on A", "C on B"])
+def test_parts_whose_c_meets_their_a_or_b_are_not_fused(mini, overlap, monkeypatch):
+    """Run one at a time, a part reads what the part before wrote where C lies on A or on B; the
+    whole product would read both before writing: such parts run as written."""
+    def build(m: sim.Machine) -> sim.Program:
+        pes = m.params.pes_per_mab
+        K, N = 4 * pes, 2 * pes
+        kp, npe = K // pes, N // pes
+        b = sim.ProgramBuilder(m.params)
+        for first in (0, 8):
+            c = ("LM0", 8 * kp + first * npe, npe) if overlap == "C on A" else ("LM1", first * npe, npe)
+            b.matmul("float32", 8, K, N, ("LM0", first * kp, kp), ("LM1", 0, N), c)
+        return b.build()
+    m = _machine("mini")
+    program = build(m)
+    assert fusion.fused_products(m.params, program.code) == ({}, frozenset())
+    _same_words_unfused("mini", m, program, build, monkeypatch)
 
 
 def test_parts_whose_k_slices_take_blas_are_not_fused(mini):
