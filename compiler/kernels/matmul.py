@@ -41,7 +41,7 @@ from ..transfer.staging import leg_bundles, stage, stored_staging
 from .base import Kernel, device_dtype
 from .context import Arena, EmitContext, Ref
 from .pipeline import Epilogue, Feed, beside, multiply
-from .stationary import emit_stationary, stationary_cost, stationary_regions
+from .stationary import emit_stationary, stationary_cost, stationary_fits, stationary_regions
 from .tiling import (NO_OVERLAP, OPERAND_ROLES, OVERLAP_ALL, OVERLAP_EARLY, ROLES, Problem, Source, Take, Tiling,
                      layouts, layouts_for, output_layout)
 
@@ -472,14 +472,16 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
         raise CompileError(f"no tiling of a {p.batch}x{p.m}x{p.k}x{p.n} product fits the PE memories of {cg.hw.name}")
     if not (out_half or float64 or staged_in_float32):
         works = {t: w for t, w in front}
-        storable += _stationary_variants(cg, [(t, works[t]) for t in storable])
+        storable += _stationary_variants(cg, [(t, works[t]) for t in storable], p, batched, epl_staged, in_dtype)
     return tuple(storable)
 
 
-def _stationary_variants(cg: EmitContext, ranked: list[tuple[Tiling, Work]]) -> list[Tiling]:
+def _stationary_variants(cg: EmitContext, ranked: list[tuple[Tiling, Work]], p: Problem, batched: bool,
+                         epl_staged: int, in_dtype: str) -> list[Tiling]:
     """B-stationary versions of one-round tilings (compiler.kernels.stationary: their rows cut into
-    rounds at whole MAU rows, as long as every round's C and all of B fit beside two steps' A),
-    the best few by their estimate, for the planner to time beside the others."""
+    rounds at whole MAU rows, as long as every round's C and all of B fit beside two steps' A in
+    the PE memories, and the schedule's rings in L2BM), the best few by their estimate, for the
+    planner to time beside the others."""
     found: dict[Tiling, Tiling] = {}
     for t, work in ranked:
         if t.rounds != 1 or t.chunks < 2 or t.batch_local != 1:
@@ -489,6 +491,9 @@ def _stationary_variants(cg: EmitContext, ranked: list[tuple[Tiling, Work]]) -> 
         for rounds in range(2, MOST_STATIONARY_ROUNDS + 1):
             v = replace(t, rounds=rounds, mt=t.mt // rounds, b_stationary=True, overlap=OVERLAP_ALL, cost=0.0)
             if t.mt % (rounds * rows) or stationary_regions(cg, v) is None:
+                continue
+            la, lb, _ = layouts(v, p, cg.chain, epl_staged, epl_staged, batched)
+            if not stationary_fits(cg, la, lb, in_dtype, in_dtype):
                 continue
             for first in range(1, rounds):
                 w = replace(v, stationary_first=first)

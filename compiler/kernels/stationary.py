@@ -27,6 +27,7 @@ from functools import partial
 from math import ceil
 
 from ..errors import CompileError
+from ..layout import Layout
 from ..transfer.staging import Member, Transit, UploadPiece, emit_legs, leg_bundles, pipelined_pieces, stage, upload_pieces
 from .context import TAGS, Arena, EmitContext, Ref
 from .pipeline import Epilogue, Feed, beside, multiply
@@ -74,6 +75,19 @@ def stationary_regions(cg: EmitContext, t: Tiling) -> StationaryRegions | None:
                     continue
                 return StationaryRegions(a, b, c)
     return None
+
+
+def stationary_slices(cg: EmitContext, la: Layout, lb: Layout, a_dtype: str, b_dtype: str) -> tuple[int, int]:
+    """L2BM long words of one step's slice of A and of B (the regions of their rings)."""
+    return tuple(stage(cg.lm_placement(layout, dtype)).n_l2 for layout, dtype in ((la, a_dtype), (lb, b_dtype)))
+
+
+def stationary_fits(cg: EmitContext, la: Layout, lb: Layout, a_dtype: str, b_dtype: str) -> bool:
+    """Whether the schedule's L2BM regions fit: two of A's and of B's slices while B comes down,
+    two of A's in the half the later rounds fetch through (the other half is the uploads')."""
+    a_lw, b_lw = stationary_slices(cg, la, lb, a_dtype, b_dtype)
+    l2 = cg.hw.memory_lw(cg.chain.l2)
+    return 2 * (a_lw + b_lw) <= l2 and 2 * a_lw <= l2 // 2
 
 
 def stationary_cost(cg: EmitContext, t: Tiling, mau: float, a: float, b: float, up: float) -> float:
@@ -173,9 +187,10 @@ def emit_stationary(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: So
                                                                   for r in range(t.stationary_first))]
     last = [step(len(first) + j, r, k, j, False)
             for j, (r, k) in enumerate((r, k) for r in range(t.stationary_first, t.rounds) for k in range(t.chunks))]
-    # A's ring at the start of L2BM, B's in the rest
+    # A's ring at the start of L2BM, as deep as leaves B's two regions at least, B's in the rest
     l2, l1 = cg.hw.memory_lw(cg.chain.l2), cg.hw.memory_lw(cg.chain.l1)
-    ring_a = Feed(cg, (a,), (la,), depth=A_RING)
+    a_lw, b_lw = stationary_slices(cg, la, lb, a.ref.placement.dtype, b.ref.placement.dtype)
+    ring_a = Feed(cg, (a,), (la,), depth=max(1, min(A_RING, (l2 - 2 * b_lw) // a_lw)))
     a_end = ring_a.depth * ring_a.plans[0][0].n_l2
     ring_b = Feed(cg, (b,), (lb,), l2=(a_end, l2), first_tag=ring_a.tags[-1] + 1, depth=B_RING)
     if not (ring_a.pipelined and ring_b.pipelined):
@@ -188,6 +203,8 @@ def emit_stationary(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: So
     legs_transit = replace(cg.transit, l1=(0, l1 // 4), l1_room=l1 // 4)
     up_transit = Transit((l2 // 2, 3 * l2 // 4), (l1 // 2, 3 * l1 // 4), l2 // 4, l1 // 4, TAGS["drain"])
     ring = Feed(cg, (a,), (la,), l2=(0, l2 // 2), transit=legs_transit, depth=A_RING)
+    if not ring.pipelined:
+        raise CompileError(f"internal: half of L2BM cannot hold two of A's slices for {t}")
     extras: list[Member] = []
     rounds = _pipeline(cg, t, (ring,), [replace(s, fetches=s.fetches[:1]) for s in last], spaced,
                        before=first[-1].product, extras=extras)
