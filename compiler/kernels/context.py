@@ -202,18 +202,18 @@ class EmitContext:
 
     def upload(self, lm: Placement, ref: Ref, *, memory: str, word: int, slice_index: int = 0,
                reduce: bool = False, ready: Callable[[int], None] | None = None, transit: Transit | None = None,
-               after: int = 0, settle: bool = True) -> int:
+               after: int = 0) -> None:
         """LM layout `lm` (one slice) at `memory` word `word` to `ref`, stored as its image; with
         `reduce`, the copies over the L2Bs of each Group are partial sums, added on the way; with
         `ready`, the slice is produced piece by piece as the upload goes (staging.emit_upload).
         `transit`: buffers of its own (with the "drain" tags), where other transfers use the
-        context's meanwhile; `after` and `settle` chain uploads through them (staging.emit_upload)."""
+        context's meanwhile; `after`: pieces sent through them just before (staging.emit_upload)."""
         st = stage(lm)
         if not ref.placement.same_placement(st.dram):
             raise CompileError(f"internal: upload target {ref.placement.layout} is not the image of {lm.layout}")
         transit = transit or replace(self.transit, tags=TAGS["drain"])
-        return emit_upload(self.b, st, dram=ref.sym, lm_mem=memory, lm_word=word, transit=transit,
-                           slice_index=slice_index, reduce=reduce, ready=ready, after=after, settle=settle)
+        emit_upload(self.b, st, dram=ref.sym, lm_mem=memory, lm_word=word, transit=transit,
+                    slice_index=slice_index, reduce=reduce, ready=ready, after=after)
 
     def gather(self, sources: LwSources, dst: Ref, srcs: list[Ref], pad: float | int = 0) -> None:
         """DRAM-to-DRAM gather of long words (through L2BM) into `dst`."""

@@ -483,11 +483,11 @@ def _stationary_variants(cg: EmitContext, ranked: list[tuple[Tiling, Work]], p: 
     the PE memories, and the schedule's rings in L2BM), the best few by their estimate, for the
     planner to time beside the others."""
     found: dict[Tiling, Tiling] = {}
+    rate = side_rates(cg.hw, cg.chain.dram_to_l2, "individual")[0]
     for t, work in ranked:
         if t.rounds != 1 or t.chunks < 2 or t.batch_local != 1:
             continue
         rows = cg.hw.units[cg.chain.matrix_unit].matrix[t.mau_dtype].rows
-        rate = side_rates(cg.hw, cg.chain.dram_to_l2, "individual")[0]
         for rounds in range(2, MOST_STATIONARY_ROUNDS + 1):
             v = replace(t, rounds=rounds, mt=t.mt // rounds, b_stationary=True, overlap=OVERLAP_ALL, cost=0.0)
             if t.mt % (rounds * rows) or stationary_regions(cg, v) is None:

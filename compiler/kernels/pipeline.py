@@ -31,22 +31,21 @@ def multiply(cg: EmitContext, t: Tiling, a: tuple[str, int], b: tuple[str, int],
         m, a_addr, c_addr = t.mt if size is None else size, a_addr + first * t.kp, c_addr + first * (t.nt // pes)
     else:
         kp, a_addr, b_addr = t.kp if size is None else size, a_addr + first, b_addr + first * (1 if t.trans_b else t.nt)
-    (cg.b if into is None else into).matmul(t.mau_dtype, m, kp * pes, t.nt, (mem_a, a_addr, t.kp),
-                          (mem_b, b_addr, t.kp if t.trans_b else t.nt),
-                          (mem_c, c_addr, t.nt // pes), trans_b=t.trans_b,
-                          accumulate=accumulate or (axis == "k" and first > 0))
+    b = cg.b if into is None else into
+    b.matmul(t.mau_dtype, m, kp * pes, t.nt, (mem_a, a_addr, t.kp), (mem_b, b_addr, t.kp if t.trans_b else t.nt),
+             (mem_c, c_addr, t.nt // pes), trans_b=t.trans_b, accumulate=accumulate or (axis == "k" and first > 0))
 
 
 class Epilogue:
     """The last MATMUL of a round and C's conversion for its upload, emitted as the upload's
     pieces need them: the pieces are C's words in order (C is row-major in each PE), so the Data
     Engines take the first rows to DRAM while the PE stream still multiplies (cut by rows at
-    multiples of the MAU's rows, as `_cuts`: the parts' MAU cycles add up to the whole product's)
+    multiples of the MAU's rows, as `cuts`: the parts' MAU cycles add up to the whole product's)
     or converts the later ones."""
 
     def __init__(self, cg: EmitContext, t: Tiling, product: Callable[[str, int, int], None], mau_rows: int,
                  hazard: int, up_dtype: str, convert: tuple | None) -> None:
-        """`product(axis, first, size)` emits the round's last MATMUL or a part of it (as `_cuts`)."""
+        """`product(axis, first, size)` emits the round's last MATMUL or a part of it (as `cuts`)."""
         self.cg, self.t, self.product, self.mau_rows, self.hazard = cg, t, product, mau_rows, hazard
         self.up_dtype, self.convert = up_dtype, convert
         self.row_elements = t.nt // cg.params.pes_per_mab
@@ -103,11 +102,12 @@ def beside(cg: EmitContext, t: Tiling, product: Callable[..., None], bundles: li
             laid[1] = (None, extras[:1])
             extras = extras[1:]
     laid += [(None, [member]) for member in extras]
-    parts = cuts(t, mau_rows, epl, len(laid))
     if fitted:
         whole = _cycles(cg, lambda scratch: product("m", 0, None, into=scratch))
         needs = [max((_cycles(cg, m) for m in members), default=0) for _, members in laid]
         parts = cuts(t, mau_rows, epl, len(laid), needs, whole)
+    else:
+        parts = cuts(t, mau_rows, epl, len(laid))
     if len(parts) < len(laid) and spaced:  # too few units for parts alone: the gaps left to nops
         laid = [bundle for bundle in laid if bundle[1]]
         parts = cuts(t, mau_rows, epl, len(laid))

@@ -104,7 +104,8 @@ def stationary_cost(cg: EmitContext, t: Tiling, mau: float, a: float, b: float, 
 
 @dataclass(frozen=True)
 class _Fetch:
-    """An operand's slice `slice` (the `ordinal`-th its ring brings) for a step, into `into`."""
+    """An operand's slice `slice` (the `ordinal`-th its ring brings, counting from 0) for a step,
+    into `into`."""
 
     ordinal: int
     slice: int
@@ -131,8 +132,8 @@ def _pipeline(cg: EmitContext, t: Tiling, rings: tuple[Feed, ...], steps: list[_
     The MATMUL goes beside the transfers cut to their lengths, `spaced` or not (`pipeline.beside`)."""
     sequences = [[s.fetches[r] for s in steps if s.fetches[r] is not None] for r in range(len(rings))]
     for step in steps:  # the rings' first regions in the steps' order: the first step's operands first
-        for ring, sequence, f in zip(rings, sequences, step.fetches):
-            if f is not None and f.ordinal - sequence[0].ordinal < ring.depth:
+        for ring, f in zip(rings, step.fetches):
+            if f is not None and f.ordinal < ring.depth:
                 ring.fetch(f.ordinal, f.slice)
     queued = extras if extras is not None else []
     for i in range(-1, len(steps) - 1):

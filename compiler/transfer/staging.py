@@ -581,7 +581,7 @@ def upload_pieces(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str,
 
 def emit_upload(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
                 slice_index: int = 0, reduce: bool = False, ready: Callable[[int], None] | None = None,
-                after: int = 0, settle: bool = True) -> int:
+                after: int = 0) -> None:
     """LM -> DRAM image, one slice; broadcast copies are read from replica 0. With `reduce`, the
     copies on the L2Bs of each Group are partial sums (a product whose L2Bs split K): the Data
     Engines add them up on the way to DRAM (MV reduce).
@@ -591,10 +591,9 @@ def emit_upload(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, l
     finishes those words. The slice is then cut into short pieces (`pipelined_pieces`), so that
     the Data Engines start on the first piece while the PE stream still produces the rest.
 
-    Uploads may follow each other through the same buffers without waiting in between: `after`
-    is the number of pieces the ones before sent (their last two may still be draining), and
-    all but the last pass `settle=False` (the last waits for every buffer to drain). Returns the
-    pieces sent, counting those before."""
+    `after`: the pieces sent through the same buffers just before (`upload_pieces`, whose last two
+    may still be draining): this upload's first pieces wait for them. At its end it waits for
+    every buffer to drain."""
     hz = st.lm.hw.hazards
     parts = upload_pieces(b, st, dram=dram, lm_mem=lm_mem, lm_word=lm_word, transit=transit,
                           slice_index=slice_index, reduce=reduce, after=after,
@@ -608,10 +607,8 @@ def emit_upload(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, l
         b.nop(hz["l2bm_write_to_mv_read"])
         piece.send()
     sent = after + len(parts)
-    if settle:
-        for k in range(max(0, sent - 2), sent):
-            b.wait(transit.tags[k % 2])
-    return sent
+    for k in range(max(0, sent - 2), sent):
+        b.wait(transit.tags[k % 2])
 
 
 def pipelined_pieces(st: Staging, reduce: bool) -> int:
