@@ -38,6 +38,7 @@ ALLOWED = {
     ("sim/mau.py", 20): "multiply-adds of a MATMUL before its products are split between threads (1 << 20, host policy)",
     ("sim/vector.py", 18): "elements a float VOP computes before its PEs are split between threads (1 << 18, host policy)",
     ("sim/functional.py", 18): "words a run of Group-local moves moves before threads split it (1 << 18, host policy)",
+    ("sim/replicas.py", 12): "plans of replica write-outs a program keeps (1 << 12, host-side cache size)",
     ("sim/strided.py", 18): "elements a host copy has before it is shared between threads (1 << 18, host policy)",
     ("sim/strided.py", 13): "elements of one thread's block of a host copy (1 << 13, host cache policy)",
     ("runtime/host_images.py", 28): "bytes of host images the device keeps for reuse (1 << 28, host policy)",
