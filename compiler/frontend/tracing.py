@@ -11,6 +11,7 @@ point at the user's code.
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 import os
 import re
@@ -20,7 +21,7 @@ import warnings
 from typing import Any, Callable, Iterator
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, make_fx
 from torch.func import functionalize
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -160,7 +161,7 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
         # without oneDNN, recurrent layers (nn.LSTM) trace as their ATen composite rather than as
         # one fused CPU kernel (mkldnn_rnn_layer) that no decomposition opens
         no_onednn = torch.backends.mkldnn.flags(enabled=False, deterministic=None, allow_tf32=None, fp32_precision=None)
-        with _all_stack_frames(), no_onednn:
+        with _all_stack_frames(), no_onednn, _no_attention_fastpath():
             # pass 1, through autograd and the optimizer: backward() and step() become ATen ops on
             # the captured tensors (functionalize would hide autograd, so it comes second)
             zeroed: set[int] = set()
@@ -209,6 +210,39 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
     graph.gradients_left, graph.zeroed = gradients_left, zeroed
     graph.module = gm  # the traced function itself, runnable with real tensors (reference runs)
     return graph
+
+
+@contextlib.contextmanager
+def _no_attention_fastpath() -> Iterator[None]:
+    """Trace nn.MultiheadAttention and nn.TransformerEncoder(Layer) through their composite
+    path: in eval mode their CPU fast path turns a padding mask into a nested tensor by the mask's
+    values (`_nested_tensor_from_mask`), which no static-shape trace can follow (a data-dependent
+    guard), and calls fused kernels no decomposition opens. The composite path computes the same."""
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    module = torch.nn.modules.transformer
+    detect = getattr(module, "_detect_is_causal_mask", None)
+    if detect is not None:
+        module._detect_is_causal_mask = functools.partial(_causal_hint, detect)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
+        if detect is not None:
+            module._detect_is_causal_mask = detect
+
+
+def _causal_hint(detect: Callable[..., bool], mask: torch.Tensor | None, is_causal: bool | None = None,
+                 size: int | None = None) -> bool:
+    """nn.Transformer*'s guess whether a mask is causal compares the mask's values with a causal
+    one. A mask made inside the traced function has no values during the trace (the comparison
+    would be a data-dependent guard, and its `.item()` a node of the program): it is not taken
+    for causal and is applied as given, which computes the same (the guess only lets torch drop
+    the mask for a causal kernel). A captured real mask is compared on the host, off the trace."""
+    if is_causal is not None or mask is None or is_fake(mask):
+        return is_causal is True
+    with unset_fake_temporarily(), disable_proxy_modes_tracing():
+        return detect(mask, is_causal, size)
 
 
 def _distinct_names(names: list[str], what: str) -> list[str]:

@@ -83,3 +83,24 @@ def test_elementwise_ops_over_any_shape(device, shape):
     torch.manual_seed(sum(shape) + len(shape))
     row = torch.randn(shape[-1:] if shape else ())
     check(device, elementwise, {"x": torch.randn(shape), "row": row}, FLOAT_TOLERANCE)
+
+
+def test_transformer_encoder_with_masks_traces_through_the_composite_path():
+    """nn.TransformerEncoder in eval mode: its CPU fast path (a nested tensor made from the padding
+    mask's values) and its guess whether a mask made in the function is causal (a comparison of
+    values) cannot be traced with static shapes; the composite path computes the same. A captured
+    causal mask is recognised on the host, as torch does."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    captured = torch.nn.Transformer.generate_square_subsequent_mask(6)
+
+    def fn(d):
+        made = torch.nn.Transformer.generate_square_subsequent_mask(6)
+        return {"made": encoder(d["x"], mask=made), "captured": encoder(d["x"], mask=captured),
+                "padded": encoder(d["x"], src_key_padding_mask=d["pad"])}
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, 4:] = True
+    check(Device(hwdesc.load("mini")), fn, {"x": torch.randn(2, 6, 16), "pad": pad}, FLOAT_TOLERANCE,
+          {"float_dtype": "float"})
+    assert torch.backends.mha.get_fastpath_enabled()  # given back after the trace
