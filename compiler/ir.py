@@ -52,8 +52,9 @@ FLOAT_DTYPES = ("float32", "float16")
 TORCH_OF = {"float32": torch.float32, "float16": torch.float16, "int32": torch.int32, "bool": torch.bool}
 
 UNARY = ("copy", "neg", "abs", "relu", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal",
-         "sigmoid", "tanh", "erf", "sin", "cos", "floor", "ceil", "trunc", "round", "sign", "not", "cast")
-BINARY = ("add", "sub", "mul", "div", "floor_div", "rem", "pow", "max", "min",
+         "sigmoid", "tanh", "erf", "sin", "cos", "floor", "ceil", "trunc", "round", "sign", "not", "cast",
+         "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfinv", "lgamma", "digamma")
+BINARY = ("add", "sub", "mul", "div", "floor_div", "rem", "pow", "max", "min", "atan2", "hypot",
           "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "xor", "bitand", "bitor", "bitxor", "shl", "shr")
 TERNARY = ("where",)
 EW_OPS = UNARY + BINARY + TERNARY
@@ -224,9 +225,11 @@ def _ew(op: str, xs: list[Any], dtype: str) -> torch.Tensor:
         "log1p": t.log1p, "expm1": t.expm1, "sqrt": t.sqrt, "rsqrt": t.rsqrt, "reciprocal": t.reciprocal,
         "sigmoid": t.sigmoid, "tanh": t.tanh, "erf": t.erf, "sin": t.sin, "cos": t.cos, "floor": t.floor,
         "ceil": t.ceil, "trunc": t.trunc, "round": t.round, "sign": t.sign, "not": t.logical_not,
-        "cast": lambda a: _cast(a, dtype)}
+        "cast": lambda a: _cast(a, dtype), **{name: getattr(t, name) for name in (
+            "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfinv", "lgamma", "digamma")}}
     binary: dict[str, Callable] = {
         "add": t.add, "sub": t.sub, "mul": t.mul, "div": t.div, "pow": t.pow, "max": t.maximum, "min": t.minimum,
+        "atan2": t.atan2, "hypot": t.hypot,
         "floor_div": lambda a, b: t.div(a, b, rounding_mode="floor"), "rem": t.remainder,
         "lt": t.lt, "le": t.le, "gt": t.gt, "ge": t.ge, "eq": t.eq, "ne": t.ne,
         "and": t.logical_and, "or": t.logical_or, "xor": t.logical_xor,

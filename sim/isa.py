@@ -159,12 +159,28 @@ class VOp(IntEnum):
     xor = 41
     shl = 42  # int32 only: a << (b mod 32), the bits shifted out of the word dropped
     shr = 43  # int32 only: a >> (b mod 32), arithmetic (the sign bit copied in): floor(a / 2^b)
+    tan = 44
+    asin = 45
+    acos = 46
+    atan = 47
+    sinh = 48
+    cosh = 49
+    asinh = 50
+    acosh = 51
+    atanh = 52
+    erfinv = 53
+    lgamma = 54
+    digamma = 55
+    atan2 = 56  # atan2(a, b): the angle of the point (b, a), as torch.atan2(a, b)
+    hypot = 57  # sqrt(a^2 + b^2) without overflow or underflow on the way
 
 
 ARITY = {VOp.copy: 1, VOp.neg: 1, VOp.relu: 1, VOp.abs: 1, VOp.cvt: 1, VOp.floor: 1, VOp.reciprocal: 1,
          VOp.rsqrt: 1, VOp.sqrt: 1, VOp.exp: 1, VOp.log: 1, VOp.tanh: 1, VOp.sigmoid: 1, VOp.erf: 1,
          VOp.sin: 1, VOp.cos: 1, VOp.log1p: 1, VOp.expm1: 1, VOp.ceil: 1, VOp.trunc: 1, VOp.round: 1,
-         VOp.sign: 1, VOp.fma: 3, VOp.select: 3}
+         VOp.sign: 1, VOp.fma: 3, VOp.select: 3,
+         **{op: 1 for op in (VOp.tan, VOp.asin, VOp.acos, VOp.atan, VOp.sinh, VOp.cosh, VOp.asinh, VOp.acosh,
+                             VOp.atanh, VOp.erfinv, VOp.lgamma, VOp.digamma)}}
 # The op's name in programs, reports and the YAML: `and_` and `or_` are spelled so only because
 # `and` and `or` are Python keywords.
 OP_NAME = {op: op.name.rstrip("_") for op in VOp}

@@ -25,10 +25,13 @@ How mnsim deviates from the hardware, exactly:
   operands' type, so the element functions are to float64 accuracy there (libm; torch's own
   float64 kernels may differ in the last bit, its sqrt on this machine's CPU too).
 * A NaN encoded to half becomes +inf (the format has no NaN).
-* exp, expm1, log, log1p, sin, cos, tanh, sigmoid, erf, reciprocal, rsqrt, sqrt, pow, floor_div
-  and rem are computed to float32 accuracy (floor_div and rem exactly as torch computes them);
-  the hardware runs them as instruction sequences (their step counts come from the YAML), whose
-  rounding may differ in the last bits.
+* exp, expm1, log, log1p, sin, cos, tan, their inverses (asin, acos, atan, atan2), sinh, cosh,
+  tanh, theirs (asinh, acosh, atanh), sigmoid, erf, erfinv, lgamma, digamma, hypot, reciprocal,
+  rsqrt, sqrt, pow, floor_div and rem are computed to float32 accuracy (floor_div and rem exactly
+  as torch computes them); the hardware runs them as instruction sequences (their step counts
+  come from the YAML), whose rounding may differ in the last bits. Their special values are
+  torch's: lgamma is +inf at its poles, digamma -inf at +0.0, +inf at -0.0 and NaN at the
+  negative integers, erfinv +-inf at +-1 and NaN beyond.
 * int32 arithmetic wraps around in two's complement, as torch's int32 does (INT32_MIN // -1 is
   INT32_MIN, abs and neg of INT32_MIN are INT32_MIN). An int32 division by zero gives
   floor_div 0 and rem a, so that a == b * floor_div(a, b) + rem(a, b) still holds; torch
@@ -372,7 +375,104 @@ def _apply_more(op: int, a, b, c, T):
         return _truth(a != 0 or b != 0, T)
     if op == VOp.xor:
         return _truth((a != 0) != (b != 0), T)
+    return _apply_inverse(op, a, b, T)
+
+
+@njit(cache=True)
+def _apply_inverse(op: int, a, b, T):
+    """The trigonometric, hyperbolic and inverse functions and the gamma family (VOp 44 on),
+    computed in double and rounded once to T; special values as torch's (C99's for the libm ones)."""
+    x = float(a)
+    if op == VOp.tan:
+        return T(math.tan(x)) if abs(x) < np.inf else T(np.nan)
+    if op == VOp.asin:
+        return T(math.asin(x)) if abs(x) <= 1 else T(np.nan)
+    if op == VOp.acos:
+        return T(math.acos(x)) if abs(x) <= 1 else T(np.nan)
+    if op == VOp.atan:
+        return T(math.atan(x))
+    if op == VOp.sinh:
+        return T(math.sinh(x))
+    if op == VOp.cosh:
+        return T(math.cosh(x))
+    if op == VOp.asinh:
+        return T(math.asinh(x))
+    if op == VOp.acosh:
+        return T(math.acosh(x)) if x >= 1 else T(np.nan)
+    if op == VOp.atanh:
+        if abs(x) < 1:
+            return T(math.atanh(x))
+        return T(np.copysign(np.inf, x)) if abs(x) == 1 else T(np.nan)
+    if op == VOp.erfinv:
+        return T(_erfinv(x))
+    if op == VOp.lgamma:
+        if x <= 0 and x == np.floor(x):
+            return T(np.inf)  # the poles (and -inf), as torch
+        return T(math.lgamma(x))
+    if op == VOp.digamma:
+        return T(_digamma(x))
+    if op == VOp.atan2:
+        return T(math.atan2(x, float(b)))
+    if op == VOp.hypot:
+        return T(math.hypot(x, float(b)))
     return T(np.nan)
+
+
+@njit(cache=True)
+def _erfinv(x: float) -> float:
+    """The inverse error function: Giles' single-precision approximation ("Approximating the erfinv
+    function", 2010) as the start, then two Newton steps on erf in double."""
+    if not abs(x) <= 1:
+        return np.nan
+    if abs(x) == 1:
+        return np.copysign(np.inf, x)
+    if x == 0:
+        return x  # keeps the zero's sign
+    w = -math.log((1.0 - x) * (1.0 + x))
+    if w < 5.0:
+        w -= 2.5
+        p = 2.81022636e-08
+        for c in (3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503,
+                  -0.00417768164, 0.246640727, 1.50140941):
+            p = c + p * w
+    else:
+        w = math.sqrt(w) - 3.0
+        p = -0.000200214257
+        for c in (0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613,
+                  0.00943887047, 1.00167406, 2.83297682):
+            p = c + p * w
+    y = p * x
+    for _ in range(2):
+        err = math.erf(y) - x
+        y -= err / (2.0 / math.sqrt(math.pi) * math.exp(-y * y))
+    return y
+
+
+@njit(cache=True)
+def _digamma(x: float) -> float:
+    """psi(x) as torch: -inf at +0.0 and +inf at -0.0, NaN at the negative integers and -inf;
+    the reflection psi(1 - x) - pi / tan(pi x) below 0, the recurrence psi(x) = psi(x + 1) - 1/x
+    up to 6, then the asymptotic series."""
+    if x != x or x == -np.inf:
+        return np.nan
+    if x == 0:
+        return -np.copysign(np.inf, x)
+    shift = 0.0
+    if x < 0:
+        if x == np.floor(x):
+            return np.nan
+        r = x - np.floor(x)  # pi / tan(pi x) has period 1: reduced before the product loses bits
+        shift = -math.pi / math.tan(math.pi * r)
+        x = 1.0 - x
+    if x == np.inf:
+        return np.inf
+    while x < 6.0:
+        shift -= 1.0 / x
+        x += 1.0
+    z = 1.0 / (x * x)
+    # B_2k / (2k x^2k), B the Bernoulli numbers: 1/12, 1/120, 1/252, 1/240, 1/132 with alternating signs
+    series = z * (1.0 / 12.0 - z * (1.0 / 120.0 - z * (1.0 / 252.0 - z * (1.0 / 240.0 - z * (1.0 / 132.0)))))
+    return shift + math.log(x) - 0.5 / x - series
 
 
 @njit(cache=True)

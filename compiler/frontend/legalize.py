@@ -39,7 +39,8 @@ def compare(b: Builder, op: str, x: Any, y: Any) -> Value:
 
 UNARY_FLOAT = {"exp": "exp", "log": "log", "log1p": "log1p", "expm1": "expm1", "sqrt": "sqrt", "rsqrt": "rsqrt",
                "reciprocal": "reciprocal", "sigmoid": "sigmoid", "tanh": "tanh", "erf": "erf", "sin": "sin",
-               "cos": "cos"}
+               "cos": "cos", **{name: name for name in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+                                                        "atanh", "erfinv", "lgamma", "digamma")}}
 UNARY_SAME = {"neg": "neg", "abs": "abs", "relu": "relu", "sign": "sign"}
 ROUNDING = {"floor": "floor", "ceil": "ceil", "trunc": "trunc", "round": "round"}
 
@@ -175,6 +176,11 @@ def _pow(b, out, x, y):
     if dtype == "int32":
         raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"integer power {y}")
     return b.ew("pow", x, float(y))
+
+
+@rule("atan2", "arctan2", "hypot")
+def _angle_and_length(b, out, x, y):
+    return arith(b, "hypot" if "hypot" in b.aten else "atan2", out, x, y)
 
 
 @rule("maximum")

@@ -31,7 +31,9 @@ SAME = {"copy": "copy", "neg": "neg", "abs": "abs", "relu": "relu", "exp": "exp"
         "round": "round", "sign": "sign", "add": "add", "sub": "sub", "mul": "mul", "div": "div",
         "floor_div": "floor_div", "rem": "rem", "pow": "pow", "max": "max", "min": "min",
         "and": "and", "or": "or", "xor": "xor", "bitand": "and", "bitor": "or", "bitxor": "xor",
-        "shl": "shl", "shr": "shr"}
+        "shl": "shl", "shr": "shr", **{name: name for name in (
+            "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfinv", "lgamma", "digamma",
+            "atan2", "hypot")}}
 CMP = {op: f"cmp_{op}" for op in COMPARISONS}
 
 

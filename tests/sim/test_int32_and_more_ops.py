@@ -360,3 +360,39 @@ def test_cvt_cycles_take_the_slower_side(mncore2):
                 for (_, u), f in zip(sides, ("int32", "float32")))
     issues = max(c.issues for c, _ in sides)
     assert stats.pe_busy == ceil(200 / lanes) * issues * step
+
+
+# ---- trigonometric, hyperbolic, their inverses and the gamma family ----------------------------
+
+# op: (reference, inputs drawn from its domain, relative tolerance). digamma's tolerance is its
+# error against float64 near its root (x ~ 1.4616), where torch's float32 kernel is further off.
+INVERSE_UNARY = {
+    "tan": (torch.tan, lambda r: r.uniform(-1.5, 1.5, (16, N)), 1e-6),
+    "asin": (torch.asin, lambda r: r.uniform(-1, 1, (16, N)), 1e-6),
+    "acos": (torch.acos, lambda r: r.uniform(-1, 1, (16, N)), 1e-6),
+    "atan": (torch.atan, lambda r: r.standard_normal((16, N)) * 10, 1e-6),
+    "sinh": (torch.sinh, lambda r: r.standard_normal((16, N)) * 5, 1e-6),
+    "cosh": (torch.cosh, lambda r: r.standard_normal((16, N)) * 5, 1e-6),
+    "asinh": (torch.asinh, lambda r: r.standard_normal((16, N)) * 100, 1e-6),
+    "acosh": (torch.acosh, lambda r: 1 + np.abs(r.standard_normal((16, N))) * 50, 1e-6),
+    "atanh": (torch.atanh, lambda r: r.uniform(-1, 1, (16, N)), 1e-6),
+    "erfinv": (torch.erfinv, lambda r: r.uniform(-1, 1, (16, N)), 1e-5),
+    "lgamma": (torch.lgamma, lambda r: r.standard_normal((16, N)) * 8, 1e-5),
+    "digamma": (torch.digamma, lambda r: r.standard_normal((16, N)) * 8, 1e-4),
+}
+
+
+@pytest.mark.parametrize("op", sorted(INVERSE_UNARY))
+def test_inverse_and_hyperbolic_ops_match_torch(mini, op):
+    ref, draw, rtol = INVERSE_UNARY[op]
+    x = draw(np.random.default_rng(21)).astype(np.float32)
+    got = run(sim.Machine(mini), op, "float32", x, out=np.float32)
+    np.testing.assert_allclose(got, ref(T(x)).numpy(), rtol=rtol, atol=1e-6)
+
+
+@pytest.mark.parametrize("op, ref", [("atan2", torch.atan2), ("hypot", torch.hypot)])
+def test_atan2_and_hypot_match_torch(mini, op, ref):
+    a, b = _float_pairs(np.random.default_rng(22))
+    a[:, 8:12], b[:, 8:12] = [3e38, -1e-30, 0.0, -0.0], [3e38, 1e-30, -0.0, -1.0]  # no overflow; signed zeros
+    got = run(sim.Machine(mini), op, "float32", a, b, out=np.float32)
+    np.testing.assert_allclose(got, ref(T(a), T(b)).numpy(), rtol=1e-6, atol=0)
