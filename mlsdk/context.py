@@ -30,6 +30,7 @@ from compiler import artifact
 from compiler.compile import Compiled, compile_traced
 from compiler.errors import ArtifactError, CompileError, UnregisteredWriteError
 from compiler.frontend import trace as trace_graph
+from compiler.frontend.random import DeviceGenerator
 from compiler.iospec import IOSpec
 from runtime import Executable, Run, Runtime, Session, host_spec
 from runtime.session import CALL, BINDING, io_layouts
@@ -44,6 +45,8 @@ from .optim import MNCoreOptimizer
 from .naming import (get_tensor_name, optimizer_prefix, optimizer_tensors, set_buffer_name_in_optimizer,
                      set_tensor_name, set_tensor_name_in_module)
 from .proxy import TensorProxy
+
+GENERATOR_NAME = "mnsim@generator"  # the registered name of a Context's device generator state (seed, calls)
 
 if TYPE_CHECKING:
     from .report import Report
@@ -95,6 +98,8 @@ class Context:
         self.registry = Registry(self)
         self._functions: list[CompiledFunction] = []
         self._compiling = threading.RLock()  # one compile at a time: registration and tracing are shared
+        # random numbers drawn on the device (dropout, rand, ...): its state is registered on first use
+        self.generator = DeviceGenerator(self._register_generator)
 
     @classmethod
     def switch_context(cls, context: "Context") -> None:
@@ -149,6 +154,15 @@ class Context:
         except NameTakenError as e:
             raise NameTakenError(f"{e}: name each optimizer's state apart with "
                                  "set_buffer_name_in_optimizer(optimizer, prefix) before registering it") from None
+
+    def _register_generator(self, state: torch.Tensor) -> torch.Tensor:
+        """Keep the device generator's state (seed, calls) on the device as a registered buffer;
+        the state a reloaded program brought (`load_codegen_dir`) is kept instead, if there is one."""
+        if GENERATOR_NAME in self.runtime.resident:
+            return self.runtime.resident.tensor(GENERATOR_NAME)
+        set_tensor_name(state, GENERATOR_NAME)
+        self.runtime.register(GENERATOR_NAME, state)
+        return state
 
     def is_registered(self, t: torch.Tensor) -> bool:
         return self.runtime.resident.name_of(t) is not None
@@ -301,7 +315,7 @@ class Context:
         resident = self.runtime.resident
         try:
             with _grads_kept(resident.tensors()):
-                return trace_graph(function, inputs, resident.name_of, get_tensor_name)
+                return trace_graph(function, inputs, resident.name_of, get_tensor_name, self.generator)
         except UnregisteredWriteError as e:
             names = [get_tensor_name(t) for t in e.tensors]
             for t in e.tensors:
@@ -311,7 +325,7 @@ class Context:
                       "synchronize() writes them back; register them before compiling to silence this",
                       stacklevel=4)
         with _grads_kept(resident.tensors()):
-            return trace_graph(function, inputs, resident.name_of, get_tensor_name)
+            return trace_graph(function, inputs, resident.name_of, get_tensor_name, self.generator)
 
     def _register_grad(self, t: torch.Tensor) -> None:
         resident = self.runtime.resident

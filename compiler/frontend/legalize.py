@@ -341,8 +341,9 @@ def _arange(b, out, *args, **kwargs):
       "normal", "uniform", "exponential", "multinomial")
 def _random(b, out, *args, **kwargs):
     shapes = [list(a.shape) for a in args if isinstance(a, Value)]
-    raise UnsupportedOpError(b.aten, shapes, b.source, "random numbers (the device program is deterministic; "
-                             "use dropout only in eval mode, or pass random tensors as inputs)")
+    raise UnsupportedOpError(b.aten, shapes, b.source, "random numbers: the device draws dropout, rand, randn, "
+                             "randint, bernoulli and normal in programs compiled by a Context (frontend.random); "
+                             "this one it does not, or the program was compiled without a Context")
 
 
 # ---- reductions ---------------------------------------------------------------------------
