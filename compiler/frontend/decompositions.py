@@ -23,7 +23,7 @@ FURTHER = (
     aten._native_batch_norm_legit.default, aten._native_batch_norm_legit_functional.default,
     aten._native_batch_norm_legit.no_stats, aten.native_group_norm.default, aten.gelu.default,
     aten.addmm.default, aten.embedding.default, aten.any.dim, aten.any.default, aten.index_select.default,
-    aten.cumsum.default, aten.mean.dim, aten.var_mean.correction, aten.var.correction, aten.std.correction,
+    aten.mean.dim, aten.var_mean.correction, aten.var.correction, aten.std.correction,
     aten.hardtanh.default, aten.split_with_sizes.default,
     aten.log_sigmoid_forward.default, aten.hardswish.default, aten.hardsigmoid.default,
     aten.elu.default, aten.leaky_relu.default, aten.softplus.default, aten.mish.default,

@@ -898,6 +898,24 @@ def test_a_float_cumprod_matches_torch_to_rounding(device):
     check(device, lambda d: {"p": torch.cumprod(d["z"], -1)}, {"z": z}, rtol=2e-6)
 
 
+def test_cumsum_of_a_long_row_is_a_scan(device):
+    """cumsum as a log-step scan: a row of 1,000 in 11 shifted adds (torch's decomposition summed a
+    masked 1,000 x 1,000 copy of each row: 33.7 M cycles on mini, and a row of 2,048 did not fit);
+    float32 equal to torch's up to rounding, integer and bool rows exactly, float16 accumulated in
+    float32 and rounded once."""
+    g = torch.Generator().manual_seed(23)
+    x, k = torch.randn(4, 1000, generator=g), torch.randint(0, 3, (3, 1000), generator=g)
+    quarters = (x * 4).round() / 4  # exact in half: the sums are exact in float32, rounded once to half
+    compiled = compile_function(lambda d: {"s": d["x"].cumsum(1), "k": d["k"].cumsum(-1), "b": (d["k"] > 0).cumsum(1),
+                                           "h": d["q"].half().cumsum(1)}, {"x": x, "k": k, "q": quarters}, device.hw)
+    got = device.execute(compiled, {"x": x, "k": k, "q": quarters})
+    torch.testing.assert_close(got["s"], x.cumsum(1), rtol=0, atol=5e-5)  # |sums| < 80: a few float32 ulps
+    assert torch.equal(got["k"], k.cumsum(-1)) and torch.equal(got["b"], (k > 0).cumsum(1))
+    exact = quarters.double().cumsum(1)
+    assert ((got["h"].double() - exact).abs() <= exact.abs() * 2 ** -10).all()  # one rounding to MN-Core's half
+    assert sum(1 for n in compiled.graph.nodes if n.op == "add") == 4 * 10  # ceil(log2 1000) shifted adds each
+
+
 @pytest.mark.parametrize("fn", [
     lambda d: {"y": torch.nn.functional.interpolate(d["x"], scale_factor=1.5, mode="nearest")},
     lambda d: {"y": torch.nn.functional.interpolate(d["x"], size=(13, 7), mode="nearest")},
