@@ -17,6 +17,7 @@ relayout at the end; every output gets a buffer of its own.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 from typing import Callable, Iterable
 
 from hwdesc import HwDesc
@@ -620,8 +621,11 @@ class Planner:
                     add(lane_matched(ref.placement, budget))
                 except CompileError:
                     pass
+        # the dims every operand spans (broadcast operands are staged along the others); a single
+        # element reaches every PE alike and constrains none (masked_fill's fill value)
+        spanning = [v for v in group.inputs if prod(v.shape) > 1]
         common = tuple(d for d in range(len(shape)) if all(
-            len(shape) - d <= v.rank and v.shape[v.rank - len(shape) + d] == shape[d] for v in group.inputs))
+            len(shape) - d <= v.rank and v.shape[v.rank - len(shape) + d] == shape[d] for v in spanning))
         for layout in lm_layouts(shape, dtype, self.hw, budget, common if len(common) < len(shape) else None):
             add(layout)
         kept = len(found)

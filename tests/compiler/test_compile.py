@@ -898,6 +898,21 @@ def test_a_float_cumprod_matches_torch_to_rounding(device):
     check(device, lambda d: {"p": torch.cumprod(d["z"], -1)}, {"z": z}, rtol=2e-6)
 
 
+@pytest.mark.parametrize("shape", [(8, 12, 32), (3, 5, 32), (8, 12, 48)])
+def test_a_fill_value_does_not_narrow_the_layouts_of_a_masked_fill(shape):
+    """masked_fill(m, 0.0) with m broadcast along the last dim: the fill value (a 0-d tensor
+    operand) reaches every PE alike, so it does not count against the layouts in which the mask's
+    dims are spanned. On mini these shapes were refused ("no layout ... lets every operand be
+    staged"), and so was the backward of an nn.Embedding with a padding index."""
+    device = Device(hwdesc.load("mini"))
+    g = torch.Generator().manual_seed(24)
+    m, x = torch.rand(*shape[:2], 1, generator=g) > 0.5, torch.randn(*shape, generator=g)
+    fn = lambda d: {"y": d["x"].masked_fill(d["m"], 0.0), "w": torch.where(d["m"], -1.5, d["x"])}  # noqa: E731
+    got = device.execute(compile_function(fn, {"m": m, "x": x}, device.hw), {"m": m, "x": x})
+    for name, want in fn({"m": m, "x": x}).items():
+        assert torch.equal(got[name], want), name
+
+
 def test_cumsum_of_a_long_row_is_a_scan(device):
     """cumsum as a log-step scan: a row of 1,000 in 11 shifted adds (torch's decomposition summed a
     masked 1,000 x 1,000 copy of each row: 33.7 M cycles on mini, and a row of 2,048 did not fit);
