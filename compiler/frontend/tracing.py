@@ -307,6 +307,12 @@ class _TrainingTrace(torch.overrides.TorchFunctionMode):
         kwargs = kwargs or {}
         if func in self.HOST_READS and args and _is_real(args[0]) and self.resident is not None:
             self._refuse_host_read(func, args[0])
+        if _indices_of_true(func, args, kwargs):
+            raise UnsupportedOpError(f"{getattr(func, '__name__', func)} of one condition", [list(args[0].shape)],
+                                     _user_line(traceback.extract_stack()),
+                                     "its output shape depends on the data (one index tensor per dim, as long as the "
+                                     "condition holds true values): keep the shape with torch.where(mask, x, y), "
+                                     "or count with mask.sum()")
         if func in self.GRADIENTS:
             with torch.autograd.profiler.record_function(_PHASE_MARK + BACKWARD):
                 return func(*args, **kwargs)
@@ -344,6 +350,16 @@ class _TrainingTrace(torch.overrides.TorchFunctionMode):
                     t.data = data
                 t.copy_(value)
         self.saved.clear()
+
+
+def _indices_of_true(func: Any, args: tuple, kwargs: dict) -> bool:
+    """torch.where(condition) and nonzero(as_tuple=True): the trace would fail on the count of
+    true values (a data-dependent guard, reported far from the user's call)."""
+    if not args or not isinstance(args[0], torch.Tensor):
+        return False
+    if func is torch.where:
+        return len(args) == 1 and not kwargs
+    return func in (torch.nonzero, torch.Tensor.nonzero) and bool(kwargs.get("as_tuple", False))
 
 
 def _writes_first(func: Any) -> bool:

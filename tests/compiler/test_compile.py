@@ -578,6 +578,19 @@ def test_unsupported_op_names_op_shapes_and_source_line():
     assert "test_compile.py" in message and 'd["x"][d["x"] > 0]' in message
 
 
+@pytest.mark.parametrize("pick", [lambda m: torch.where(m), lambda m: m.nonzero(as_tuple=True),
+                                  lambda m: torch.nonzero(m, as_tuple=True)], ids=["where", "method", "function"])
+def test_indices_of_true_values_are_refused_at_the_users_line(pick):
+    """torch.where(condition) and nonzero(as_tuple=True): refused at the call, where the trace
+    failed later on the count of true values ("<string>:1", and advice about masks)."""
+    def fn(d):
+        rows, cols = pick(d["x"] > 0)  # the line the error must point at
+        return {"n": rows.float().sum() + cols.float().sum()}
+    with pytest.raises(UnsupportedOpError, match=r"of one condition with shapes \[\[4, 8\]\]: its output shape "
+                                                 r"depends on the data.*\n  at .*test_compile.py:\d+: "):  # the call (in the lambda)
+        compile_function(fn, {"x": torch.randn(4, 8)}, hwdesc.load("mini"))
+
+
 def test_a_value_read_on_the_host_is_refused_saying_so():
     """.item() inside a compiled function: the refusal says a value was read on the host (the op
     had been routed to the diagonal's rule, which failed on the 0-d tensor's dimensions)."""
