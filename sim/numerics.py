@@ -418,10 +418,15 @@ def _apply_inverse(op: int, a, b, T):
     return T(np.nan)
 
 
+NEWTON_STEPS = 6  # at most, for erfinv; two reach float64 accuracy from Giles' start on float32's range
+
+
 @njit(cache=True)
 def _erfinv(x: float) -> float:
     """The inverse error function: Giles' single-precision approximation ("Approximating the erfinv
-    function", 2010) as the start, then two Newton steps on erf in double."""
+    function", 2010) as the start, then Newton steps in double on erf (from 0.5 on log erfc, where
+    erf(y) - x would cancel and erfc falls steeply): two for a float32 input; float64 inputs
+    closer to +-1 than float32 reaches (past the start's fitted range) take a few more."""
     if not abs(x) <= 1:
         return np.nan
     if abs(x) == 1:
@@ -441,11 +446,19 @@ def _erfinv(x: float) -> float:
         for c in (0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613,
                   0.00943887047, 1.00167406, 2.83297682):
             p = c + p * w
-    y = p * x
-    for _ in range(2):
-        err = math.erf(y) - x
-        y -= err / (2.0 / math.sqrt(math.pi) * math.exp(-y * y))
-    return y
+    a = abs(x)
+    y = abs(p * x)
+    for _ in range(NEWTON_STEPS):
+        slope = 2.0 / math.sqrt(math.pi) * math.exp(-y * y)
+        if a < 0.5:
+            step = (math.erf(y) - a) / slope
+        else:  # on log erfc(y) = log(1 - a): exact to erfc's accuracy, and nearly quadratic in y
+            tail = math.erfc(y)
+            step = (math.log(tail) - math.log(1.0 - a)) / (-slope / tail)
+        y -= step
+        if abs(step) <= abs(y) * 1e-17:
+            break
+    return np.copysign(y, x)
 
 
 @njit(cache=True)
@@ -466,13 +479,16 @@ def _digamma(x: float) -> float:
         x = 1.0 - x
     if x == np.inf:
         return np.inf
-    while x < 6.0:
+    while x < 10.0:
         shift -= 1.0 / x
         x += 1.0
     z = 1.0 / (x * x)
-    # B_2k / (2k x^2k), B the Bernoulli numbers: 1/12, 1/120, 1/252, 1/240, 1/132 with alternating signs
-    series = z * (1.0 / 12.0 - z * (1.0 / 120.0 - z * (1.0 / 252.0 - z * (1.0 / 240.0 - z * (1.0 / 132.0)))))
-    return shift + math.log(x) - 0.5 / x - series
+    # B_2k / (2k x^2k), B the Bernoulli numbers: 1/12, 1/120, 1/252, 1/240, 1/132, 691/32760, 1/12
+    # with alternating signs; from x = 10 the first term left out is below 1e-16 (float64 accuracy)
+    series = 0.0
+    for c in (1.0 / 12.0, -691.0 / 32760.0, 1.0 / 132.0, -1.0 / 240.0, 1.0 / 252.0, -1.0 / 120.0, 1.0 / 12.0):
+        series = series * z + c
+    return shift + math.log(x) - 0.5 / x - series * z
 
 
 @njit(cache=True)
