@@ -12,8 +12,10 @@ import hwdesc
 from compiler.compile import compile_function
 from compiler.errors import UnsupportedOpError
 from compiler.frontend.random import DeviceGenerator, DeviceRandom, threefry
-from mlsdk import Context, MNCoreSGD, MNDevice, set_buffer_name_in_optimizer, set_tensor_name_in_module
+from mlsdk import Context, MNCoreSGD, MNDevice
 from mlsdk.context import GENERATOR_NAME
+
+from .test_training import registered
 
 
 def _int32(word: int) -> int:
@@ -111,12 +113,8 @@ def test_training_step_with_dropout_matches_torch_with_the_same_masks():
     torch.manual_seed(3)
     ctx = Context(MNDevice("mini:auto"))
     net = model()
-    set_tensor_name_in_module(net, "net")
-    for param in net.parameters():
-        ctx.register_param(param)
     opt = MNCoreSGD(net.parameters(), 0.1, 0.9, 0.0)
-    set_buffer_name_in_optimizer(opt, "opt")
-    ctx.register_optimizer_buffers(opt)
+    registered(ctx, net, opt, "net")
 
     def step(d):
         opt.zero_grad()
