@@ -22,6 +22,7 @@ ALLOWED = {
     ("sim/vector.py", 0xFFFFFFFF): "masks an int64 instruction field to the 32 bits of a float32 or int32 immediate",
     ("sim/numerics.py", 8): "IEEE binary32 exponent width: numpy's float32, the host type PEs compute in",
     ("sim/numerics.py", 23): "IEEE binary32 mantissa width",
+    ("sim/numerics.py", 6): "most Newton steps erfinv takes (a numerical method's bound, not the chip's)",
     ("sim/numerics.py", 32): "bits of an int32 word (two's complement, as torch's int32)",
     ("compiler/dtypes.py", 32): "bits of an int32 word (torch's int32, the IR's integer type)",
     ("compiler/frontend/above_autograd.py", 25): "torch's row count past which cdist computes through a product (torch's rule)",
