@@ -1,4 +1,4 @@
-"""Cumulative ops (cumsum, cumprod, cummax, cummin) as log-step scans.
+"""Cumulative ops (cumsum, cumprod, logcumsumexp, cummax, cummin) as log-step scans.
 
 Element i of a scan combines elements 0..i. Hillis and Steele's scan does it in ceil(log2 n)
 steps: in step s every element combines with the one 2^s before it (the first 2^s combine with
@@ -54,6 +54,26 @@ def _cumulative(b, out, x, dim, dtype=None):
         x = b.cast(x, compute)
     for s in _steps(x.shape[dim]):
         x = b.ew(op, x, _shifted(b, x, dim, s, identity), dtype=compute)
+    return b.cast(x, want) if compute != want else x
+
+
+@rule("logcumsumexp")
+def _logcumsumexp(b, out, x, dim):
+    """log of the running sum of exp along `dim`, as a scan of log(e^a + e^b) = m + log1p(e^(min - m))
+    with m = max(a, b): no exp of a large number, and an infinite m is the result (two -inf give
+    -inf, a +inf gives +inf; min - m would be NaN), a NaN stays NaN. -inf pads in front."""
+    want = out_dtype(out)
+    if x.rank == 0:
+        return b.cast(x, want)
+    dim = norm_dim(dim, x.rank)
+    compute = "float32" if want == "float16" else want
+    x = b.cast(x, compute) if x.dtype != compute else x
+    for s in _steps(x.shape[dim]):
+        y = _shifted(b, x, dim, s, float("-inf"))
+        high, low = b.ew("max", x, y), b.ew("min", x, y)
+        summed = b.ew("add", high, b.ew("log1p", b.ew("exp", b.ew("sub", low, high))))
+        infinite = b.ew("eq", b.ew("abs", high), float("inf"))
+        x = b.ew("where", infinite, high, summed, dtype=compute)
     return b.cast(x, want) if compute != want else x
 
 

@@ -209,7 +209,7 @@ class DeviceRandom(TorchFunctionMode):
         """x times a mask of `mask_shape` (broadcast over x) that keeps with probability 1 - p,
         scaled by 1 / (1 - p), as torch's dropout."""
         _check_probability(p)
-        if p == 1:
+        if p == 1:  # x * 0, as torch: a NaN or an infinity stays NaN
             y = x * 0
         else:
             keep = self._uniform(mask_shape, torch.float32) >= p

@@ -911,6 +911,25 @@ def test_a_float_cumprod_matches_torch_to_rounding(device):
     check(device, lambda d: {"p": torch.cumprod(d["z"], -1)}, {"z": z}, rtol=2e-6)
 
 
+def test_logcumsumexp_is_a_scan_with_torchs_infinities(device):
+    """logcumsumexp (refused before): -inf runs, a +inf and a NaN along a row of large values, and its
+    gradient (torch's formula)."""
+    g = torch.Generator().manual_seed(25)
+    x = torch.randn(4, 40, generator=g) * 20
+    x[0, :5], x[1, 7], x[2, 3], x[3, 10:20] = float("-inf"), float("inf"), float("nan"), float("-inf")
+    got = device.execute(compile_function(lambda d: {"y": torch.logcumsumexp(d["x"], 1)}, {"x": x}, device.hw),
+                         {"x": x})
+    torch.testing.assert_close(got["y"], torch.logcumsumexp(x, 1), rtol=1e-5, atol=1e-5, equal_nan=True)
+
+    def grad(d):
+        with torch.enable_grad():
+            v = d["x"].detach().requires_grad_()
+            return {"g": torch.autograd.grad(torch.logcumsumexp(v, 0).sum(), v)[0]}
+    z = torch.randn(30, 3, generator=g)
+    got = device.execute(compile_function(grad, {"x": z}, device.hw), {"x": z})
+    torch.testing.assert_close(got["g"], grad({"x": z})["g"], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("shape", [(8, 12, 32), (3, 5, 32), (8, 12, 48)])
 def test_a_fill_value_does_not_narrow_the_layouts_of_a_masked_fill(shape):
     """masked_fill(m, 0.0) with m broadcast along the last dim: the fill value (a 0-d tensor
