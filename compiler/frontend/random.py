@@ -11,15 +11,17 @@ round is six int32 ops over the tensor.
 The key is the Context's generator state, a registered int32 pair (seed, calls) kept on the
 device: the first draw of a traced function reads it and adds one to `calls`, so every call of
 the compiled program draws new numbers, and each draw of one call takes its own range of
-counters. The seed comes from torch's default generator when the state is made (so
-`torch.manual_seed` before the first compile makes runs repeat); the numbers differ from what
-torch draws on the host, but not their distribution.
+counters. The seed is one number of torch's default generator, taken when the first function
+that draws is compiled in the Context (so `torch.manual_seed` before it makes runs repeat, and
+compiling functions that draw nothing leaves torch's generator alone); later seeds do not reach a
+Context's generator, nor a reloaded codegen_dir's (it brings its state). The numbers differ from
+what torch draws on the host, but not their distribution.
 
-While a function is traced, `DeviceRandom` replaces torch's random functions by draws: dropout
-(F.dropout, nn.Dropout, torch.dropout and their channel-wise forms; scaled_dot_product_attention
-with dropout_p runs as its definition with F.dropout, frontend.tracing), rand, randn, their _like
-forms, bernoulli, randint, normal, and the in-place uniform_, normal_ and bernoulli_. They are ordinary int32 and float ops then: autograd sees
-dropout as a product with a mask, whose gradient reuses the same mask.
+While a function is traced, ATen's random ops are decomposed into draws (`draws`, make_fx's
+decomposition table in the trace's first pass): native_dropout (nn.Dropout, F.dropout, attention's
+dropout_p), bernoulli and bernoulli_ (feature and alpha dropout), rand, randn, randint, their
+_like forms, normal, uniform_, normal_ and random_. They are ordinary int32 and float ops then,
+below autograd: dropout's gradient is torch's formula with the mask the draw made.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+from torch.utils._python_dispatch import TorchDispatchMode
 
 ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)  # Threefry-2x32's rotation constants (Random123)
 PARITY = 0x1BD11BDA  # Threefry's key-schedule constant
@@ -53,17 +56,16 @@ class DeviceGenerator:
     drawn: int = 0
 
     def start_trace(self) -> None:
-        """Called before a trace, outside it: the state is made here (its seed is a real number
-        of torch's generator), registered only once a draw reads it."""
-        if self.state is None:
-            seed = int(torch.randint(0, 2 ** SEED_BITS - 1, ()).item())
-            self.state = torch.tensor([seed, 0], dtype=torch.int32)
         self.key, self.drawn = None, 0
 
     def counters(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """The key and the counters of a draw of `shape`: element i of the draw (row-major) gets
         counter drawn + i, after those of the trace's earlier draws."""
         if not self.registered:
+            if self.state is None:  # the first draw of the Context: one number of torch's generator, drawn
+                with unset_fake_temporarily(), disable_proxy_modes_tracing():  # for real, outside the trace
+                    seed = int(torch.randint(0, 2 ** SEED_BITS - 1, ()).item())
+                    self.state = torch.tensor([seed, 0], dtype=torch.int32)
             self.state = self.register(self.state)
             self.registered = True
         if self.key is None:  # the first draw of this trace: read the state and count the call
@@ -110,142 +112,114 @@ def _unit(word: torch.Tensor, dtype: torch.dtype, open_below: bool = False) -> t
     return u.to(dtype)
 
 
-class DeviceRandom(TorchFunctionMode):
-    """While active (tracing), torch's random functions draw from `generator` (see the module)."""
+def draws(generator: DeviceGenerator) -> dict[Any, Callable]:
+    """ATen's random ops as draws from `generator`, for make_fx's decomposition table: every way
+    of reaching them (nn.Dropout, F.dropout2d's feature dropout, alpha dropout, attention's
+    dropout_p inside scaled_dot_product_attention or nn.MultiheadAttention, Tensor.uniform_)
+    ends in one of these, with ATen's one spelling of the arguments."""
+    aten = torch.ops.aten
 
-    def __init__(self, generator: DeviceGenerator) -> None:
-        super().__init__()
-        self.generator = generator
-        g = self
-        self.replaced: dict[Callable, Callable] = {
-            torch.rand: g.rand, torch.rand_like: lambda x, **kw: g.rand(*x.shape, **_like(x, kw)),
-            torch.randn: g.randn, torch.randn_like: lambda x, **kw: g.randn(*x.shape, **_like(x, kw)),
-            torch.randint: g.randint, torch.randint_like: g.randint_like,
-            torch.bernoulli: g.bernoulli, torch.Tensor.bernoulli: g.bernoulli, torch.Tensor.bernoulli_: g.bernoulli_,
-            torch.normal: g.normal, torch.Tensor.normal_: g.normal_, torch.Tensor.uniform_: g.uniform_,
-            F.dropout: g.dropout, torch.dropout: g.dropout, torch.nn.functional.dropout1d: g.dropout_nd(1),
-            F.dropout2d: g.dropout_nd(2), F.dropout3d: g.dropout_nd(3),
-        }
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        handler = self.replaced.get(func)
-        if handler is not None:
-            result = handler(*args, **kwargs)
-            if result is not NotImplemented:
-                return result
-        return func(*args, **kwargs)
-
-    # ---- draws ------------------------------------------------------------------------------
-
-    def _uniform(self, shape: tuple[int, ...], dtype: torch.dtype | None) -> torch.Tensor:
-        key, index = self.generator.counters(shape)
+    def uniform(shape: Any, dtype: torch.dtype | None) -> torch.Tensor:
+        key, index = generator.counters(tuple(int(n) for n in shape))
         return _unit(threefry(key, index)[0], dtype or torch.get_default_dtype())
 
-    def rand(self, *size: Any, dtype: torch.dtype | None = None, generator: Any = None, **_: Any) -> torch.Tensor:
-        return self._uniform(_shape(size), dtype) if generator is None else NotImplemented
-
-    def randn(self, *size: Any, dtype: torch.dtype | None = None, generator: Any = None, **_: Any) -> torch.Tensor:
+    def gaussian(shape: Any, dtype: torch.dtype | None) -> torch.Tensor:
         """Box-Muller: sqrt(-2 log u1) cos(2 pi u2), u1 in (0, 1] from one word of the pair, u2
         from the other."""
-        if generator is not None:
-            return NotImplemented
-        key, index = self.generator.counters(_shape(size))
+        key, index = generator.counters(tuple(int(n) for n in shape))
         w0, w1 = threefry(key, index)
         u1, u2 = _unit(w0, torch.float32, open_below=True), _unit(w1, torch.float32)
         z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)
         return z.to(dtype or torch.get_default_dtype())
 
-    def randint(self, *args: Any, size: Any = None, dtype: torch.dtype | None = None, generator: Any = None,
-                **_: Any) -> torch.Tensor:
-        """randint(high, size) or randint(low, high, size): floor(u * (high - low)) + low."""
-        if generator is not None:
-            return NotImplemented
-        numbers = [a for a in args if isinstance(a, int)]
-        shapes = [a for a in args if not isinstance(a, int)]
-        size = size if size is not None else shapes[0]
-        low, high = (0, numbers[0]) if len(numbers) == 1 else numbers[:2]
-        u = self._uniform(_shape((size,)), torch.float32)
+    def integers(shape: Any, low: int, high: int, dtype: torch.dtype | None) -> torch.Tensor:
+        """floor(u (high - low)) + low: uniform while the range is within u's 24 bits."""
+        u = uniform(shape, torch.float32)
         return (torch.floor(u * (high - low)) + low).to(dtype or torch.int64)
 
-    def randint_like(self, x: torch.Tensor, *args: int, dtype: torch.dtype | None = None, **_: Any) -> torch.Tensor:
-        return self.randint(*args, size=tuple(x.shape), dtype=dtype or x.dtype)
+    def native_dropout(x: torch.Tensor, p: float, train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x times the mask over 1 - p, the mask): each element kept with probability 1 - p."""
+        if train is False:
+            return x.clone(), torch.ones_like(x, dtype=torch.bool)
+        if p >= 1:  # x * 0, as torch: a NaN or an infinity stays NaN
+            return x * 0, torch.zeros_like(x, dtype=torch.bool)
+        keep = uniform(x.shape, torch.float32) >= p
+        return x * keep.to(x.dtype) * (1.0 / (1.0 - p)), keep
 
-    def bernoulli(self, x: torch.Tensor, p: float | None = None, *, generator: Any = None, **_: Any) -> torch.Tensor:
-        """1 with probability p (a number, or x itself holding the probabilities), else 0."""
-        if generator is not None:
-            return NotImplemented
-        u = self._uniform(tuple(x.shape), torch.float32)
-        return (u < (x.float() if p is None else p)).to(x.dtype)
+    def filled(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return x.copy_(values.to(x.dtype))
 
-    def bernoulli_(self, x: torch.Tensor, p: float | torch.Tensor = 0.5, *, generator: Any = None) -> torch.Tensor:
-        if generator is not None:
-            return NotImplemented
-        u = self._uniform(tuple(x.shape), torch.float32)
-        return x.copy_((u < p).to(x.dtype))
+    def likely(x: torch.Tensor, p: Any) -> torch.Tensor:
+        return uniform(x.shape, torch.float32) < (p.float() if isinstance(p, torch.Tensor) else p)
 
-    def normal(self, mean: Any = 0.0, std: Any = 1.0, size: Any = None, *, generator: Any = None,
-               dtype: torch.dtype | None = None, **_: Any) -> torch.Tensor:
-        if generator is not None:
-            return NotImplemented
-        shape = _shape((size,)) if size is not None else torch.broadcast_shapes(
-            *(tuple(t.shape) for t in (mean, std) if isinstance(t, torch.Tensor)))
-        like = next((t.dtype for t in (mean, std) if isinstance(t, torch.Tensor)), dtype)
-        return self.randn(*shape, dtype=like) * std + mean
-
-    def normal_(self, x: torch.Tensor, mean: float = 0.0, std: float = 1.0, *, generator: Any = None) -> torch.Tensor:
-        if generator is not None:
-            return NotImplemented
-        return x.copy_(self.randn(*x.shape, dtype=x.dtype) * std + mean)
-
-    def uniform_(self, x: torch.Tensor, a: float = 0.0, b: float = 1.0, *, generator: Any = None) -> torch.Tensor:
-        if generator is not None:
-            return NotImplemented
-        return x.copy_(self._uniform(tuple(x.shape), x.dtype) * (b - a) + a)
-
-    # ---- dropout ----------------------------------------------------------------------------
-
-    def _dropped(self, x: torch.Tensor, p: float, mask_shape: tuple[int, ...], inplace: bool) -> torch.Tensor:
-        """x times a mask of `mask_shape` (broadcast over x) that keeps with probability 1 - p,
-        scaled by 1 / (1 - p), as torch's dropout."""
-        _check_probability(p)
-        if p == 1:  # x * 0, as torch: a NaN or an infinity stays NaN
-            y = x * 0
-        else:
-            keep = self._uniform(mask_shape, torch.float32) >= p
-            y = x * keep.to(x.dtype) * (1.0 / (1.0 - p))
-        return x.copy_(y) if inplace else y
-
-    def dropout(self, x: torch.Tensor, p: float = 0.5, train: bool = True, inplace: bool = False,
-                **kwargs: Any) -> torch.Tensor:
-        training = kwargs.get("training", train)
-        if not training or p == 0:
-            return NotImplemented  # torch's own: the input
-        return self._dropped(x, p, tuple(x.shape), inplace)
-
-    def dropout_nd(self, spatial: int) -> Callable[..., torch.Tensor]:
-        """F.dropout1d / 2d / 3d: whole channels dropped, as torch's feature dropout (a 3-D input
-        to dropout2d is taken as (N, C, L), as torch does; an unbatched input has one channel dim)."""
-        def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
-            if not training or p == 0:
-                return NotImplemented
-            batched = x.dim() == spatial + 2 or (spatial == 2 and x.dim() == 3)
-            lead = 2 if batched else 1
-            return self._dropped(x, p, tuple(x.shape[:lead]) + (1,) * (x.dim() - lead), inplace)
-        return dropout
+    table = {
+        aten.native_dropout.default: native_dropout,
+        aten.bernoulli.default: lambda x, *, generator=None: _one(generator) and likely(x, x).to(x.dtype),
+        aten.bernoulli.p: lambda x, p=0.5, *, generator=None: _one(generator) and likely(x, p).to(x.dtype),
+        aten.bernoulli_.float: lambda x, p=0.5, *, generator=None: _one(generator) and filled(x, likely(x, p)),
+        aten.bernoulli_.Tensor: lambda x, p, *, generator=None: _one(generator) and filled(x, likely(x, p)),
+        aten.rand.default: lambda size, *, dtype=None, **_: uniform(size, dtype),
+        aten.rand.generator: lambda size, *, generator, **_: _one(generator),
+        aten.rand_like.default: lambda x, *, dtype=None, **_: uniform(x.shape, dtype or x.dtype),
+        aten.randn.default: lambda size, *, dtype=None, **_: gaussian(size, dtype),
+        aten.randn.generator: lambda size, *, generator, **_: _one(generator),
+        aten.randn_like.default: lambda x, *, dtype=None, **_: gaussian(x.shape, dtype or x.dtype),
+        aten.randint.default: lambda high, size, *, dtype=None, **_: integers(size, 0, high, dtype),
+        aten.randint.low: lambda low, high, size, *, dtype=None, **_: integers(size, low, high, dtype),
+        aten.randint_like.default: lambda x, high, *, dtype=None, **_: integers(x.shape, 0, high, dtype or x.dtype),
+        aten.randint_like.low_dtype: lambda x, low, high, *, dtype=None, **_:
+            integers(x.shape, low, high, dtype or x.dtype),
+        aten.uniform_.default: lambda x, low=0.0, high=1.0, *, generator=None:
+            _one(generator) and filled(x, uniform(x.shape, torch.float32) * (high - low) + low),
+        aten.normal_.default: lambda x, mean=0.0, std=1.0, *, generator=None:
+            _one(generator) and filled(x, gaussian(x.shape, torch.float32) * std + mean),
+        getattr(aten.random_, "from"): lambda x, low, high=None, *, generator=None:
+            _one(generator) and filled(x, integers(x.shape, low, _high(high, x), torch.float32)),
+        aten.random_.to: lambda x, high, *, generator=None: _one(generator) and filled(
+            x, integers(x.shape, 0, high, torch.float32)),
+    }
+    for normal in ("Tensor_Tensor", "Tensor_float", "float_Tensor"):
+        table[getattr(aten.normal, normal)] = _normal_of(gaussian)
+    table[aten.normal.float_float] = lambda mean, std, size, *, generator=None, dtype=None, **_: \
+        _one(generator) and gaussian(size, dtype) * std + mean
+    return table
 
 
-def _shape(size: tuple) -> tuple[int, ...]:
-    """torch's size arguments: rand(2, 3), rand((2, 3)), rand([2, 3]), rand(torch.Size)."""
-    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
-        size = tuple(size[0])
-    return tuple(int(s) for s in size)
+def _normal_of(gaussian: Callable) -> Callable:
+    """torch.normal with a tensor mean or std: one draw per element of their broadcast shape."""
+    def normal(mean: Any, std: Any = 1.0, *, generator: Any = None) -> torch.Tensor:
+        _one(generator)
+        tensors = [t for t in (mean, std) if isinstance(t, torch.Tensor)]
+        shape = torch.broadcast_shapes(*(tuple(t.shape) for t in tensors))
+        return gaussian(shape, tensors[0].dtype) * std + mean
+    return normal
 
 
-def _like(x: torch.Tensor, kwargs: dict) -> dict:
-    return {"dtype": kwargs.get("dtype") or x.dtype}
+def _high(high: int | None, x: torch.Tensor) -> int:
+    """random_(low, None): up to the largest integer x's dtype holds exactly (torch's bound)."""
+    if high is not None:
+        return high
+    raise ValueError("random_(from, None) draws up to the type's largest integer, which the device generator's "
+                     "24-bit numbers do not reach; give `to`")
 
 
-def _check_probability(p: float) -> None:
-    if not 0 <= p <= 1:
-        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+def _one(generator: Any) -> bool:
+    """A torch.Generator names a stream of the host's; the device has one generator per Context."""
+    if generator is not None:
+        raise ValueError("a torch.Generator passed to a random function cannot be followed on the device: it "
+                         "draws from its Context's generator (torch.manual_seed before the first compile seeds "
+                         "it); leave generator= out")
+    return True
+
+
+class HostDraws(TorchDispatchMode):
+    """The device's draws evaluated by torch on the host (eager): what a compiled program drawing
+    from a generator in the same state computes, for tests and reference runs."""
+
+    def __init__(self, generator: DeviceGenerator) -> None:
+        super().__init__()
+        self.table = draws(generator)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        handler = self.table.get(func)
+        return (handler or func)(*args, **(kwargs or {}))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import operator
 import os
 import re
@@ -35,7 +34,7 @@ from . import legalize  # noqa: F401  (imported for its rules: they register in 
 from .rules import RULES, ir_dtype
 from .build import Builder
 from .above_autograd import DecomposeAboveAutograd
-from .random import DeviceGenerator, DeviceRandom
+from .random import DeviceGenerator, draws
 from .mappings import register_mappings
 from .decompositions import table
 from .narrow_ints import fold_narrow_results
@@ -170,12 +169,11 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
             # pass 1, through autograd and the optimizer: backward() and step() become ATen ops on
             # the captured tensors (functionalize would hide autograd, so it comes second)
             zeroed: set[int] = set()
-            drawing = contextlib.nullcontext() if generator is None else DeviceRandom(generator)
             if generator is not None:
                 generator.start_trace()
-            with autograd_phases(resident, zeroed), DecomposeAboveAutograd(), drawing:
-                joint = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True,
-                                record_stack_traces=True)(*tensors)
+            with autograd_phases(resident, zeroed), DecomposeAboveAutograd():
+                joint = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True, record_stack_traces=True,
+                                decomposition_table=draws(generator) if generator is not None else None)(*tensors)
             state, gradients_left, unkept = _captured_state(joint, resident)
             clash = sorted(set(state) & set(names))
             if clash:
@@ -387,11 +385,9 @@ def _math_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """Attention as its math composite when gradients are taken, so autograd differentiates ops
     we lower (the fused CPU kernel's backward is one opaque op). The composite takes what
     torch.nn.functional's front end hands it: a boolean mask (True: attend) already made additive,
-    0 or -inf (the composite would add the booleans themselves). With dropout, it is torch's
-    definition (`_attention_with_dropout`)."""
-    if dropout_p > 0:
-        return _attention_with_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    if not torch.is_grad_enabled():
+    0 or -inf (the composite would add the booleans themselves). With dropout too: its dropout is
+    ATen's native_dropout, which a Context's generator draws (frontend.random)."""
+    if not torch.is_grad_enabled() and dropout_p == 0:
         return _FUSED_ATTENTION(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                                 enable_gqa=enable_gqa)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
@@ -399,24 +395,6 @@ def _math_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                                                                  float("-inf"))
     return torch.ops.aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
                                                              scale=scale, enable_gqa=enable_gqa)[0]
-
-
-def _attention_with_dropout(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any,
-                            dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
-    """scaled_dot_product_attention with dropout on its weights, as torch's documentation defines
-    it; the weights' dropout is F.dropout, which a Context's generator draws (frontend.random)."""
-    length, source = query.size(-2), key.size(-2)
-    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
-    if enable_gqa:
-        key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
-        value = value.repeat_interleave(query.size(-3) // value.size(-3), -3)
-    weights = query @ key.transpose(-2, -1) * scale
-    if is_causal:
-        weights = weights.masked_fill(~torch.ones(length, source, dtype=torch.bool).tril(), float("-inf"))
-    if attn_mask is not None:
-        weights = weights.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
-            else weights + attn_mask
-    return torch.nn.functional.dropout(torch.softmax(weights, -1), dropout_p) @ value
 
 
 @contextlib.contextmanager

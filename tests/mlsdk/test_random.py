@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 import hwdesc
 from compiler.compile import compile_function
-from compiler.errors import UnsupportedOpError
-from compiler.frontend.random import DeviceGenerator, DeviceRandom, threefry
+from compiler.errors import CompileError, UnsupportedOpError
+from compiler.frontend.random import DeviceGenerator, HostDraws, threefry
 from mlsdk import Context, MNCoreSGD, MNDevice
 from mlsdk.context import GENERATOR_NAME
 
@@ -46,24 +46,29 @@ def host_generator(ctx: Context) -> DeviceGenerator:
 def drawn_on_host(generator: DeviceGenerator, fn, inputs):
     """What `fn` computes on the host with its draws taken from `generator` (one call)."""
     generator.start_trace()
-    with DeviceRandom(generator):
+    with HostDraws(generator):
         return fn(inputs)
 
 
 def test_dropout_draws_a_new_mask_every_call_and_the_generator_counts_calls():
+    """Call k draws under key (seed, k): the first 32 x 48 counters, as the host computes them with
+    the same generator state (torch's CPU dropout: bernoulli_(1 - p) noise over 1 - p)."""
     torch.manual_seed(0)
     ctx = Context(MNDevice("mini:auto"))
     p = 0.25
-    fn = ctx.compile(lambda d: {"y": F.dropout(d["x"], p, training=True)}, {"x": torch.ones(32, 48)}, None)
+    dropout = lambda d: {"y": F.dropout(d["x"], p, training=True)}  # noqa: E731
+    fn = ctx.compile(dropout, {"x": torch.ones(32, 48)}, None)
     x = torch.randn(32, 48)
     seed = int(ctx.generator.state[0])
     masks = []
     for call in range(3):
         y = fn({"x": x})["y"].cpu()
+        at_call = DeviceGenerator(lambda t: t, state=torch.tensor([seed, call], dtype=torch.int32), registered=True)
+        assert torch.equal(y, drawn_on_host(at_call, dropout, {"x": x})["y"]), call
         index = torch.arange(32 * 48, dtype=torch.int32).reshape(32, 48)
         word = threefry(torch.tensor([seed, call], dtype=torch.int32), index)[0]
-        keep = ((word >> 8) & 0xFFFFFF).float() * 2.0 ** -24 >= p  # the uniform number of `_unit`
-        assert torch.equal(y, x * keep * (1 / (1 - p))), call  # the host's evaluation of the same draw
+        keep = ((word >> 8) & 0xFFFFFF).float() * 2.0 ** -24 < 1 - p  # the uniform number of `_unit`
+        assert torch.equal(y != 0, keep & (x != 0)), call  # Threefry's words, counters 0.. of the call
         masks.append(keep)
     ctx.synchronize()
     assert ctx.generator.state.tolist() == [seed, 3]  # the device counted the calls
@@ -150,10 +155,14 @@ def test_the_seed_comes_from_torchs_generator():
     assert torch.equal(run(), run())
 
 
-def test_a_program_without_draws_registers_no_generator():
+def test_a_program_without_draws_registers_no_generator_and_leaves_torchs_alone():
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
     ctx = Context(MNDevice("mini:auto"))
     ctx.compile(lambda d: {"y": F.dropout(d["x"], 0.5, training=False) * 2}, {"x": torch.ones(4)}, None)
     assert GENERATOR_NAME not in ctx.runtime.resident
+    assert torch.equal(torch.rand(3), expected)  # model initialisation after a compile is torch's
 
 
 def test_random_numbers_without_a_context_are_refused():
@@ -161,31 +170,59 @@ def test_random_numbers_without_a_context_are_refused():
         compile_function(lambda d: {"y": F.dropout(d["x"], 0.5)}, {"x": torch.ones(4)}, hwdesc.load("mini"))
 
 
-def test_attention_dropout_is_torchs_definition_with_a_drawn_mask():
-    """scaled_dot_product_attention with dropout_p (transformers' sdpa attention in training)
-    runs as torch's documented definition, its weights' dropout drawn by the generator; with
-    gradients, as in a training step."""
-    from compiler.frontend.tracing import _attention_with_dropout
+def test_attention_dropout_is_drawn_inside_the_math_composite():
+    """scaled_dot_product_attention with dropout_p (transformers' sdpa attention in training) and
+    nn.MultiheadAttention with dropout: their weights' dropout is ATen's native_dropout inside
+    the composite, drawn by the generator; with gradients, as in a training step."""
+    mha = torch.nn.MultiheadAttention(8, 2, dropout=0.3, batch_first=True).train()
 
-    def fn(d):
+    def fn(d, attention=F.scaled_dot_product_attention):
         with torch.enable_grad():
             q = d["q"].detach().requires_grad_()
-            out = F.scaled_dot_product_attention(q, d["k"], d["v"], dropout_p=0.2, is_causal=True)
-            return {"out": out.detach(), "dq": torch.autograd.grad(out.square().sum(), q)[0]}
+            out = attention(q, d["k"], d["v"], dropout_p=0.2, is_causal=True)
+            mixed = mha(q[0], d["k"][0], d["v"][0], need_weights=False)[0]
+            loss = out.square().sum() + mixed.square().sum()
+            return {"out": out.detach(), "mixed": mixed.detach(), "dq": torch.autograd.grad(loss, q)[0]}
 
-    def reference(d):
-        with torch.enable_grad():
-            q = d["q"].detach().requires_grad_()
-            out = _attention_with_dropout(q, d["k"], d["v"], None, 0.2, True, None, False)
-            return {"out": out.detach(), "dq": torch.autograd.grad(out.square().sum(), q)[0]}
+    def reference(d):  # the composite the trace takes, on the host
+        def math(*args, **kwargs):
+            return torch.ops.aten._scaled_dot_product_attention_math(*args, **kwargs)[0]
+        return fn(d, math)
     torch.manual_seed(5)
     ctx = Context(MNDevice("mini:auto"))
     inputs = {name: torch.randn(2, 2, 6, 8) for name in "qkv"}
     got = ctx.compile(fn, inputs, None)(inputs)
-    want = drawn_on_host(DeviceGenerator(lambda t: t, state=torch.tensor([int(ctx.generator.state[0]), 0],
-                                                                         dtype=torch.int32), registered=True),
-                         reference, inputs)
+    start = DeviceGenerator(lambda t: t, state=torch.tensor([int(ctx.generator.state[0]), 0], dtype=torch.int32),
+                            registered=True)
+    want = drawn_on_host(start, reference, inputs)
     for key in want:
         torch.testing.assert_close(got[key].cpu(), want[key], rtol=1e-5, atol=1e-5, msg=key)
     undropped = F.scaled_dot_product_attention(inputs["q"], inputs["k"], inputs["v"], is_causal=True)
     assert not torch.allclose(want["out"], undropped)  # some weights were dropped
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: torch.rand(size=(4, 5)) + x, lambda x: torch.randn(size=(4, 5)) + x,
+    lambda x: torch.randint(low=2, high=5, size=(4, 5)) + x, lambda x: torch.randint_like(x, low=3, high=7),
+    lambda x: x.clone().uniform_(**{"from": 2, "to": 4}), lambda x: torch.bernoulli(input=torch.sigmoid(x)),
+    lambda x: x.clone().random_(0, 10), lambda x: F.alpha_dropout(x, 0.3, True),
+], ids=["rand_size", "randn_size", "randint_keywords", "randint_like", "uniform_from_to", "bernoulli_input",
+        "random_", "alpha_dropout"])
+def test_every_spelling_of_a_random_call_draws(call):
+    """Keyword forms and ops reached inside others: all end in ATen's random ops, which are drawn."""
+    torch.manual_seed(6)
+    ctx = Context(MNDevice("mini:auto"))
+    x = torch.zeros(4, 5)
+    got = ctx.compile(lambda d: {"y": call(d["x"])}, {"x": x}, None)({"x": x})["y"].cpu()
+    start = DeviceGenerator(lambda t: t, state=torch.tensor([int(ctx.generator.state[0]), 0], dtype=torch.int32),
+                            registered=True)
+    want = drawn_on_host(start, lambda d: {"y": call(d["x"])}, {"x": x})["y"]
+    assert got.shape == want.shape == (4, 5) and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_torch_generator_argument_is_refused():
+    ctx = Context(MNDevice("mini:auto"))
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(CompileError, match="a torch.Generator passed to a random function cannot be followed"):
+        ctx.compile(lambda d: {"y": torch.rand(3, generator=g) + d["x"]}, {"x": torch.ones(3)}, None)
