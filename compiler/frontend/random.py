@@ -174,7 +174,7 @@ def draws(generator: DeviceGenerator) -> dict[Any, Callable]:
         aten.normal_.default: lambda x, mean=0.0, std=1.0, *, generator=None:
             _one(generator) and filled(x, gaussian(x.shape, torch.float32) * std + mean),
         getattr(aten.random_, "from"): lambda x, low, high=None, *, generator=None:
-            _one(generator) and filled(x, integers(x.shape, low, _high(high, x), torch.float32)),
+            _one(generator) and filled(x, integers(x.shape, low, _high(high), torch.float32)),
         aten.random_.to: lambda x, high, *, generator=None: _one(generator) and filled(
             x, integers(x.shape, 0, high, torch.float32)),
     }
@@ -195,8 +195,9 @@ def _normal_of(gaussian: Callable) -> Callable:
     return normal
 
 
-def _high(high: int | None, x: torch.Tensor) -> int:
-    """random_(low, None): up to the largest integer x's dtype holds exactly (torch's bound)."""
+def _high(high: int | None) -> int:
+    """random_'s upper bound; without one (torch: the dtype's largest exact integer) it is refused,
+    since the generator's 24-bit uniform numbers would not spread over such a range."""
     if high is not None:
         return high
     raise ValueError("random_(from, None) draws up to the type's largest integer, which the device generator's "
