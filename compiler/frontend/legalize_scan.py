@@ -40,41 +40,39 @@ def _steps(n: int) -> list[int]:
     return out
 
 
-@rule("cumsum", "cumprod")
-def _cumulative(b, out, x, dim, dtype=None):
-    """The running sum (product) along `dim`, in torch's result dtype (integers and bools as
-    integers). A float16 row is accumulated in float32, as torch's CPU kernel does, then rounded."""
+def _scan(b: Builder, out, x: Value, dim: int, combine, identity) -> Value:
+    """x scanned along `dim` by `combine(later, earlier)`, `identity` padding in front, in torch's
+    result dtype; a float16 row is combined in float32, as torch's CPU kernels accumulate, then
+    rounded once."""
     want = out_dtype(out)
     if x.rank == 0:
         return b.cast(x, want)
     dim = norm_dim(dim, x.rank)
-    op, identity = ("add", 0) if "cumsum" in b.aten else ("mul", 1)
     compute = "float32" if want == "float16" else want
     if x.dtype != compute:
         x = b.cast(x, compute)
     for s in _steps(x.shape[dim]):
-        x = b.ew(op, x, _shifted(b, x, dim, s, identity), dtype=compute)
+        x = combine(x, _shifted(b, x, dim, s, identity))
     return b.cast(x, want) if compute != want else x
+
+
+@rule("cumsum", "cumprod")
+def _cumulative(b, out, x, dim, dtype=None):
+    """The running sum (product) along `dim` (integers and bools as integers)."""
+    op, identity = ("add", 0) if "cumsum" in b.aten else ("mul", 1)
+    return _scan(b, out, x, dim, lambda later, earlier: b.ew(op, later, earlier, dtype=later.dtype), identity)
 
 
 @rule("logcumsumexp")
 def _logcumsumexp(b, out, x, dim):
-    """log of the running sum of exp along `dim`, as a scan of log(e^a + e^b) = m + log1p(e^(min - m))
+    """log of the running sum of exp along `dim`, combining log(e^a + e^b) = m + log1p(e^(min - m))
     with m = max(a, b): no exp of a large number, and an infinite m is the result (two -inf give
     -inf, a +inf gives +inf; min - m would be NaN), a NaN stays NaN. -inf pads in front."""
-    want = out_dtype(out)
-    if x.rank == 0:
-        return b.cast(x, want)
-    dim = norm_dim(dim, x.rank)
-    compute = "float32" if want == "float16" else want
-    x = b.cast(x, compute) if x.dtype != compute else x
-    for s in _steps(x.shape[dim]):
-        y = _shifted(b, x, dim, s, float("-inf"))
-        high, low = b.ew("max", x, y), b.ew("min", x, y)
+    def combine(later: Value, earlier: Value) -> Value:
+        high, low = b.ew("max", later, earlier), b.ew("min", later, earlier)
         summed = b.ew("add", high, b.ew("log1p", b.ew("exp", b.ew("sub", low, high))))
-        infinite = b.ew("eq", b.ew("abs", high), float("inf"))
-        x = b.ew("where", infinite, high, summed, dtype=compute)
-    return b.cast(x, want) if compute != want else x
+        return b.ew("where", b.ew("eq", b.ew("abs", high), float("inf")), high, summed, dtype=later.dtype)
+    return _scan(b, out, x, dim, combine, float("-inf"))
 
 
 @rule("cummax", "cummin")
