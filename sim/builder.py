@@ -151,6 +151,19 @@ class ProgramBuilder:
         finally:
             self._bundle = None
 
+    @contextlib.contextmanager
+    def ahead_of_bundle(self) -> Iterator[None]:
+        """Emit instructions on their own before the bundle `together` has opened, which has no
+        member yet (a direct convolution's MATMULs but the last, when the last goes with a
+        transfer)."""
+        if self._bundle:
+            raise SimError("internal: the bundle has members already")
+        opened, self._bundle = self._bundle, None
+        try:
+            yield
+        finally:
+            self._bundle = opened
+
     def extend(self, code: np.ndarray) -> None:
         """Append instructions built elsewhere (rows without relocatable addresses): a kernel emits
         the same compute for every time slice once, then repeats it."""

@@ -15,10 +15,16 @@ nor emission ever holds a map of the im2col matrix's elements.
 
 B = w.permute(2, 3, 1, 0).reshape(K, Co): a constant weight is arranged so by the host (placing
 parameters is not arithmetic); a weight that lives on the device is gathered into B's layout.
+
+A stride-1 convolution is also offered in a direct form (`Direct`): A is x's tiles themselves,
+each with the halo its window reads, and each kernel position one MATMUL from a shifted row (the
+matmul pipeline's `tiling.Shifts`), so x is read once per tile rather than kh*kw times.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
 from itertools import product
 from math import ceil
 
@@ -37,6 +43,7 @@ from ..transfer.staging import stage
 from .base import Kernel, device_dtype
 from .context import EmitContext, Ref, lane_compatible
 from .matmul import Problem, Source, emit_product, layouts_for, output_layout, tiling_bound, tilings
+from .tiling import Shifts, Tiling
 
 
 def nhwc_layout(ctx: EmitContext, shape: tuple[int, ...], dtype: str) -> Layout:
@@ -125,6 +132,93 @@ def im2col_window(p: Placement, c_pad: int, out_hw: tuple[int, int], kernel, str
                     f"of {c_pad} channels", tuple(boxes))
 
 
+@dataclass(frozen=True)
+class Direct:
+    """A stride-1 convolution computed directly: x flattened with its spatial padding, `pitch`
+    pixels a row (at least the padded width; more to make the product's rows split into images,
+    rows and columns) and `image_rows` rows an image. Output pixel (n, ho, wo) is row
+    f = (n * image_rows + ho) * pitch + wo of the product, and reads row f + i*dh*pitch + j*dw of
+    the flattened input with kernel position (i, j)'s weights: each position is one MATMUL over
+    the tile's input rows from that offset on (`Shifts`), so x is read once per tile (with a
+    halo of (kh - 1) rows and kw - 1 pixels more) instead of kh*kw times as im2col reads it.
+    The product's rows past a row's or an image's end are computed and never read: the output
+    is a view of the product whose padding they are."""
+
+    pitch: int
+    image_rows: int
+    padding: tuple[int, int]
+    shifts: Shifts
+    rows: int  # rows of the product: up to the last output pixel's
+
+
+def direct(kernel, padding, dilation, pitch: int, image_rows: int, rows: int) -> Direct:
+    """The direct form of a stride-1 convolution (see `Direct`): rows `pitch` pixels apart,
+    images `image_rows` rows apart, `rows` rows of output computed."""
+    (kh, kw), (dh, dw) = kernel, dilation
+    offsets = tuple(i * dh * pitch + j * dw for i in range(kh) for j in range(kw))
+    return Direct(pitch, image_rows, tuple(padding), Shifts(offsets[-1], offsets), rows * pitch)
+
+
+def direct_forms(x_shape: tuple[int, ...], out_hw: tuple[int, int], kernel, padding, dilation, unit: int
+                 ) -> list[Direct]:
+    """The direct forms worth trying. The product's rows are cut into tiles by the hardware
+    axes' sizes, and the output is a view of the product only when the tiles split at row
+    boundaries (`direct_view`): so row pitches from the padded width up to a multiple of `unit`
+    (the MAU's rows: tiles of whole MAU rows) and a power of two, and (one image) the output
+    rows rounded up likewise, or (several) images as many rows apart."""
+    n, _, h, w = x_shape
+    ho = out_hw[0]
+    rounded = lambda v: {v, -(-v // unit) * unit, 1 << (v - 1).bit_length()}  # noqa: E731
+    pitches = rounded(w + 2 * padding[1])
+    height = h + 2 * padding[0]
+    layouts = [(height, r) for r in rounded(ho)] if n == 1 else [(rows, n * rows) for rows in rounded(height)]
+    return [direct(kernel, padding, dilation, pitch, image_rows, rows)
+            for pitch in sorted(pitches) for image_rows, rows in sorted(layouts)]
+
+
+def direct_window(p: Placement, c: int, d: Direct, t: Tiling, rows: int) -> DimTerms | None:
+    """A direct convolution's A as a window of p, which holds x: row r of A (`rows` of them: the
+    tiles' a_rows for each tile and round) is the flattened input's row (r // a_rows) * mt +
+    r % a_rows, which lies in x or in its padding (a hole, which arrives as zeros); K is the
+    channels. None when x's placement does not separate."""
+    n, _, h, w = p.layout.shape
+    base = DimTerms.of(p, sizes=(n, c, h, w))
+    if base is None or not base.readable:
+        return None
+    tn, tc, th, tw = base.terms
+    r = np.arange(rows, dtype=np.int64)
+    flat = (r // t.a_rows) * t.mt + r % t.a_rows
+    image, rest = np.divmod(flat, d.image_rows * d.pitch)
+    y, x = np.divmod(rest, d.pitch)
+    y, x = y - d.padding[0], x - d.padding[1]
+    inside = (image < n) & (y >= 0) & (y < h) & (x >= 0) & (x < w)
+    image, y, x = (np.where(inside, v, 0) for v in (image, y, x))
+    row_terms = tuple(np.where(inside, a[image] + b[y] + c_[x], 0) for a, b, c_ in zip(tn, th, tw))
+    return DimTerms(p, (row_terms, tc), 0, base.copies, base.group_copies, base.every_lane,
+                    f"direct {rows}x{c} pitch {d.pitch} image {d.image_rows} padding {d.padding} tile {t.mt}+"
+                    f"{t.a_rows - t.mt}", (((np.flatnonzero(inside), np.arange(c)), (0, 0)),))
+
+
+def direct_view(layout: Layout, d: Direct, nhwc: tuple[int, ...]) -> Layout | None:
+    """The product's (rows, Co) layout read as the (N, Co, Ho, Wo) output, the rows that are no
+    output pixel its padding: nothing moves. None when the product's rows do not split into
+    (images, image_rows, pitch) at its factors' boundaries."""
+    rows, co = layout.extents
+    per_image = d.image_rows * d.pitch
+    images = -(-rows // per_image)
+    if nhwc[0] == 1:
+        if rows % d.pitch:
+            return None
+        split = reshape_layout(layout.with_shape(layout.extents), (1, rows // d.pitch, d.pitch, co))
+    else:
+        if rows % per_image:
+            return None
+        split = reshape_layout(layout.with_shape(layout.extents), (images, d.image_rows, d.pitch, co))
+    if split is None:
+        return None
+    return split.with_shape(nhwc).permute((0, 3, 1, 2))
+
+
 def weight_index(w_shape, c_pad: int) -> np.ndarray:
     """For every element (k, co) of B (K = (i, j, padded c)), the flat index into w, -1 (zero) for
     padded channels."""
@@ -177,7 +271,11 @@ def _split_rows(layout: Layout, nhwc: tuple[int, ...]) -> Layout | None:
 
 
 class ConvKernel(Kernel):
-    def __init__(self, node: Node, tiling, ctx: EmitContext, trans: bool = False) -> None:
+    """A convolution as a product on the MAUs: of the im2col matrix and B, or (`direct`) of x's
+    tiles and B's per-position blocks, one MATMUL per kernel position."""
+
+    def __init__(self, node: Node, tiling, ctx: EmitContext, trans: bool = False, direct: Direct | None = None
+                 ) -> None:
         self.node, self.nodes = node, (node,)
         x, w = node.args
         self.x, self.w = x, w
@@ -187,7 +285,9 @@ class ConvKernel(Kernel):
         self.dtype = device_dtype(x)
         epl = ctx.hw.elements_per_lw(self.dtype)
         self.c_pad = ceil(c / epl) * epl
-        self.p = Problem(1, n * ho * wo, kh * kw * self.c_pad, co)
+        self.direct = direct
+        self.p = Problem(1, direct.rows, self.c_pad, co) if direct else Problem(1, n * ho * wo, kh * kw * self.c_pad, co)
+        self.b_rows = kh * kw * self.c_pad  # B = w.permute(2, 3, 1, 0).reshape(b_rows, Co) (padded channels)
         self.t = tiling
         self.ctx = ctx
         a = node.attrs
@@ -198,13 +298,14 @@ class ConvKernel(Kernel):
         self.lc_out, self.summed = output_layout(ctx, tiling, self.p, False, half_in, self.out_dtype)
         self.nhwc = (n, ho, wo, co)
         product_image = stage(ctx.lm_placement(self.lc_out, self.out_dtype)).dram
-        self.view = _as_nchw(product_image.layout, self.nhwc)
-        self.view_lm = _as_nchw(self.summed, self.nhwc) if self.view is not None else None
+        as_nchw = partial(direct_view, d=direct) if direct else _as_nchw
+        self.view = as_nchw(product_image.layout, nhwc=self.nhwc)
+        self.view_lm = as_nchw(self.summed, nhwc=self.nhwc) if self.view is not None else None
         self.w_layout = None
         if w.kind == "const":  # arranged by the host: B itself is the constant
             data = w.data.permute(2, 3, 1, 0)
-            data = torch.nn.functional.pad(data, (0, 0, 0, self.c_pad - c)).reshape(self.p.k, co).contiguous()
-            self.b = Value(f"{w.name}_kkc", (self.p.k, co), w.dtype, "const", data=data)
+            data = torch.nn.functional.pad(data, (0, 0, 0, self.c_pad - c)).reshape(self.b_rows, co).contiguous()
+            self.b = Value(f"{w.name}_kkc", (self.b_rows, co), w.dtype, "const", data=data)
         else:
             self.b = None
             if self.c_pad == c:  # B is a view of w: w placed so that B stages by block copies
@@ -215,7 +316,7 @@ class ConvKernel(Kernel):
     def b_view(self, ref: Ref) -> Ref | None:
         """w's ref read as B = w.permute(2, 3, 1, 0).reshape(K, Co), when its layout can express it."""
         from .movement import view_ref
-        return view_ref(ref, lambda l: reshape_layout(l.permute((2, 3, 1, 0)), (self.p.k, self.p.n)))
+        return view_ref(ref, lambda l: reshape_layout(l.permute((2, 3, 1, 0)), (self.b_rows, self.p.n)))
 
     def x_placement(self, ctx: EmitContext) -> Placement:
         return Placement(nhwc_layout(ctx, self.x.shape, self.dtype), ctx.hw, ctx.chain.dram, self.dtype)
@@ -261,13 +362,19 @@ class ConvKernel(Kernel):
         return [self.node.out]
 
     def window(self, x: Placement) -> tuple[Placement, DimTerms]:
-        """The placement the im2col matrix is a window of, and the window: x's own, unless x's
-        placement does not separate (then that of a copy of x in the usual NHWC layout)."""
-        window = im2col_window(x, self.c_pad, *self.window_args)
+        """The placement A (the im2col matrix, or the direct form's tiles) is a window of, and the
+        window: x's own, unless x's placement does not separate (then that of a copy of x in the
+        usual NHWC layout)."""
+        if self.direct:
+            of = partial(direct_window, c=self.c_pad, d=self.direct, t=self.t, rows=self.la.shape[0])
+        else:
+            of = partial(im2col_window, c_pad=self.c_pad, out_hw=self.window_args[0], kernel=self.window_args[1],
+                         stride=self.window_args[2], padding=self.window_args[3], dilation=self.window_args[4])
+        window = of(x)
         if window is not None:
             return x, window
         nhwc = self.x_placement(self.ctx)
-        return nhwc, im2col_window(nhwc, self.c_pad, *self.window_args)
+        return nhwc, of(nhwc)
 
     def im2col(self, ctx: EmitContext, x: Ref) -> tuple[Ref, DimTerms]:
         """The storage the im2col matrix is a window of (x, or its NHWC copy, which the Data
@@ -281,11 +388,12 @@ class ConvKernel(Kernel):
 
     def estimate(self, refs: dict[Value, Ref]) -> float:
         """The tiling's cost with A in the runs its window gives (an NHWC copy of x is not
-        counted, so the estimate stays below the timing)."""
+        counted, so the estimate stays below the timing); a direct one's with A in blocks (its
+        runs' MVs the model over-counts, see `_direct_kernels`)."""
         x, window = self.window(refs[self.x].placement)
         in_bytes = self.ctx.hw.element_bytes("float16" if self.half_in else "float32")
-        return tiling_bound(self.ctx, self.t, in_bytes, self.t.half and not self.half_in, window.run_lw(),
-                            DimTerms.of(x).groups_spanned())
+        return tiling_bound(self.ctx, self.t, in_bytes, self.t.half and not self.half_in,
+                            None if self.direct else window.run_lw(), DimTerms.of(x).groups_spanned())
 
     def emit(self, ctx: EmitContext, refs: dict[Value, Ref]) -> None:
         out = self.node.out
@@ -318,6 +426,7 @@ class ConvKernel(Kernel):
 # 10,768 cycles, 17,324 by view).
 ALIGNED_CANDIDATES = 4
 GATHERED_BESIDE = 2
+DIRECT_PER_KIND = 3  # direct tilings timed per kind of split (see _direct_kernels; compile-time budget)
 
 
 def plan(node: Node, planner) -> list[Kernel]:
@@ -357,12 +466,52 @@ def plan(node: Node, planner) -> list[Kernel]:
             pass  # none fits: the others serve
     ranked = [ConvKernel(node, t, planner.ctx) for t in found]
     extra = [ConvKernel(node, t, planner.ctx) for t in aligned]
+    directs = _direct_kernels(node, planner, ask, epl)
     by_view = [k for k in extra + ranked if k.w_layout is not None]
     if by_view and p.k > p.m:  # B larger than C: its gather would dominate what a candidate emits
-        return by_view + [k for k in ranked if k.w_layout is None][:GATHERED_BESIDE]
+        return directs + by_view + [k for k in ranked if k.w_layout is None][:GATHERED_BESIDE]
     # in rank order: the planner skips a candidate whose estimate is far above the fastest timed
     # alone, and a weight read by view may need a relayout first that its time alone leaves out
-    return ranked + extra
+    return directs + ranked + extra
+
+
+def _direct_kernels(node: Node, planner, ask: dict, epl: int) -> list[ConvKernel]:
+    """Candidates that compute a stride-1 convolution directly (`Direct`); none when the channels
+    do not fill whole long words in every PE of a MAB (the PEs split them), or the kernel is one
+    pixel (im2col is then x itself).
+
+    The Data Engines gather A's tiles, halos included, into its L2BM image, whose runs end where
+    the image interleaves the MABs' rows (every PE's long word: four, when the MABs split the
+    rows) or the L1Bs' (every l2bm chunk, when they do): that, not the MAU, bounds these
+    tilings, and the matmul model's MV latencies (summed over the Groups as if one queue) rank
+    the ones whose L1Bs split the rows far too low (ResNet-50 conv2_x: 207,000 estimated,
+    78,342 timed). So the best by that model of each kind of split are timed, DIRECT_PER_KIND
+    each, those that split A's rows over the MABs only when no other fits."""
+    x, w = node.args
+    c, wd = x.shape[1], x.shape[3]
+    co, _, kh, kw = w.shape
+    a = node.attrs
+    chain = planner.ctx.chain
+    if tuple(a["stride"]) != (1, 1) or kh * kw == 1 or c % (planner.ctx.params.pes_per_mab * epl):
+        return []
+    kinds: dict[tuple[bool, bool], list[ConvKernel]] = {}
+    mau_rows = planner.hw.units[chain.matrix_unit].matrix["float32"].rows
+    for d in direct_forms(x.shape, tuple(node.out.shape[2:]), (kh, kw), a["padding"], a["dilation"], mau_rows):
+        try:
+            found = tilings(planner.ctx, Problem(1, d.rows, c, co), **{**ask, "a_runs": c // epl * wd},
+                            shifts=d.shifts)
+        except CompileError:
+            continue  # no tile and its halo fit the PE memories
+        for t in found:
+            kinds.setdefault((t.places("a", chain.unit_axis), t.places("a", chain.l1_axis)), []).append(
+                ConvKernel(node, t, planner.ctx, direct=d))
+    chosen = []
+    for kind in sorted(kinds):  # those whose MABs hold A's rows last
+        if kind[0] and chosen:
+            break
+        viewed = [k for k in sorted(kinds[kind], key=lambda k: k.t.cost) if k.view is not None]
+        chosen += viewed[:DIRECT_PER_KIND]
+    return chosen
 
 
 def wishes(user: Node, v: Value, planner) -> list[Layout]:

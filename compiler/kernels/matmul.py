@@ -42,8 +42,8 @@ from .base import Kernel, device_dtype
 from .context import Arena, EmitContext, Ref
 from .pipeline import Epilogue, Feed, beside, multiply
 from .stationary import emit_stationary, stationary_cost, stationary_fits, stationary_regions
-from .tiling import (NO_OVERLAP, OPERAND_ROLES, OVERLAP_ALL, OVERLAP_EARLY, ROLES, Problem, Source, Take, Tiling,
-                     layouts, layouts_for, output_layout)
+from .tiling import (NO_OVERLAP, OPERAND_ROLES, OVERLAP_ALL, OVERLAP_EARLY, ROLES, Problem, Shifts, Source, Take,
+                     Tiling, layouts, layouts_for, output_layout)
 
 WISHED_TILINGS = 4  # tilings whose operand layouts a producer is offered (compile-time budget)
 CANDIDATES = 32  # at most this many undominated tilings per product are timed (compile-time budget)
@@ -71,9 +71,9 @@ def _regions(cg: EmitContext, t: Tiling, convert_in: bool, out_half: bool) -> Re
     prefers the GRFs. Raises CompileError when they do not fit."""
     c_elements = t.mt * (t.nt // cg.params.pes_per_mab)
     c_words = 2 * c_elements if t.float64 else c_elements
-    wanted = {"a": t.words(t.mt * t.kp), "b": t.words(t.kp * t.nt), "c": c_words}
+    wanted = {"a": t.words(t.a_elements), "b": t.words(t.b_elements), "c": c_words}
     if convert_in:
-        wanted.update(a32=t.mt * t.kp, b32=t.kp * t.nt)
+        wanted.update(a32=t.a_elements, b32=t.b_elements)
     if out_half:
         wanted["c_up"] = c_elements // 2 + 1
     elif t.float64:
@@ -106,7 +106,7 @@ def _double_regions(cg: EmitContext, t: Tiling, out_half: bool) -> tuple[Regions
     doubling too)."""
     if t.float64:
         return None
-    words = {"a": t.words(t.mt * t.kp), "b": t.words(t.kp * t.nt)}
+    words = {"a": t.words(t.a_elements), "b": t.words(t.b_elements)}
     c_words = t.mt * (t.nt // cg.params.pes_per_mab)
     memories = cg.chain.scratch
     two_ported = [m for m in memories if cg.hw.memories[m].ports != "1RW"]
@@ -147,12 +147,12 @@ def _traffic(cg: EmitContext, t: Tiling, in_bytes: int) -> Traffic:
     lw, pes = cg.hw.long_word_bytes, cg.params.pes_per_mab
     below_l2 = (chain.l1_axis, chain.unit_axis)
     k_step = t.kp * pes
-    rows_l2 = t.mt * t.tiles("m", below_l2)
+    rows_l2 = t.a_rows * t.tiles("m", below_l2)
     cols_l2 = t.nt * t.tiles("n", below_l2)
-    l2 = (rows_l2 * k_step * in_bytes / lw, cols_l2 * k_step * in_bytes / lw)
+    l2 = (rows_l2 * k_step * in_bytes / lw, t.positions * cols_l2 * k_step * in_bytes / lw)
     l1 = tuple(v / (t.tiles(role, (chain.l1_axis,)) if t.places(op, chain.l1_axis) else 1)
                for v, role, op in zip(l2, ("m", "n"), ("a", "b")))
-    pe = (t.mt * t.kp * in_bytes / lw, t.kp * t.nt * in_bytes / lw)
+    pe = (t.a_elements * in_bytes / lw, t.b_elements * in_bytes / lw)
     return Traffic(l2, l1, pe)
 
 
@@ -237,12 +237,13 @@ def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_
         modes[chain.l1_to_pe, pe_mode][0] += pe * per_mode
         modes[chain.l1_to_pe, pe_mode][1] += pe
     mode = hw.units[chain.matrix_unit].matrix[t.mau_dtype]
-    mm = ceil(t.mt / mode.rows) * ceil(t.kp * params.pes_per_mab / mode.cols) * max(t.nt, ceil(mode.rows / mode.load_rows_per_cycle))
+    mm = t.positions * ceil(t.mt / mode.rows) * ceil(t.kp * params.pes_per_mab / mode.cols) \
+        * max(t.nt, ceil(mode.rows / mode.load_rows_per_cycle))
     if t.converts_in(staged_in_float32):  # float32 staged, converted to half or float64 in LM: VOP work
         other = DType.float64 if t.float64 else DType.float16
         lanes = min(params.vop_lanes[VOp.cvt, DType.float32], params.vop_lanes[VOp.cvt, other])
         issues = max(params.vop_dtype_issues[VOp.cvt, other], params.vop_dtype_issues[VOp.cvt, DType.float32])
-        mm += ceil((t.mt * t.kp + t.kp * t.nt) / lanes) * issues * hw.step_cycles  # as sim.timing costs a cvt
+        mm += ceil((t.a_elements + t.b_elements) / lanes) * issues * hw.step_cycles  # as sim.timing costs a cvt
     c_lw = t.mt * t.tiles("m", (chain.l1_axis, chain.unit_axis)) * t.nt * t.tiles("n", (chain.l1_axis, chain.unit_axis)) \
         * hw.element_bytes("float32") / hw.long_word_bytes * l2_in_group / t.tiles("k")  # partial sums reduce on the way
     serial = int(t.chunks == 1 or 2 * sum(traffic.l2) > hw.memory_lw(chain.l2))  # nothing to fetch ahead (see pipeline.Feed)
@@ -363,7 +364,7 @@ def _axis_options(axis: str, size: int, roles: tuple[str, ...], chain: Chain) ->
 def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool,
             in_bytes: int, out_half: bool = False, a_runs: float | None = None, limit: int = CANDIDATES,
             pseudo: bool = False, float64: bool = False, spread: tuple[bool, bool] = (False, False),
-            k_align: int | None = None) -> list[Tiling]:
+            k_align: int | None = None, shifts: Shifts | None = None) -> list[Tiling]:
     """The tilings that fit the PE memories and whose product has a storable image, the most
     promising first (by the work each step does, see `_cost`); the planner times the first few.
     The same product is asked for often (candidates, consumers' wishes): the answer is cached.
@@ -371,7 +372,8 @@ def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: 
     when copied over them, read by distributed broadcast: cheaper to fetch). `k_align`: only
     tilings whose K chunks (and K parts over the chip) start at multiples of it or divide it, so
     that K read as (K / k_align, k_align) splits between factors (a convolution's weight read as
-    B by block copies: K = (kernel position, channel))."""
+    B by block copies: K = (kernel position, channel)). `shifts`: a direct convolution's
+    (`tiling.Shifts`; K is then the channels, each chunk a whole number of them)."""
     pseudo, float64 = pseudo and not half, float64 and not half and not out_half
     modes = cg.hw.units[cg.chain.matrix_unit].matrix
     base = "float16" if half else "float32"
@@ -384,13 +386,14 @@ def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: 
                                f"units.{cg.chain.matrix_unit}.matrix.{option} (its matrix formats: {', '.join(modes)})")
     return list(_tilings(cg.hw, p, batched, trans_b, half, staged_in_float32, in_bytes, out_half,
                          None if a_runs is None else float(np.float32(a_runs)), limit, pseudo, float64, spread,
-                         k_align))
+                         k_align, shifts))
 
 
 @lru_cache(maxsize=256)
 def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool, in_bytes: int,
              out_half: bool, a_runs: float | None, limit: int, pseudo: bool, float64: bool,
-             spread: tuple[bool, bool], k_align: int | None = None) -> tuple[Tiling, ...]:
+             spread: tuple[bool, bool], k_align: int | None = None, shifts: Shifts | None = None
+             ) -> tuple[Tiling, ...]:
     cg = EmitContext(hw)
     chain = Chain.of(cg.hw)
     axes = [a for a in cg.hw.axes if a != chain.pe_axis]
@@ -427,7 +430,7 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
                 n = _take(remaining[role], size, exact=role == "batch")
                 remaining[role] = ceil(remaining[role] / n)
                 takes.append(Take(axis, role, n, stride))
-        t0 = Tiling(tuple(takes), 1, 1, 1, 1, 1, 1, trans_b, half, pseudo, float64=float64)
+        t0 = Tiling(tuple(takes), 1, 1, 1, 1, 1, 1, trans_b, half, pseudo, float64=float64, shifts=shifts)
         if t0.tiles("k") > 1 and not t0.places("c", chain.l2_axis):
             continue  # partial sums are added by an MV reduce into C's image, which must place L2B
         nb, nm, nn = t0.tiles("batch"), t0.tiles("m"), t0.tiles("n")
@@ -439,10 +442,12 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
             continue
         for kp in _kp_options(k_local, pes, epl_in) if k_align is None else _aligned_kp(k_local, pes, epl_in, k_align):
             chunks = ceil(k_local / (kp * pes))
+            if shifts and (chunks * kp * pes != k_local or k_local * t0.tiles("k") != p.k):
+                continue  # a direct convolution's K chunks cut its channels without padding
             # the fewest rounds whose row tile fits (fewer rounds are always at least as good;
             # a smaller tile never needs more memory): bisect on the rounds
             tiling = lambda rounds: Tiling(tuple(takes), bl, rounds, ceil(m_tile / rounds), chunks, kp, nt,  # noqa
-                                           trans_b, half, pseudo, float64=float64)
+                                           trans_b, half, pseudo, float64=float64, shifts=shifts)
             fits = lambda rounds: fitted(tiling(rounds))  # noqa: E731
             if m_tile == 0 or not fits(m_tile):
                 continue
@@ -485,7 +490,7 @@ def _stationary_variants(cg: EmitContext, ranked: list[tuple[Tiling, Work]], p: 
     found: dict[Tiling, Tiling] = {}
     rate = side_rates(cg.hw, cg.chain.dram_to_l2, "individual")[0]
     for t, work in ranked:
-        if t.rounds != 1 or t.chunks < 2 or t.batch_local != 1:
+        if t.rounds != 1 or t.chunks < 2 or t.batch_local != 1 or t.shifts:
             continue
         rows = cg.hw.units[cg.chain.matrix_unit].matrix[t.mau_dtype].rows
         for rounds in range(2, MOST_STATIONARY_ROUNDS + 1):
@@ -610,9 +615,9 @@ def emit_product(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: Sourc
             if convert_in:
                 (mem_a, word_a), (mem_b, word_b) = regs.a, regs.b
                 into_a, into_b = into(i)
-                cg.b.vop("cvt", mm_dtype, 1, t.mt * t.kp, (mem_a, t.element_at(word_a), 0, 1),
+                cg.b.vop("cvt", mm_dtype, 1, t.a_elements, (mem_a, t.element_at(word_a), 0, 1),
                          (into_a[0], into_a[1], 0, 1), src_dtype="float32")
-                cg.b.vop("cvt", mm_dtype, 1, t.kp * t.nt, (mem_b, t.element_at(word_b), 0, 1),
+                cg.b.vop("cvt", mm_dtype, 1, t.b_elements, (mem_b, t.element_at(word_b), 0, 1),
                          (into_b[0], into_b[1], 0, 1), src_dtype="float32")
                 cg.b.nop(hazard)
             if k + 1 < t.chunks:  # the next chunk of this round is in L2BM or on its way: its first hop beside

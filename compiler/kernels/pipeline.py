@@ -32,8 +32,18 @@ def multiply(cg: EmitContext, t: Tiling, a: tuple[str, int], b: tuple[str, int],
     else:
         kp, a_addr, b_addr = t.kp if size is None else size, a_addr + first, b_addr + first * (1 if t.trans_b else t.nt)
     b = cg.b if into is None else into
-    b.matmul(t.mau_dtype, m, kp * pes, t.nt, (mem_a, a_addr, t.kp), (mem_b, b_addr, t.kp if t.trans_b else t.nt),
-             (mem_c, c_addr, t.nt // pes), trans_b=t.trans_b, accumulate=accumulate or (axis == "k" and first > 0))
+
+    def position(p: int, offset: int) -> None:
+        b.matmul(t.mau_dtype, m, kp * pes, t.nt, (mem_a, a_addr + offset * t.kp, t.kp),
+                 (mem_b, b_addr + p * t.kp * t.nt, t.kp if t.trans_b else t.nt), (mem_c, c_addr, t.nt // pes),
+                 trans_b=t.trans_b, accumulate=accumulate or p > 0 or (axis == "k" and first > 0))
+    # a direct convolution multiplies once per kernel position, into the same C; in a bundle, the
+    # last goes with the transfers (one MAU slot a bundle), the others before it
+    offsets = t.shifts.offsets if t.shifts else (0,)
+    with b.ahead_of_bundle():
+        for p, offset in enumerate(offsets[:-1]):
+            position(p, offset)
+    position(len(offsets) - 1, offsets[-1])
 
 
 class Epilogue:

@@ -30,6 +30,18 @@ class Take:
 
 
 @dataclass(frozen=True)
+class Shifts:
+    """A direct convolution's product (compiler.kernels.conv): A is not the im2col matrix but
+    the input pixels a tile of output rows reads, `halo` rows more than the tile's, and each
+    kernel position is one MATMUL over A's rows from `offsets[position]` on, with that position's
+    block of B (B holds every position's block, one after another). Output row r (a pixel of the
+    flattened, padded input) reads pixel r + offset for the position's weights."""
+
+    halo: int
+    offsets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Tiling:
     takes: tuple[Take, ...]  # root to leaf
     batch_local: int  # batches each MAB computes one after another
@@ -55,7 +67,28 @@ class Tiling:
     # to the finished rounds' C, on its way out while they multiply
     b_stationary: bool = False
     stationary_first: int = 0
+    shifts: Shifts | None = None  # a direct convolution (see Shifts): A holds shifted windows
     cost: float = 0.0
+
+    @property
+    def a_rows(self) -> int:
+        """Rows of A per MAB per step: the tile's rows, and a direct convolution's halo."""
+        return self.mt + (self.shifts.halo if self.shifts else 0)
+
+    @property
+    def positions(self) -> int:
+        """MATMULs per step: a direct convolution's kernel positions, else one."""
+        return len(self.shifts.offsets) if self.shifts else 1
+
+    @property
+    def a_elements(self) -> int:
+        """A's elements per PE per step."""
+        return self.a_rows * self.kp
+
+    @property
+    def b_elements(self) -> int:
+        """B's elements per PE per step (a block per kernel position for a direct convolution)."""
+        return self.positions * self.kp * self.nt
 
     @property
     def mau_dtype(self) -> str:
@@ -117,11 +150,13 @@ def layouts(t: Tiling, p: Problem, chain: Chain, epl_in: int, epl_out: int, batc
     k_split = _axis_factors(t, "k")  # L2Bs of a Group that split K: C's copies there are partial sums
     k_dim = k_split + chunks + [Factor(t.kp // epl_in, None, 1), Factor(pes, chain.pe_axis, 1),
                                 Factor(epl_in, W_AXIS, 1)]
-    a = [_axis_factors(t, "m") + rounds + [Factor(t.mt, None, t.kp // epl_in)], k_dim]
+    a = [_axis_factors(t, "m") + rounds + [Factor(t.a_rows, None, t.kp // epl_in)], k_dim]
+    # a direct convolution's B: the kernel positions' blocks one after another in each PE
+    positions = [Factor(t.positions, None, t.kp * t.nt // epl_in)] if t.shifts else []
     if t.trans_b:
         b = [k_dim, _axis_factors(t, "n") + [Factor(t.nt, None, t.kp // epl_in)]]
     else:
-        b = [k_split + chunks + [Factor(t.kp // epl_in, None, epl_in * t.nt // epl_in), Factor(pes, chain.pe_axis, 1),
+        b = [positions + k_split + chunks + [Factor(t.kp // epl_in, None, epl_in * t.nt // epl_in), Factor(pes, chain.pe_axis, 1),
                                  Factor(epl_in, None, t.nt // epl_in)],
              _axis_factors(t, "n") + [Factor(t.nt // epl_in, None, 1), Factor(epl_in, W_AXIS, 1)]]
     c = [_axis_factors(t, "m") + ([Factor(t.rounds, TIME_AXIS, 1)] if t.rounds > 1 else [])
@@ -131,8 +166,11 @@ def layouts(t: Tiling, p: Problem, chain: Chain, epl_in: int, epl_out: int, batc
         a = [bdim(t.rounds * t.chunks)] + a
         b = [bdim(t.chunks)] + b
         c = [bdim(t.rounds)] + c
-    shapes = ((p.batch, p.m, p.k), (p.batch, p.k, p.n), (p.batch, p.m, p.n)) if batched else \
-        ((p.m, p.k), (p.k, p.n), (p.m, p.n))
+    a_m, b_k = p.m, p.k
+    if t.shifts:  # A: every tile's rows with their halos; B: K per kernel position, every position
+        a_m, b_k = prod(f.size for f in a[0]), t.positions * p.k
+    shapes = ((p.batch, a_m, p.k), (p.batch, b_k, p.n), (p.batch, p.m, p.n)) if batched else \
+        ((a_m, p.k), (b_k, p.n), (p.m, p.n))
     return tuple(Layout.of(dims, shape, _copies(t, operand))
                  for dims, shape, operand in zip((a, b, c), shapes, ("a", "b", "c")))
 

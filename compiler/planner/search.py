@@ -156,7 +156,8 @@ class Planner:
 
     def host_written(self, v: Value) -> bool:
         """Whether `v` is (a view of) a tensor the host writes and the program does not, an input
-        or constant outside graph.updates, that only products read: its copies over the Groups
+        or constant outside graph.updates, that only products read (matmuls, or convolutions as
+        their weight): its copies over the Groups
         are then stored spread over their DRAMs (`tentative`; transfer.staging._spread), which a
         product fetches by distributed broadcast at half the Data Engine time on MN-Core 2. Any
         other reader would gather from it, in blocks spread over the Groups (an embedding's rows
@@ -164,17 +165,18 @@ class Planner:
         while v in self.pending:
             v = self.pending[v].base
         return v.kind in ("input", "const") and v.name not in self.graph.updates and \
-            all(u.kind == "matmul" for u in self._readers_through_views(v))
+            all(u.kind == "matmul" or (u.kind == "conv" and read is u.args[1])
+                for u, read in self._readers_through_views(v))
 
-    def _readers_through_views(self, v: Value) -> list[Node]:
+    def _readers_through_views(self, v: Value) -> list[tuple[Node, Value]]:
         """The nodes that read `v` or a reshape or permute of it (the views the planner places
-        without moving data)."""
+        without moving data), each with the value it reads."""
         found = []
         for user in self.users.get(v, []):
             if user.kind in ("reshape", "permute"):
                 found += self._readers_through_views(user.out)
             else:
-                found.append(user)
+                found.append((user, v))
         return found
 
     def unplaced(self, v: Value) -> bool:

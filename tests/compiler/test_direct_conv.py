@@ -1,0 +1,148 @@
+"""Stride-1 convolutions computed directly (compiler.kernels.conv.Direct): x's tiles, halos
+included, in the PE memories, one MATMUL per kernel position at a shifted address, the output a
+view of the product. Values against torch, the MATMULs against the rule derived by hand, and
+the planner's choice against the im2col candidates alone."""
+
+from __future__ import annotations
+
+from math import ceil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hwdesc
+import sim.isa as isa
+from compiler.compile import compile_function
+from compiler.kernels import conv
+from runtime import Device
+from sim import Machine
+
+
+@pytest.fixture(scope="module")
+def mini_device() -> Device:
+    return Device(hwdesc.load("mini"))
+
+
+@pytest.fixture
+def only_direct(monkeypatch):
+    """The planner offered the direct candidates only (the im2col ones dropped), so that a test
+    checks what the direct kernel computes however the ranking goes."""
+    plan = conv.plan
+
+    def direct_only(node, planner):
+        kernels = [k for k in plan(node, planner) if k.direct is not None]
+        assert kernels, "the convolution should have direct candidates"
+        return kernels
+    from compiler import kernels
+    monkeypatch.setitem(kernels.PLANNERS, "conv", direct_only)
+
+
+def run(device: Device, fn, inputs, rtol=1e-5):
+    compiled = compile_function(fn, inputs, device.hw)
+    got = device.execute(compiled, inputs)
+    with torch.no_grad():
+        want = fn(inputs)
+    for name, expected in want.items():
+        torch.testing.assert_close(got[name], expected, rtol=rtol, atol=rtol * expected.abs().max().item())
+    return compiled
+
+
+CASES = {  # (N, C, H, W), (Co, kh, kw), padding, dilation
+    "3x3 same": ((1, 8, 12, 12), (16, 3, 3), 1, 1),
+    "two images": ((2, 8, 9, 7), (8, 3, 3), 1, 1),
+    "no padding": ((1, 8, 10, 11), (8, 3, 3), 0, 1),
+    "5x5 dilated": ((1, 16, 13, 12), (12, 5, 5), 4, 2),
+    "3x1 and 1x3": ((2, 8, 6, 10), (8, 3, 1), (1, 0), 1),
+    "more padding than kernel": ((1, 8, 5, 5), (8, 2, 2), 2, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_direct_convolutions_match_torch(mini_device, only_direct, case):
+    (n, c, h, w), (co, kh, kw), padding, dilation = CASES[case]
+    torch.manual_seed(len(case))
+    weight = torch.randn(co, c, kh, kw)
+    fn = lambda d: {"y": F.conv2d(d["x"], weight, padding=padding, dilation=dilation)}  # noqa: E731
+    run(mini_device, fn, {"x": torch.randn(n, c, h, w)})
+
+
+def test_a_direct_convolution_reads_a_weight_the_device_holds_and_feeds_the_next(mini_device, only_direct):
+    """Conv -> ReLU -> conv, both weights inputs: B read by view of each weight, the first
+    output's padding rows (computed, never zero) never reach the second."""
+    torch.manual_seed(1)
+    fn = lambda d: {"y": F.conv2d(torch.relu(F.conv2d(d["x"], d["w1"], padding=1)), d["w2"], padding=1)}  # noqa
+    inputs = {"x": torch.randn(1, 8, 8, 8), "w1": torch.randn(8, 8, 3, 3), "w2": torch.randn(16, 8, 3, 3)}
+    run(mini_device, fn, inputs, rtol=1e-4)
+
+
+def test_each_kernel_position_is_one_matmul_of_the_tile(mncore2, only_direct):
+    """The product is kh*kw MATMULs per step over the tile's mt rows, each costing (sim.isa's
+    MATMUL rule, from units.MAU.matrix.float32) ceil(mt / rows) * ceil(K / cols) * max(nt, rows /
+    load_rows_per_cycle) cycles."""
+    torch.manual_seed(0)
+    weight = torch.randn(64, 64, 3, 3)
+    compiled = compile_function(lambda d: {"y": F.conv2d(d["x"], weight, padding=1)},
+                                {"x": torch.randn(1, 64, 56, 56)}, mncore2)
+    code = compiled.program.code
+    matmuls = code[code[:, 0] == isa.Op.MATMUL]
+    mode = mncore2.units["MAU"].matrix["float32"]
+    assert len(matmuls) % 9 == 0
+    per_step = matmuls.reshape(-1, 9, code.shape[1])
+    for step in per_step:
+        assert (step[:, isa.MM_M] == step[0, isa.MM_M]).all() and (step[:, isa.MM_N] == step[0, isa.MM_N]).all()
+        assert (step[1:, isa.MM_FLAGS] & isa.MM_ACCUMULATE).all()  # every later position adds to C
+        a_addresses = step[:, isa.MM_A_ADDR] - step[0, isa.MM_A_ADDR]
+        pitch = step[0, isa.MM_A_PITCH]  # K per PE: the row pitch of A in every PE
+        assert sorted(set((a_addresses // pitch).tolist())) == (a_addresses // pitch).tolist()  # rows later and later
+    m, k, n = (int(matmuls[0, f]) for f in (isa.MM_M, isa.MM_K, isa.MM_N))
+    stats = Machine(mncore2).time(matmuls[:1].copy())
+    assert stats.pe_busy == ceil(m / mode.rows) * ceil(k / mode.cols) * max(n, ceil(mode.rows / mode.load_rows_per_cycle))
+
+
+def test_the_planner_prefers_the_direct_form_where_it_is_faster(mncore2, monkeypatch):
+    """ResNet-50 conv2_x (1x64x56x56, 64 3x3 filters): with the direct candidates the planner's
+    pick takes fewer cycles than the best im2col candidate, on the simulator's timing."""
+    torch.manual_seed(0)
+    weight = torch.randn(64, 64, 3, 3)
+    fn = lambda d: {"y": F.conv2d(d["x"], weight, padding=1)}  # noqa: E731
+    inputs = {"x": torch.randn(1, 64, 56, 56)}
+    machine = Machine(mncore2)
+    with_direct = machine.time(compile_function(fn, inputs, mncore2).program.code).total_cycles
+    monkeypatch.setattr(conv, "_direct_kernels", lambda *a, **k: [])
+    im2col = machine.time(compile_function(fn, inputs, mncore2).program.code).total_cycles
+    assert with_direct < 0.8 * im2col, (with_direct, im2col)
+
+
+def test_direct_forms_offer_row_pitches_from_the_padded_width_up(mncore2):
+    rows = mncore2.units["MAU"].matrix["float32"].rows  # 8
+    forms = conv.direct_forms((1, 64, 56, 56), (56, 56), (3, 3), (1, 1), (1, 1), rows)
+    assert sorted({f.pitch for f in forms}) == [58, 64]  # the padded width; up to 8s and a power of 2: 64
+    for f in forms:
+        assert f.shifts.offsets == (0, 1, 2, f.pitch, f.pitch + 1, f.pitch + 2, 2 * f.pitch, 2 * f.pitch + 1,
+                                    2 * f.pitch + 2)
+        assert f.shifts.halo == 2 * f.pitch + 2
+        assert f.rows % f.pitch == 0 and f.rows >= 56 * f.pitch
+    two = conv.direct_forms((2, 8, 9, 7), (9, 7), (3, 3), (1, 1), (1, 1), rows)
+    assert {f.image_rows for f in two} == {11, 16}  # 9 + 2 padded rows, up to a multiple of 8 and a power of 2
+    assert all(f.rows == 2 * f.image_rows * f.pitch for f in two)
+
+
+def test_strided_and_thin_convolutions_have_no_direct_form(mini_device, monkeypatch):
+    """Stride 2 (the flattened rows would step by 2), a 1x1 kernel (im2col is x itself) and
+    channels that do not fill a long word in each PE of a MAB keep to im2col, and still compute."""
+    torch.manual_seed(2)
+    plan = conv.plan
+    offered = []
+
+    def recording(node, planner):
+        kernels = plan(node, planner)
+        offered.extend(k.direct for k in kernels)
+        return kernels
+    from compiler import kernels
+    monkeypatch.setitem(kernels.PLANNERS, "conv", recording)
+    for shape, weight, stride in (((1, 8, 9, 9), torch.randn(8, 8, 3, 3), 2), ((1, 8, 6, 6), torch.randn(8, 8, 1, 1), 1),
+                                  ((1, 3, 8, 8), torch.randn(8, 3, 3, 3), 1)):
+        fn = lambda d, weight=weight, stride=stride: {"y": F.conv2d(d["x"], weight, padding=1, stride=stride)}  # noqa
+        run(mini_device, fn, {"x": torch.randn(*shape)})
+    assert offered and not any(offered)
