@@ -146,3 +146,19 @@ def test_strided_and_thin_convolutions_have_no_direct_form(mini_device, monkeypa
         fn = lambda d, weight=weight, stride=stride: {"y": F.conv2d(d["x"], weight, padding=1, stride=stride)}  # noqa
         run(mini_device, fn, {"x": torch.randn(*shape)})
     assert offered and not any(offered)
+
+
+@pytest.mark.parametrize("float_dtype", ["mixed", "pfloat32"])
+def test_direct_convolutions_in_the_other_matrix_formats(mini_device, only_direct, float_dtype):
+    """Mixed precision stages float32 tiles and converts them (and B's blocks) to half in the PE
+    memories; pseudo-single multiplies float32 words with their low mantissa bits ignored."""
+    torch.manual_seed(4)
+    weight = torch.randn(16, 16, 3, 3)
+    fn = lambda d: {"y": F.conv2d(d["x"], weight, padding=1)}  # noqa: E731
+    inputs = {"x": torch.randn(2, 16, 7, 9)}
+    compiled = compile_function(fn, inputs, mini_device.hw, options={"float_dtype": float_dtype})
+    got = mini_device.execute(compiled, inputs)["y"]
+    want = fn(inputs)["y"]
+    tolerance = 4e-3 if float_dtype == "mixed" else 1e-4  # half: 9 mantissa bits; pseudo-single: 18
+    assert (got - want).abs().max() <= tolerance * want.abs().max()
+    assert (got - want).abs().max() > 0  # rounded: the format was used
