@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from itertools import product
+from itertools import islice, product
 from math import ceil
 
 import numpy as np
@@ -427,6 +427,7 @@ class ConvKernel(Kernel):
 ALIGNED_CANDIDATES = 4
 GATHERED_BESIDE = 2
 DIRECT_PER_KIND = 3  # direct tilings timed per kind of split (see _direct_kernels; compile-time budget)
+DIRECT_TILINGS = 12  # tilings asked for per direct form (compile-time budget)
 
 
 def plan(node: Node, planner) -> list[Kernel]:
@@ -494,23 +495,23 @@ def _direct_kernels(node: Node, planner, ask: dict, epl: int) -> list[ConvKernel
     chain = planner.ctx.chain
     if tuple(a["stride"]) != (1, 1) or kh * kw == 1 or c % (planner.ctx.params.pes_per_mab * epl):
         return []
-    kinds: dict[tuple[bool, bool], list[ConvKernel]] = {}
+    kinds: dict[tuple[bool, bool], list[tuple[Tiling, Direct]]] = {}
     mau_rows = planner.hw.units[chain.matrix_unit].matrix["float32"].rows
     for d in direct_forms(x.shape, tuple(node.out.shape[2:]), (kh, kw), a["padding"], a["dilation"], mau_rows):
         try:
             found = tilings(planner.ctx, Problem(1, d.rows, c, co), **{**ask, "a_runs": c // epl * wd},
-                            shifts=d.shifts)
+                            shifts=d.shifts, limit=DIRECT_TILINGS)
         except CompileError:
             continue  # no tile and its halo fit the PE memories
         for t in found:
-            kinds.setdefault((t.places("a", chain.unit_axis), t.places("a", chain.l1_axis)), []).append(
-                ConvKernel(node, t, planner.ctx, direct=d))
+            kinds.setdefault((t.places("a", chain.unit_axis), t.places("a", chain.l1_axis)), []).append((t, d))
     chosen = []
     for kind in sorted(kinds):  # those whose MABs hold A's rows last
         if kind[0] and chosen:
             break
-        viewed = [k for k in sorted(kinds[kind], key=lambda k: k.t.cost) if k.view is not None]
-        chosen += viewed[:DIRECT_PER_KIND]
+        viewed = (k for k in (ConvKernel(node, t, planner.ctx, direct=d)
+                              for t, d in sorted(kinds[kind], key=lambda td: td[0].cost)) if k.view is not None)
+        chosen += list(islice(viewed, DIRECT_PER_KIND))
     return chosen
 
 
