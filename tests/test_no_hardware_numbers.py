@@ -102,6 +102,7 @@ ALLOWED = {
     ("compiler/kernels/stationary.py", 4): "L2BM and L1BM quartered for a B-stationary product's last round: its ring and legs in "
                                          "one half, the earlier rounds' uploads in two quarters",
     ("compiler/kernels/conv.py", 4): "tilings whose B reads a device weight by block copies the planner times (compile-time budget)",
+    ("compiler/kernels/conv.py", 12): "tilings asked for per direct form of a convolution (compile-time budget)",
     ("compiler/planner/rewrite.py", 4): "when a reduction is split: reduced elements per PE (planner heuristic)",
     ("compiler/planner/rewrite.py", 8): "when a reduction is split: PEs per kept element; parts a whole one needs (planner heuristics)",
     ("compiler/planner/search.py", 6): "candidate layouts timed per node (compile-time budget)",
