@@ -93,8 +93,13 @@ def test_each_kernel_position_is_one_matmul_of_the_tile(mncore2, only_direct):
         assert (step[:, isa.MM_M] == step[0, isa.MM_M]).all() and (step[:, isa.MM_N] == step[0, isa.MM_N]).all()
         assert (step[1:, isa.MM_FLAGS] & isa.MM_ACCUMULATE).all()  # every later position adds to C
         a_addresses = step[:, isa.MM_A_ADDR] - step[0, isa.MM_A_ADDR]
-        pitch = step[0, isa.MM_A_PITCH]  # K per PE: the row pitch of A in every PE
-        assert sorted(set((a_addresses // pitch).tolist())) == (a_addresses // pitch).tolist()  # rows later and later
+        kp = step[0, isa.MM_A_PITCH]  # K per PE: the row pitch of A in every PE
+        assert (a_addresses % kp == 0).all()
+        rows = (a_addresses // kp).tolist()  # position (i, j) starts i row pitches and j pixels on
+        pitch = rows[3]
+        assert pitch >= 58 and rows == [i * pitch + j for i in range(3) for j in range(3)]
+        b_block = kp * step[0, isa.MM_N]  # B: one (K per PE) x N block per position, one after another
+        assert (step[:, isa.MM_B_ADDR] - step[0, isa.MM_B_ADDR]).tolist() == [p * b_block for p in range(9)]
     m, k, n = (int(matmuls[0, f]) for f in (isa.MM_M, isa.MM_K, isa.MM_N))
     stats = Machine(mncore2).time(matmuls[:1].copy())
     assert stats.pe_busy == ceil(m / mode.rows) * ceil(k / mode.cols) * max(n, ceil(mode.rows / mode.load_rows_per_cycle))
