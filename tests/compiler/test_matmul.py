@@ -443,3 +443,23 @@ def test_a_chip_without_what_a_product_needs_is_refused_at_compile_by_the_key(tm
     compiled = compile_function(lambda d: {"c": d["a"] + d["b"]}, {"a": torch.ones(8, 8), "b": torch.ones(8, 8)}, hw)
     assert torch.equal(Device(hw).execute(compiled, {"a": torch.ones(8, 8), "b": torch.ones(8, 8)})["c"],
                        torch.full((8, 8), 2.0))
+
+
+@pytest.mark.parametrize("view", ["transpose", "reshape"])
+def test_a_product_read_through_a_view_tells_the_producer_its_layout(mncore2, monkeypatch, view):
+    """A product's wished operand layouts reach the producer through a reshape or permute of
+    its output (seen from the producer's side of the view), so the producer computes where the
+    product reads by block copies; told nothing, it picked a layout the product then gathered
+    (mncore2: 2,278 cycles against 42,268 transposed and 48,478 reshaped)."""
+    from compiler.planner import search
+    torch.manual_seed(0)
+    w = torch.randn(96, 64)
+    if view == "transpose":
+        fn, x = (lambda d: {"y": (torch.tanh(d["x"]) * 2).t() @ w}), torch.randn(96, 128)
+    else:
+        fn, x = (lambda d: {"y": (torch.tanh(d["x"]) * 2).reshape(128, 96) @ w}), torch.randn(4, 32, 96)
+    machine = Machine(mncore2)
+    told = machine.time(compile_function(fn, {"x": x}, mncore2).program.code).total_cycles
+    monkeypatch.setattr(search.Planner, "_wishes_of", lambda self, user, v: search.plan_wishes(user, v, self))
+    untold = machine.time(compile_function(fn, {"x": x}, mncore2).program.code).total_cycles
+    assert told * 5 < untold, (told, untold)
