@@ -204,16 +204,12 @@ def direct_view(layout: Layout, d: Direct, nhwc: tuple[int, ...]) -> Layout | No
     output pixel its padding: nothing moves. None when the product's rows do not split into
     (images, image_rows, pitch) at its factors' boundaries."""
     rows, co = layout.extents
-    per_image = d.image_rows * d.pitch
-    images = -(-rows // per_image)
-    if nhwc[0] == 1:
-        if rows % d.pitch:
-            return None
-        split = reshape_layout(layout.with_shape(layout.extents), (1, rows // d.pitch, d.pitch, co))
-    else:
-        if rows % per_image:
-            return None
-        split = reshape_layout(layout.with_shape(layout.extents), (images, d.image_rows, d.pitch, co))
+    one = nhwc[0] == 1  # one image: its rows need not end at image_rows
+    lines = d.pitch if one else d.image_rows * d.pitch
+    if rows % lines:
+        return None
+    split = reshape_layout(layout.with_shape(layout.extents),
+                           (1, rows // d.pitch, d.pitch, co) if one else (rows // lines, d.image_rows, d.pitch, co))
     if split is None:
         return None
     return split.with_shape(nhwc).permute((0, 3, 1, 2))

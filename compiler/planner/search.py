@@ -679,7 +679,6 @@ class Planner:
         """(consumer, its wishes for `v`, best first) of every consumer that has some (cached: every
         candidate of every reader of `v` asks)."""
         if v not in self.wish_cache:
-            self.wish_cache[v] = []  # (a view of a view of v asks again: none while being found)
             self.wish_cache[v] = [(user, ranked) for user in self.users.get(v, [])
                                   if (ranked := self._wishes_of(user, v))]
         return self.wish_cache[v]

@@ -18,6 +18,8 @@ from compiler.kernels import conv
 from runtime import Device
 from sim import Machine
 
+from .test_compile import check as run  # compiled on the device's chip, against torch to rtol of the largest
+
 
 @pytest.fixture(scope="module")
 def mini_device() -> Device:
@@ -36,16 +38,6 @@ def only_direct(monkeypatch):
         return kernels
     from compiler import kernels
     monkeypatch.setitem(kernels.PLANNERS, "conv", direct_only)
-
-
-def run(device: Device, fn, inputs, rtol=1e-5):
-    compiled = compile_function(fn, inputs, device.hw)
-    got = device.execute(compiled, inputs)
-    with torch.no_grad():
-        want = fn(inputs)
-    for name, expected in want.items():
-        torch.testing.assert_close(got[name], expected, rtol=rtol, atol=rtol * expected.abs().max().item())
-    return compiled
 
 
 CASES = {  # (N, C, H, W), (Co, kh, kw), padding, dilation
