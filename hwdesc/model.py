@@ -170,6 +170,9 @@ class TransferMode(_Frozen):
     """Round-robin chunk of distribute/collect patterns."""
     cross_group_lw_per_cycle: Rate | None = None
     """Rate when source and destination are in different Groups (None: not offered)."""
+    subsets: bool = False
+    """A broadcast that can name a subset of the lower instances (the SDM's `l2bmb@set`): the
+    XFER's index field holds the subset as a bit mask over the children of an upper instance."""
 
 
 class Transfer(_Frozen):

@@ -257,7 +257,8 @@ class ProgramBuilder:
     def xfer(self, mode: str, direction: str, up_mem: str, up_addr: int, lo_mem: str, lo_addr: int, n_lw: int, *,
              red: str = "none", dtype: str = "float32", index: int = 0) -> int:
         """A PE-stream transfer between an upper memory (L2BM, L1BM) and its children, in every
-        upper instance at once; `n_lw` counts long words on the upper side."""
+        upper instance at once; `n_lw` counts long words on the upper side. `index`: the group an
+        individual transfer reads, or the children (a bit mask) a broadcast down writes, 0 all."""
         return self._emit(Op.XFER, {isa.X_MODE: Mode[mode], isa.X_DIR: Dir[direction], isa.X_UP_MEM: self._mem(up_mem),
                                     isa.X_UP_ADDR: up_addr, isa.X_LO_MEM: self._mem(lo_mem), isa.X_LO_ADDR: lo_addr,
                                     isa.X_N: n_lw, isa.X_RED: Red[red], isa.X_DTYPE: DType[dtype], isa.X_INDEX: index})

@@ -33,7 +33,8 @@ def disassemble(row: np.ndarray, params: MachineParams) -> str:
         return (f"XFER {_name(Mode, row[isa.X_MODE])} {_name(Dir, row[isa.X_DIR])} {mem(row[isa.X_UP_MEM])}+{row[isa.X_UP_ADDR]}"
                 f" / {mem(row[isa.X_LO_MEM])}+{row[isa.X_LO_ADDR]} n={row[isa.X_N]}"
                 + (f" {_name(Red, row[isa.X_RED])}" if row[isa.X_RED] else "")
-                + (f" index={row[isa.X_INDEX]}" if row[isa.X_MODE] == Mode.individual and row[isa.X_DIR] == Dir.up else ""))
+                + (f" index={row[isa.X_INDEX]}" if row[isa.X_MODE] == Mode.individual and row[isa.X_DIR] == Dir.up else "")
+                + (f" set={row[isa.X_INDEX]:#b}" if row[isa.X_MODE] == Mode.broadcast and row[isa.X_INDEX] else ""))
     if op == Op.VOP:
         ops = []
         for base in (isa.V_DST, isa.V_A, isa.V_B, isa.V_C):

@@ -249,7 +249,10 @@ TABLE: tuple[InstrDoc, ...] = (
              "earliest; FIFO on the one link"),
     InstrDoc(Op.XFER, "mode, dir, up_mem, up_addr, lo_mem, lo_addr, n_lw (upper side), red, dtype, index",
              "PE stream (the path's slot: l2bm, l1bm; mau for mwrite, mread for the matrix registers' read)",
-             "ceil(ceil(max(LW on the src side / src rate, LW per dst instance / dst rate)) / step_cycles) steps"),
+             "ceil(ceil(max(LW on the src side / src rate, LW per dst instance / dst rate)) / step_cycles) steps; "
+             "index: the group an individual transfer reads, or the children a broadcast down writes as a bit mask "
+             "(0: all of them; a mask only where the mode has `subsets`, the SDM's l2bmb@set), which its cycles do "
+             "not depend on"),
     InstrDoc(Op.VOP, "op, dtype, n_outer, n_inner, dst(mem, addr, so, si), a(...), b(...), c(...), src_dtype",
              "PE stream (ALU or MAU per pe_ops.<op>.unit, or pe_ops.<op>.dtypes.<dtype>.unit)",
              "ceil(n_outer * n_inner / lanes per PE per step) * issues steps, with unit and issues those of "

@@ -151,12 +151,14 @@ def _mv(row, src, dst, mem_instances, lw_addressed, n_groups, chunk, wpl, g_firs
 
 @njit(cache=True, inline="always")
 def _xfer_instance(u, mode, down, index, up, uw, lo, lw, n, fan, chunk, group, wpl):
-    """An XFER between upper instance u and its `fan` children."""
+    """An XFER between upper instance u and its `fan` children. A broadcast's `index`, when not 0,
+    is the subset of children it writes, as a bit mask (`l2bmb@set`)."""
     base = u * fan
     if down:
         if mode == Mode.broadcast:
             for k in range(fan):
-                copy_lw(lo, base + k, lw, up, u, uw, n, wpl)
+                if index == 0 or (index >> k) & 1:
+                    copy_lw(lo, base + k, lw, up, u, uw, n, wpl)
         else:  # distribute, a chunk of consecutive long words to each child in turn (mab_broadcast: below)
             _deal(lo, base, lw, up, u, uw, n, chunk, fan, wpl)
     elif mode == Mode.collect:

@@ -56,6 +56,7 @@ class MachineParams:
     mode_cross_rate: np.ndarray  # 0 = not offered across Groups
     mode_unit: np.ndarray  # [paths, modes] LW
     mode_chunk: np.ndarray  # [paths, modes] LW
+    mode_subsets: np.ndarray  # [paths, modes] bool: a broadcast may name a subset of the children
     # PE stream
     step_cycles: int
     vop_dtype_issues: np.ndarray  # [VOp, DType] issues per lane group; 0 = op has no cost entry (not offered)
@@ -141,6 +142,7 @@ def _from_hw(hw: HwDesc) -> MachineParams:
     cross = np.zeros((n_paths, n_modes))
     unit = np.ones((n_paths, n_modes), dtype=np.int64)
     chunk = np.ones((n_paths, n_modes), dtype=np.int64)
+    subsets = np.zeros((n_paths, n_modes), dtype=np.bool_)
     engine = np.zeros(n_paths, dtype=np.int64)
     latency = np.zeros(n_paths, dtype=np.int64)
     group = np.ones(n_paths, dtype=np.int64)
@@ -163,6 +165,7 @@ def _from_hw(hw: HwDesc) -> MachineParams:
             cross[p, k] = m.cross_group_lw_per_cycle or 0.0
             unit[p, k] = m.unit_lw
             chunk[p, k] = m.chunk_lw or 1
+            subsets[p, k] = m.subsets
     vop_dtype_issues, vop_lanes = _vop_costs(hw)
     mau = hw.units.get("MAU")
     mm_rows = np.zeros(len(DType), dtype=np.int64)
@@ -190,7 +193,7 @@ def _from_hw(hw: HwDesc) -> MachineParams:
         pe_memories=tuple(i for i, n in enumerate(names) if hw.memories[n].level == hw.leaf_level),
         path_names=path_names, path_of=path_of, path_engine=engine, path_latency=latency, path_group=group,
         mode_offered=offered, mode_src_rate=src_rate, mode_dst_rate=dst_rate, mode_cross_rate=cross,
-        mode_unit=unit, mode_chunk=chunk, step_cycles=hw.step_cycles,
+        mode_unit=unit, mode_chunk=chunk, mode_subsets=subsets, step_cycles=hw.step_cycles,
         vop_dtype_issues=vop_dtype_issues, vop_lanes=vop_lanes,
         mm_rows=mm_rows, mm_cols=mm_cols, mm_load_rows=mm_load, mm_acc=mm_acc, mab_level=mab_level,
         pes_per_mab=hw.fanout(mau.level, hw.leaf_level) if mau else 1,

@@ -86,7 +86,7 @@ class Touches:
 def _whole_writes(p: MachineParams, code: np.ndarray) -> np.ndarray:
     """Per instruction: whether its write (sim.accesses) is all of its word range in every
     instance of the memory. An XFER down reaches every child of every upper instance: broadcast
-    gives each all n long words, distribute n / fan when n is a multiple of chunk x fan. A VOP
+    gives each all n long words (unless it names a subset), distribute n / fan when n is a multiple of chunk x fan. A VOP
     writes every PE: all of its range when the elements are words side by side (row after row)."""
     op = code[:, 0]
     xfer = op == isa.Op.XFER
@@ -96,7 +96,7 @@ def _whole_writes(p: MachineParams, code: np.ndarray) -> np.ndarray:
     chunk = p.mode_chunk[path, np.clip(mode, 0, p.mode_chunk.shape[1] - 1)]
     fan = p.mem_instances[np.where(down, lm, 0)] // p.mem_instances[np.where(down, um, 0)]
     dealt = (mode == isa.Mode.distribute) & (code[:, isa.X_N] % np.maximum(chunk * fan, 1) == 0)
-    xfer_whole = down & ((mode == isa.Mode.broadcast) | dealt)
+    xfer_whole = down & (((mode == isa.Mode.broadcast) & (code[:, isa.X_INDEX] == 0)) | dealt)  # not to a subset
     n_outer, n_inner = code[:, isa.V_N_OUTER], code[:, isa.V_N_INNER]
     dense = (code[:, isa.V_DST + 3] == 1) & ((n_outer == 1) | (code[:, isa.V_DST + 2] == n_inner))
     words = np.isin(code[:, isa.V_DTYPE], (isa.DType.float32, isa.DType.int32))

@@ -199,6 +199,12 @@ class _Checker:
             lower_n = n // fan
         elif mode == Mode.broadcast:
             lower_n = n
+            subset = int(row[isa.X_INDEX])
+            if subset and not (self.p.mode_subsets[p, mode] and row[isa.X_DIR] == Dir.down):
+                raise self.fail(i, f"index {subset}: {self.p.path_names[p]}'s broadcast cannot name a subset of its "
+                                   f"children (transfers.{self.p.path_names[p]}.modes.broadcast.subsets)")
+            if not 0 <= subset < 1 << fan:
+                raise self.fail(i, f"index {subset} is no subset of the {fan} children (a bit mask below {1 << fan})")
         else:
             if n % group:
                 raise self.fail(i, f"n={n} must be a multiple of the {group} members of a group for {mode.name}")

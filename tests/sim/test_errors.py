@@ -44,6 +44,17 @@ def test_mode_the_path_does_not_offer(mini):
     fails(m, lambda b: b.mv("individual", "L1BM", 0, "DRAM", 0, 64, tag=1), "mini has no transfer path from L1BM to DRAM", 0)
 
 
+def test_a_subset_only_where_the_broadcast_offers_one(mini):
+    """l2bmb@set names L1Bs by a bit mask; l1bmp (L1BM -> PE) has no subset form in the YAML."""
+    m = sim.Machine(mini)
+    fan = mini.fanout("L2B", "L1B")
+    fails(m, lambda b: b.xfer("broadcast", "down", "L2BM", 0, "L1BM", 0, 8, index=1 << fan),
+          rf"index {1 << fan} is no subset of the {fan} children \(a bit mask below {1 << fan}\)", 0)
+    fails(m, lambda b: b.xfer("broadcast", "down", "L1BM", 0, "LM0", 0, 2, index=1),
+          r"index 1: l1bm_to_pe's broadcast cannot name a subset of its children "
+          r"\(transfers.l1bm_to_pe.modes.broadcast.subsets\)", 0)
+
+
 def test_a_variant_without_a_mode(tmp_path, mini):
     path = tmp_path / "nobcast.yaml"
     path.write_text(textwrap.dedent("""

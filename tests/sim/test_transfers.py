@@ -108,6 +108,32 @@ def test_broadcasts_and_individuals(chip):
     np.testing.assert_array_equal(rows(m, "L2BM")[:, 200:232], src[:, :32])
 
 
+@pytest.mark.parametrize("chip", CHIPS)
+def test_a_broadcast_to_a_subset_of_the_l1bs_writes_only_those(chip):
+    """l2bmb@set: the XFER's index is the set of L1Bs as a bit mask; the others keep their words,
+    and the transfer takes as long as a broadcast to all of them (its rates are l2bmb's)."""
+    m = machine(chip)
+    fan = m.hw.fanout("L2B", "L1B")
+    src = np.random.default_rng(4).standard_normal((m.hw.instances("L2B"), 64), dtype=np.float32)
+    rows(m, "L2BM")[:, :64] = src
+    before = np.random.default_rng(5).standard_normal(rows(m, "L1BM")[:, :64].shape, dtype=np.float32)
+    rows(m, "L1BM")[:, :64] = before
+    chosen = [k for k in range(fan) if k % 3 != 1]  # L1B 0 and every third after it is left out
+    b = sim.ProgramBuilder(m.params)
+    b.xfer("broadcast", "down", "L2BM", 0, "L1BM", 0, 32, index=sum(1 << k for k in chosen))
+    program = b.build()
+    m.run(program)
+    got = rows(m, "L1BM")[:, :64].reshape(-1, fan, 64)
+    expect = before.reshape(-1, fan, 64).copy()
+    expect[:, chosen] = src[:, None]
+    np.testing.assert_array_equal(got, expect)
+    whole = sim.ProgramBuilder(m.params)
+    whole.xfer("broadcast", "down", "L2BM", 0, "L1BM", 0, 32)
+    rate, step = m.hw.transfers["l2bm_to_l1bm"].modes["broadcast"].src_lw_per_cycle, m.hw.step_cycles
+    steps = -(-(32 / rate) // step)  # 32 LW at the L2BM side's rate, in whole PE-stream steps
+    assert m.time(program.code).total_cycles == m.time(whole.build().code).total_cycles == steps * step
+
+
 def in_dram(m: sim.Machine, mode: str, rounds: int, seed: int, room: int) -> tuple[int, int, int, np.ndarray]:
     """(Groups, L2Bs per Group, the mode's chunk, random float32 words) for an MV test moving
     `rounds` rounds of chunks over a Group's L2Bs: the words written at the start of every Group's
