@@ -70,6 +70,13 @@ class Chain:
             return 0
         return down.chunk_lw or 1
 
+    @property
+    def l1_subsets(self) -> bool:
+        """Whether the l2 hop's broadcast can send to one L1B alone (l2bmb@set), so that an L2B can
+        hold each L1B's data as a block of its own (transfer.staging's `blocks`)."""
+        broadcast = self.hw.transfers[self.l2_to_l1].modes.get("broadcast")
+        return broadcast is not None and broadcast.subsets
+
     def spread_saving(self, n_l2: float) -> float:
         """Data Engine cycles each Group saves bringing `n_l2` long words into every one of its
         L2Bs by distributed broadcast (each Group reads 1/groups of them) instead of one

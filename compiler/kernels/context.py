@@ -161,23 +161,26 @@ class EmitContext:
 
     def download(self, ref: Ref, lm: Placement, *, memory: str, word: int, slice_index: int = 0,
                  pad: float | int | None = None, index: np.ndarray | None = None,
-                 window: DimTerms | None = None) -> Staging:
+                 window: DimTerms | None = None, blocks: bool = False) -> Staging:
         """Stage `ref` into LM layout `lm` (one slice) at `memory` word `word`. With `pad` (a fill
         value), long words of the layout that hold no element arrive filled with it (padding a
         reduction or a product sums over); with `index`, element e of the layout is element
         index[e] of `ref` (-1: the pad value), gathered on the way; with `window`, the layout's
-        tensor is that window of `ref`'s storage (im2col for convolutions)."""
-        st, source = self.fetch_source(ref, lm, pad=pad, index=index, window=window)
+        tensor is that window of `ref`'s storage (im2col for convolutions); `blocks`: see
+        `fetch_source`."""
+        st, source = self.fetch_source(ref, lm, pad=pad, index=index, window=window, blocks=blocks)
         emit_download(self.b, st, dram=ref.sym, lm_mem=memory, lm_word=word, transit=self.transit,
                       slice_index=slice_index, source=source)
         return st
 
     def fetch_source(self, ref: Ref, lm: Placement, *, pad: float | int | None = None,
-                     index: np.ndarray | None = None, window: DimTerms | None = None
+                     index: np.ndarray | None = None, window: DimTerms | None = None, blocks: bool = False
                      ) -> tuple[Staging, tuple[LwSources, Sym, Sym | None] | None]:
         """How `ref` reaches LM layout `lm`: its staging, and unless `ref` is stored as that
-        staging's image, the long-word gather the Data Engines run instead of a block copy."""
-        st = stored_staging(lm, ref.placement) or stage(lm)
+        staging's image, the long-word gather the Data Engines run instead of a block copy. With
+        `blocks`, a gather into an image that holds each L1B's data in a block of its own
+        (transfer.staging), where the layout allows one."""
+        st = stored_staging(lm, ref.placement) or _staging_for_gather(lm, blocks)
         plain = ref.placement.same_placement(st.dram)
         holes = window is not None and window.boxes is not None  # a window's reads outside its storage
         padded = pad is not None and (lm.layout.extents != lm.layout.shape or holes)
@@ -190,7 +193,7 @@ class EmitContext:
                 window: DimTerms | None = None, zeros_up_to: int | None = None) -> LwSources:
         """The gather of `ref` (or a window of it) into `lm`'s image, with its holes made zeros up
         to `zeros_up_to` long words when given; kept, since every slice of a kernel asks again."""
-        key = (ref.symbol, str(ref.placement.layout), str(lm.layout), lm.dtype, id(index),
+        key = (ref.symbol, str(ref.placement.layout), str(lm.layout), lm.dtype, st.l1_mode, id(index),
                window.key() if window is not None else None, zeros_up_to)
         if key not in self.sources_cache:
             try:
@@ -220,6 +223,15 @@ class EmitContext:
         zeros = self.fill_for(sources, pad, dst.placement.dtype)
         emit_convert(self.b, sources, dst=dst.sym, src=[r.sym for r in srcs], zeros=zeros, l2_addr=0,
                      l2_room=self.transit.l2_room, tags=TAGS["convert"])
+
+
+def _staging_for_gather(lm: Placement, blocks: bool) -> Staging:
+    if blocks:
+        try:
+            return stage(lm, blocks=True)
+        except LayoutError:
+            pass
+    return stage(lm)
 
 
 def lane_compatible(dst: Placement, src: Placement, index: np.ndarray | None = None) -> bool:

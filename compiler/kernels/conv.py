@@ -408,7 +408,10 @@ class ConvKernel(Kernel):
         else:
             product = ctx.buffer("temp", image, f"{out.name}_product", lm=self.summed)
         x_ref, window = self.im2col(ctx, refs[self.x])
-        emit_product(ctx, self.t, self.p, False, Source(x_ref, window=window), b_source, self.out_dtype, product)
+        # a direct form's tiles are runs of x's rows: each L1B's in a block of its own (l2bmb@set) comes
+        # in MVs as long as those runs, where an image dealt in 8-long-word chunks needs one MV per chunk
+        a_source = Source(x_ref, window=window, blocks=self.direct is not None)
+        emit_product(ctx, self.t, self.p, False, a_source, b_source, self.out_dtype, product)
         if self.view is None:  # the tiling's rows do not split into images: gather into NHWC-packed NCHW
             target = DimTerms.of(refs[out].placement).regrouped([[0, 2, 3], [1]], "as (N*H*W, C)")
             ctx.gather(lw_sources(target, image), refs[out], [product])

@@ -194,20 +194,31 @@ def _gather_mvs(cg: EmitContext, t: Tiling, a_l2_lw: float, in_bytes: int, sourc
     their data flows on the Data Engines of the `source_groups` Groups the source is spread over,
     side by side. A run
     also ends where A's L2BM image interleaves other rows: after the PEs of a MAB when the MABs
-    split M (l1bm distribute), after an l2bm chunk when the L1Bs do; each MV moves whole units."""
+    split M (l1bm distribute), after an l2bm chunk when the L1Bs do, unless the image holds each
+    L1B's rows in a block of its own (a direct convolution's, `a_blocks`); each MV moves whole
+    units."""
     hw, chain = cg.hw, cg.chain
     per_pe = t.kp * in_bytes / hw.long_word_bytes  # a row's long words in each PE per step
     run = chain.pes_per_unit * (1 if t.places("a", chain.unit_axis) else per_pe)
-    if t.places("a", chain.l1_axis):
+    blocks = a_blocks(t, chain)
+    if t.places("a", chain.l1_axis) and not blocks:
         run = min(run, chain.l2_chunk)
-    if bound and t.chunks == 1 and not t.places("a", chain.unit_axis) and not t.places("a", chain.l1_axis):
-        run = a_l2_lw  # whole rows, one after another: at best the image is one block
+    whole_rows = t.chunks == 1 and not t.places("a", chain.unit_axis) and (blocks or not t.places("a", chain.l1_axis))
+    if whole_rows and (bound or (blocks and t.tiles("k") == 1)):
+        run = a_l2_lw  # whole rows, one after another: at best (or in blocks, a row's every channel) one block
     # either kind of boundary ends an MV: as if independent (to rank tilings), or at best coinciding
     run = min(run, source_run) if bound else 1 / (1 / run + 1 / source_run)
     unit = hw.transfers[chain.dram_to_l2].modes["individual"].unit_lw
     targets = _l2_per_group_used(t, chain) if t.places("a", chain.l2_axis) else chain.l2_per_group
     mvs = chain.groups * targets * a_l2_lw / run
     return mvs, mvs / source_groups * ceil(run / unit) * unit
+
+
+def a_blocks(t: Tiling, chain: Chain) -> bool:
+    """Whether A's L2BM image holds each L1B's part in a block of its own (transfer.staging's
+    `blocks`): a direct convolution's A placed over the L1Bs, where the l2bm broadcast names
+    subsets (conv.ConvKernel.emit asks for it)."""
+    return t.shifts is not None and chain.l1_subsets and t.places("a", chain.l1_axis)
 
 
 def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_runs: float | None = None,
@@ -230,6 +241,8 @@ def _work(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: bool, a_
     modes.update({(chain.l1_to_pe, m): [0.0, 0.0] for m in ("mab_broadcast", "distribute")})
     for op, l2, l1, pe in zip(("a", "b"), traffic.l2, traffic.l1, traffic.pe):
         l1_mode = "distribute" if t.places(op, chain.l1_axis) else "broadcast"
+        if op == "a" and a_blocks(t, chain):  # a broadcast to each L1B alone: its block at the broadcast's rates
+            l1_mode, l1 = "broadcast", l2
         modes[chain.l2_to_l1, l1_mode][0] += l2
         modes[chain.l2_to_l1, l1_mode][1] += l1
         pe_mode = "distribute" if t.places(op, chain.unit_axis) else "mab_broadcast"

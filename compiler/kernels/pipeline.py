@@ -13,7 +13,8 @@ from sim.validate import check_offered
 
 from ..errors import CompileError
 from ..layout import Layout
-from ..transfer.staging import Leg, Member, Transit, emit_fetch, emit_legs, first_hop, slice_legs, slice_pieces
+from ..transfer.staging import (Leg, Member, Transit, emit_fetch, emit_legs, emit_piece_fetch, first_hop, slice_legs,
+                                slice_pieces)
 from .context import FIRST_FREE_TAG, EmitContext
 from .tiling import Source, Tiling
 
@@ -200,7 +201,7 @@ class Feed:
         self.cg = cg
         self.transit = transit or cg.transit
         self.lms = tuple(cg.lm_placement(layout, src.ref.placement.dtype) for src, layout in zip(sources, layouts))
-        self.plans = [cg.fetch_source(src.ref, lm, pad=0.0, index=src.index, window=src.window)
+        self.plans = [cg.fetch_source(src.ref, lm, pad=0.0, index=src.index, window=src.window, blocks=src.blocks)
                       for src, lm in zip(sources, self.lms)]
         self.dram = tuple(Sym(src.ref.symbol) for src in sources)
         self.sources = sources
@@ -232,10 +233,9 @@ class Feed:
             if s is None:
                 continue
             for piece in slice_pieces(st, self.transit):
-                out.append(partial(emit_fetch, self.cg.b, st, dram=dram,
-                                   l2_addr=self.regions[i % self.depth] + offset + piece.q2_first,
-                                   first=piece.q2_first, count=piece.q2_count, tag=self.tags[i % self.depth],
-                                   slice_index=s, source=source))
+                out.append(partial(emit_piece_fetch, self.cg.b, st, piece, dram=dram,
+                                   l2_addr=self.regions[i % self.depth] + offset, in_slice=True,
+                                   tag=self.tags[i % self.depth], slice_index=s, source=source))
         return out
 
     def legs(self, i: int, into: tuple[tuple[str, int], tuple[str, int]]) -> list[Leg]:
@@ -256,7 +256,7 @@ class Feed:
         if not self.pipelined:
             for src, lm, (memory, word), s in zip(self.sources, self.lms, into, slice_indices):
                 self.cg.download(src.ref, lm, memory=memory, word=word, slice_index=s, pad=0.0, index=src.index,
-                                 window=src.window)
+                                 window=src.window, blocks=src.blocks)
             return
         started = self.hopped == i
         if not started:

@@ -184,6 +184,7 @@ class Source:
     ref: Ref
     index: np.ndarray | None = None
     window: DimTerms | None = None
+    blocks: bool = False  # gathered into a block of L2BM per L1B (transfer.staging), where its layout allows
 
 
 def layouts_for(cg: EmitContext, t: Tiling, p: Problem, batched: bool, half_in: bool, out_dtype: str = "float32"):

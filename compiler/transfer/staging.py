@@ -6,7 +6,11 @@ broadcasts:
 
 * PE hop: the MAB axis broadcast and the PE axis placed -> mab_broadcast (l1bmm); both broadcast
   -> broadcast (l1bmp); otherwise distribute (l1bmd, one long word to each of the L1B's PEs);
-* L1B hop: the L1B axis broadcast -> broadcast (l2bmb); otherwise distribute (l2bmd);
+* L1B hop: the L1B axis broadcast -> broadcast (l2bmb); otherwise distribute (l2bmd), or, asked
+  for `blocks`, one broadcast to each L1B alone (l2bmb@set) from a block of L2BM per L1B: an
+  image whose L1Bs' data lie in 8-long-word chunks dealt round-robin is gathered in runs of 8 long
+  words, one held in blocks is gathered in runs as long as the source's (a direct convolution's
+  shifted rows), for four times the distribute's PE-stream time;
 * Group hop: each L2B the layout places reads its own range of its Group's DRAM (MV individual);
   a layout broadcast over L2Bs reads one range, kept in every Group's DRAM (MV broadcast).
   Copies on other L2Bs of the same Group (a sized `B@[2_L2B:1]`) are the same range sent to
@@ -48,7 +52,7 @@ class Staging:
     lm: Placement
     chain: Chain
     pe_mode: str  # distribute | mab_broadcast | broadcast
-    l1_mode: str  # distribute | broadcast
+    l1_mode: str  # distribute | broadcast | blocks (a block of L2BM per L1B, each sent to its L1B alone)
     l2_locals: tuple[int, ...] | None  # local L2Bs of a Group that hold data; None: all alike
     span: int  # LM long words per PE per slice
     per_lm_lw: int  # L1BM long words per LM long word
@@ -79,6 +83,20 @@ class Staging:
         """Long words the image occupies in each Group's DRAM."""
         return self.image_lw * self.slices
 
+    @property
+    def l1_fan(self) -> int:
+        """L1Bs whose data an L2B holds side by side (1: it holds one L1B's, broadcast to all)."""
+        return 1 if self.l1_mode == "broadcast" else self.chain.l1_per_l2
+
+    def ranges(self, piece: "Piece", *, in_slice: bool) -> list[tuple[int, int, int]]:
+        """A piece's L2BM long words as (first image long word, count, L2BM offset) runs: one
+        range, or with `blocks` one per L1B. The offset is from where the whole slice lies in L2BM
+        (`in_slice`), or from a transit buffer holding the piece alone (its L1Bs' parts side by side)."""
+        if self.l1_mode != "blocks":
+            return [(piece.q2_first, piece.q2_count, piece.q2_first if in_slice else 0)]
+        return [(k * self.n_l1 + piece.q1_first, piece.q1_count,
+                 k * self.n_l1 + piece.q1_first if in_slice else k * piece.q1_count) for k in range(self.l1_fan)]
+
     @cached_property
     def piece_quantum(self) -> int:
         """LM long words whose L1BM range is a whole number of l2bm chunks."""
@@ -92,15 +110,19 @@ class Staging:
 CACHED_STAGINGS = 2048  # a planner asks for a few per candidate (compile-time cache; each is small)
 
 
-def stage(lm: Placement, *, spread: bool = False) -> Staging:
+def stage(lm: Placement, *, spread: bool = False, blocks: bool = False) -> Staging:
     """The staging of an LM placement; raises LayoutError when block copies cannot produce it.
     Kernels ask for the same stagings repeatedly (planning, then emitting), so they are cached.
+
+    With `blocks`, a layout placed over the L1Bs is held in L2BM as one block per L1B, each sent
+    to its L1B by a broadcast to it alone (where the chip's l2bm broadcast names subsets): for
+    tensors gathered into LM (a fetch, never an upload).
 
     With `spread`, a layout copied over every Group is fed from an image spread over the Groups'
     DRAMs by distributed broadcast where the chip has one (`_spread`): half the Data Engine time
     of a read on MN-Core 2, but an upload needs one MV per block and Group, so only tensors the
     host writes (inputs, constants) are stored so (the planner's choice)."""
-    return _stage_cached(lm.layout, lm.hw, lm.memory, lm.dtype, spread)
+    return _stage_cached(lm.layout, lm.hw, lm.memory, lm.dtype, spread, blocks)
 
 
 def stored_staging(lm: Placement, held: Placement) -> Staging | None:
@@ -117,8 +139,8 @@ def stored_staging(lm: Placement, held: Placement) -> Staging | None:
 
 
 @lru_cache(maxsize=CACHED_STAGINGS)
-def _stage_cached(layout, hw, memory: str, dtype: str, spread: bool) -> Staging:
-    return _stage(Placement(layout, hw, memory, dtype, check_capacity=False), spread)
+def _stage_cached(layout, hw, memory: str, dtype: str, spread: bool, blocks: bool) -> Staging:
+    return _stage(Placement(layout, hw, memory, dtype, check_capacity=False), spread, blocks)
 
 
 @dataclass
@@ -158,7 +180,7 @@ def _cut(digits: list[_Digit], key: str, unit: int, layout) -> tuple[list[_Digit
     return out, below
 
 
-def _stage(lm: Placement, spread: bool = False) -> Staging:
+def _stage(lm: Placement, spread: bool = False, blocks: bool = False) -> Staging:
     """The staging of an LM placement, computed on the layout's digits (no per-element arrays).
 
     Every quantity along the chain is linear in the digits of the LM layout: the L1BM position
@@ -182,11 +204,19 @@ def _stage(lm: Placement, spread: bool = False) -> Staging:
             raise LayoutError(f"{layout}: copies between placed {b.axis} positions (B@ item {b}); the transfer modes "
                               f"broadcast over whole {b.axis} axes only")
     l1_mode = "distribute" if chain.l1_axis in placed else "broadcast"
+    if blocks:
+        if l1_mode != "distribute":
+            raise LayoutError(f"{layout}: not placed over {chain.l1_axis}, so not held in a block per {chain.l1_axis}")
+        if not chain.l1_subsets:
+            raise LayoutError(f"{lm.hw.name}: {chain.l2_to_l1}'s broadcast names no subsets; no block per {chain.l1_axis}")
+        l1_mode = "blocks"
     span = lm.slice_span
     n_l1 = span * per_lm
     c = chain.l2_chunk
     if l1_mode == "distribute":
         n_l1 = -(-n_l1 // c) * c
+        n_l2 = n_l1 * chain.l1_per_l2
+    elif l1_mode == "blocks":
         n_l2 = n_l1 * chain.l1_per_l2
     else:
         n_l2 = n_l1
@@ -213,6 +243,9 @@ def _stage(lm: Placement, spread: bool = False) -> Staging:
         for dg, low in zip(digits, below):
             dg.coef["q2"] = dg.coef["q1"] if low else dg.coef["q1"] * chain.l1_per_l2
             dg.coef["q2"] += dg.coef[chain.l1_axis] * c
+    elif l1_mode == "blocks":
+        for dg in digits:
+            dg.coef["q2"] = dg.coef["q1"] + dg.coef[chain.l1_axis] * n_l1
     else:
         for dg in digits:
             dg.coef["q2"] = dg.coef["q1"]
@@ -344,7 +377,7 @@ class Piece:
 def pieces(st: Staging, transit: Transit, at_least: int = 1) -> list[Piece]:
     """Split a slice into LM long-word ranges whose L1BM and L2BM ranges fit the transit buffers,
     into at least `at_least` of them where the piece quantum allows."""
-    fan = st.chain.l1_per_l2 if st.l1_mode == "distribute" else 1
+    fan = st.l1_fan
     per_piece = min(transit.l1_room // st.per_lm_lw, transit.l2_room // (st.per_lm_lw * fan))
     if at_least > 1:
         per_piece = min(per_piece, max(st.piece_quantum, -(-st.span // at_least)))
@@ -360,8 +393,8 @@ def pieces(st: Staging, transit: Transit, at_least: int = 1) -> list[Piece]:
             c = st.chain.l2_chunk
             q1_last = -(-q1_last // c) * c
             q2_first, q2_last = q1_first // c * c * fan, q1_last // c * c * fan
-        else:
-            q2_first, q2_last = q1_first, q1_last
+        else:  # broadcast: the L1BM range itself; blocks: the L2BM its L1Bs' parts take (where: Staging.ranges)
+            q2_first, q2_last = q1_first * fan, q1_last * fan
         out.append(Piece(first, last, q1_first, q1_last - q1_first, q2_first, q2_last - q2_first))
     return out
 
@@ -409,6 +442,15 @@ def emit_fetch(b: ProgramBuilder, st: Staging, *, dram: Address, l2_addr: int, f
                      dst_local=target)
 
 
+def emit_piece_fetch(b: ProgramBuilder, st: Staging, piece: Piece, *, dram: Address, l2_addr: int, in_slice: bool,
+                     tag: int, slice_index: int = 0, source: Gather | None = None) -> None:
+    """`emit_fetch` of one piece's L2BM long words (`Staging.ranges`), with `l2_addr` where the
+    whole slice lies in L2BM (`in_slice`) or the transit buffer that holds the piece alone."""
+    for first, count, offset in st.ranges(piece, in_slice=in_slice):
+        emit_fetch(b, st, dram=dram, l2_addr=l2_addr + offset, first=first, count=count, tag=tag,
+                   slice_index=slice_index, source=source)
+
+
 def _spread_pieces(st: Staging, slice_index: int, first: int, count: int) -> list[tuple[int, int, int, int, int]]:
     """A gather into a spread image's L2BM long words [first, first + count): per block and L2B,
     (the image's Group, its first and last long word there, the L2BM instance, where the block
@@ -429,13 +471,19 @@ class Leg:
 
     st: Staging
     piece: Piece
-    l2_addr: int
+    l2_addr: int  # of the piece's first L2BM long word (with `blocks`, of L1B 0's block)
     lm_mem: str
     lm_word: int
+    block_stride: int = 0  # with `blocks`: L2BM long words from one L1B's block to the next
 
-    def to_l1(self, b: ProgramBuilder, transit: Transit, k: int) -> None:
-        """Its L2BM long words into L1BM transit buffer k % 2 (the l2bm slot)."""
-        b.xfer(self.st.l1_mode, "down", L2BM, self.l2_addr, L1BM, transit.l1[k % 2], self.piece.q2_count)
+    def l2_hops(self, transit: Transit, k: int) -> list[Member]:
+        """Its L2BM long words into L1BM transit buffer k % 2 (the l2bm slot): one instruction,
+        or with `blocks` one per L1B (a broadcast to that L1B alone)."""
+        if self.st.l1_mode != "blocks":
+            return [partial(_xfer_down, mode=self.st.l1_mode, l2_addr=self.l2_addr, l1_addr=transit.l1[k % 2],
+                            n=self.piece.q2_count)]
+        return [partial(_xfer_down, mode="broadcast", l2_addr=self.l2_addr + j * self.block_stride,
+                        l1_addr=transit.l1[k % 2], n=self.piece.q1_count, index=1 << j) for j in range(self.st.l1_fan)]
 
     def to_lm(self, b: ProgramBuilder, transit: Transit, k: int) -> None:
         """From L1BM transit buffer k % 2 to LM (the l1bm slot). The L1BM range is padded to whole
@@ -450,21 +498,28 @@ class Leg:
 Member = Callable[[ProgramBuilder], None]  # emits one PE-stream instruction
 
 
+def _xfer_down(b: ProgramBuilder, *, mode: str, l2_addr: int, l1_addr: int, n: int, index: int = 0) -> None:
+    b.xfer(mode, "down", L2BM, l2_addr, L1BM, l1_addr, n, index=index)
+
+
 def leg_bundles(legs: list[Leg], transit: Transit, *, started: bool = False) -> list[tuple[int | None, list[Member]]]:
-    """The bundles of `emit_legs`' pipeline, in order, each with the leg whose L2BM hop it has
-    (None for the last): leg 0's L2BM hop (unless `started`), then leg k's LM hop beside leg
-    k + 1's L2BM hop, then the last leg's LM hop. A caller may add one PE-stream instruction of
-    another slot to any bundle: `emit_product` hides the next step's legs behind this step's
-    MATMUL so."""
+    """The bundles of `emit_legs`' pipeline, in order, each with the leg whose L2BM hop it ends
+    (None where it ends none): leg 0's L2BM hop (unless `started`), then leg k's LM hop beside
+    leg k + 1's L2BM hop, then the last leg's LM hop. An L2BM hop of several instructions (one per
+    L1B, `blocks`) has its first in the bundle and the others in bundles of their own after it.
+    A caller may add one PE-stream instruction of another slot to any bundle: `emit_product`
+    hides the next step's legs behind this step's MATMUL so."""
+    def with_hop(k: int, members: list[Member]) -> list[tuple[int | None, list[Member]]]:
+        hops = legs[k].l2_hops(transit, k)
+        bundles = [(None, members + hops[:1])] + [(None, [hop]) for hop in hops[1:]]
+        return bundles[:-1] + [(k, bundles[-1][1])]
+
     out: list[tuple[int | None, list[Member]]] = []
     if legs and not started:
-        out.append((0, [partial(legs[0].to_l1, transit=transit, k=0)]))
+        out += with_hop(0, [])
     for k, leg in enumerate(legs):
         members = [partial(leg.to_lm, transit=transit, k=k)]
-        hop = k + 1 if k + 1 < len(legs) else None
-        if hop is not None:
-            members.append(partial(legs[hop].to_l1, transit=transit, k=hop))
-        out.append((hop, members))
+        out += with_hop(k + 1, members) if k + 1 < len(legs) else [(None, members)]
     return out
 
 
@@ -491,10 +546,14 @@ def first_hop(b: ProgramBuilder, legs: list[Leg], transit: Transit, instruction)
     """`instruction()` (emitting one PE-stream instruction, a MATMUL say) in one bundle with the
     L2BM hop of the first of `legs`, which `emit_legs(..., started=True)` then continues. The
     instruction must not touch L2BM or the first transit buffer."""
+    hops = legs[0].l2_hops(transit, 0) if legs else []
     with b.together():
         instruction()
-        if legs:
-            legs[0].to_l1(b, transit, 0)
+        for hop in hops[:1]:
+            hop(b)
+    for hop in hops[1:]:
+        with b.together():
+            hop(b)
 
 
 def slice_pieces(st: Staging, transit: Transit) -> list[Piece]:
@@ -504,7 +563,8 @@ def slice_pieces(st: Staging, transit: Transit) -> list[Piece]:
 
 def slice_legs(st: Staging, transit: Transit, *, l2_addr: int, lm_mem: str, lm_word: int) -> list[Leg]:
     """The legs of a whole slice already in L2BM at `l2_addr`."""
-    return [Leg(st, p, l2_addr + p.q2_first, lm_mem, lm_word) for p in slice_pieces(st, transit)]
+    return [Leg(st, p, l2_addr + st.ranges(p, in_slice=True)[0][2], lm_mem, lm_word, st.n_l1)
+            for p in slice_pieces(st, transit)]
 
 
 def emit_download(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str, lm_word: int, transit: Transit,
@@ -515,8 +575,8 @@ def emit_download(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str,
     parts = pieces(st, transit)
 
     def fetch(k: int) -> None:
-        emit_fetch(b, st, dram=dram, l2_addr=transit.l2[k % 2], first=parts[k].q2_first, count=parts[k].q2_count,
-                   tag=transit.tags[k % 2], slice_index=slice_index, source=source)
+        emit_piece_fetch(b, st, parts[k], dram=dram, l2_addr=transit.l2[k % 2], in_slice=False,
+                         tag=transit.tags[k % 2], slice_index=slice_index, source=source)
 
     for k in range(min(2, len(parts))):
         fetch(k)
@@ -525,7 +585,7 @@ def emit_download(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str,
         if k + 2 < len(parts):
             fetch(k + 2)
 
-    legs = [Leg(st, p, transit.l2[k % 2], lm_mem, lm_word) for k, p in enumerate(parts)]
+    legs = [Leg(st, p, transit.l2[k % 2], lm_mem, lm_word, p.q1_count) for k, p in enumerate(parts)]
     emit_legs(b, legs, transit, before=lambda k: b.wait(transit.tags[k % 2]), after=after)
 
 
@@ -546,6 +606,8 @@ def upload_pieces(b: ProgramBuilder, st: Staging, *, dram: Address, lm_mem: str,
                   slice_index: int = 0, reduce: bool = False, at_least: int = 1, after: int = 0) -> list[UploadPiece]:
     """The pieces of `emit_upload` (at least `at_least` of them, where the quantum allows), to emit
     in order: piece k goes through buffer (after + k) % 2 and waits for the piece two before it."""
+    if st.l1_mode == "blocks":
+        raise LayoutError(f"internal: {st.lm.layout} is staged in a block per L1B, for fetches only")
     if reduce and st.l2_replicas != tuple(range(st.chain.l2_per_group)):
         raise LayoutError(f"{st.lm.layout} is not copied over every L2B of a Group; there is nothing to reduce")
     if st.pe_mode == "broadcast":

@@ -97,6 +97,35 @@ def test_each_kernel_position_is_one_matmul_of_the_tile(mncore2, only_direct):
     assert stats.pe_busy == ceil(m / mode.rows) * ceil(k / mode.cols) * max(n, ceil(mode.rows / mode.load_rows_per_cycle))
 
 
+def test_each_l1bs_tile_is_gathered_into_a_block_of_its_own(mncore2, tmp_path):
+    """l2bmb@set: an L2B holds each L1B's tile of x (rows and halo) as one block, sent to that L1B
+    alone, so the Data Engines gather x in runs of its rows instead of one l2bmd chunk of 8 long
+    words per MV. ResNet-50 conv2_x against a variant whose l2bm broadcast names no subsets (the
+    same planner, so it picks among the same candidates): the L1Bs get a broadcast each, in turn,
+    and the gather takes far fewer MVs and cycles."""
+    torch.manual_seed(0)
+    weight = torch.randn(64, 64, 3, 3)
+    fn = lambda d: {"y": F.conv2d(d["x"], weight, padding=1)}  # noqa: E731
+    inputs = {"x": torch.randn(1, 64, 56, 56)}
+    variant = tmp_path / "nosubsets.yaml"
+    variant.write_text("extends: mncore2\nname: nosubsets\ntransfers:\n  l2bm_to_l1bm:\n    modes:\n"
+                       "      broadcast: {subsets: false}\n")
+    runs = {}
+    for hw in (mncore2, hwdesc.load(variant)):
+        code = compile_function(fn, inputs, hw).program.code
+        runs[hw.name] = (int((code[:, 0] == isa.Op.MV).sum()), Machine(hw).time(code).total_cycles, code)
+    fan = mncore2.fanout("L2B", "L1B")
+    code = runs["mncore2"][2]
+    to_one = code[(code[:, 0] == isa.Op.XFER) & (code[:, isa.X_MODE] == isa.Mode.broadcast) & (code[:, isa.X_INDEX] != 0)]
+    assert len(to_one) and len(to_one) % fan == 0
+    assert to_one[:, isa.X_INDEX].reshape(-1, fan).tolist() == [[1 << k for k in range(fan)]] * (len(to_one) // fan)
+    nosubsets = runs["nosubsets"][2]
+    assert not (nosubsets[(nosubsets[:, 0] == isa.Op.XFER) & (nosubsets[:, isa.X_MODE] == isa.Mode.broadcast),
+                          isa.X_INDEX]).any()
+    (mvs, cycles, _), (mvs_dealt, cycles_dealt, _) = runs["mncore2"], runs["nosubsets"]
+    assert mvs * 10 < mvs_dealt and cycles * 2 < cycles_dealt, runs
+
+
 def test_the_planner_prefers_the_direct_form_where_it_is_faster(mncore2, monkeypatch):
     """ResNet-50 conv2_x (1x64x56x56, 64 3x3 filters): with the direct candidates the planner's
     pick takes fewer cycles than the best im2col candidate, on the simulator's timing."""

@@ -84,6 +84,44 @@ def test_large_tensors_move_in_double_buffered_pieces(mncore2):
     assert data_cycles <= stats.total_cycles < 1.5 * data_cycles  # the Data Engines are the bottleneck, kept busy
 
 
+@pytest.mark.parametrize("chip", ["mini", "mncore2"])
+def test_a_block_per_l1b_delivers_what_dealt_chunks_do(chip):
+    """`blocks`: the L2B holds each L1B's long words as one block (L1B k's from n_l1 * k), each
+    sent to its L1B alone (l2bmb@set), piece by piece through small transit buffers: LM ends
+    with the same tensor as through l2bmd's chunks. Only fetches stage so: an upload is refused."""
+    hw = hwdesc.load(chip)
+    fan = hw.fanout("L2B", "L1B")
+    rng = np.random.default_rng(2)
+    tried = 0
+    for dealt in staged_candidates(hw, (64, 96), limit=12):
+        if dealt.l1_mode != "distribute":
+            continue
+        st = stage(dealt.lm, blocks=True)
+        assert st.l1_mode == "blocks" and st.n_l2 == st.n_l1 * fan
+        if st.span < 2:
+            continue  # one LM long word per PE: a single piece
+        l1 = st.per_lm_lw * (st.span // 2)  # room for half the slice: two pieces or more
+        small = Transit((0, l1 * fan), (0, l1), l1 * fan, l1, (1, 2))
+        assert len(pieces(st, small)) > 1
+        machine = sim.Machine(hw)
+        src = machine.alloc_dram(st.dram_lw)
+        x = rng.standard_normal((64, 96), dtype=np.float32)
+        scatter(st.dram, x, machine.memory("DRAM"), src)
+        b = sim.ProgramBuilder(machine.params)
+        emit_download(b, st, dram=src, lm_mem="LM0", lm_word=0, transit=small)
+        program = b.build()
+        machine.run(program)
+        np.testing.assert_array_equal(gather(st.lm, machine.memory("LM0")).view(np.float32), x, str(st.lm.layout))
+        code = program.code
+        sets = code[(code[:, 0] == sim.isa.Op.XFER) & (code[:, sim.isa.X_MODE] == sim.isa.Mode.broadcast),
+                    sim.isa.X_INDEX]
+        assert sets.tolist() == [1 << k for k in range(fan)] * len(pieces(st, small))
+        with pytest.raises(LayoutError, match="block per L1B, for fetches only"):
+            emit_upload(sim.ProgramBuilder(machine.params), st, dram=src, lm_mem="LM0", lm_word=0, transit=small)
+        tried += 1
+    assert tried
+
+
 def test_layouts_no_mode_can_feed(mncore2):
     with pytest.raises(LayoutError, match="broadcast over PE but placed over MAB"):
         stage(Placement(parse("((3_MAB:1), (2_L1B:1, 2_W:1))"), mncore2, "LM0", "float32"))
