@@ -176,6 +176,22 @@ def direct_forms(x_shape: tuple[int, ...], out_hw: tuple[int, int], kernel, padd
             for pitch in sorted(pitches) for image_rows, rows in sorted(layouts)]
 
 
+def im2col_mvs(node: Node, x: Placement) -> float:
+    """MVs the Data Engines run to gather convolution `node`'s im2col matrix from x placed as `x`
+    (one per run of long words; each long word its own run when x's placement does not separate,
+    which the kernel meets by a copy of x in the NHWC layout first): what a producer's choice of
+    layout costs the convolution that reads it (planner.Planner.window_cycles)."""
+    n, c, h, w = node.args[0].shape
+    co, _, kh, kw = node.args[1].shape
+    ho, wo = node.out.shape[2:]
+    a = node.attrs
+    epl = x.epl
+    c_pad = ceil(c / epl) * epl
+    window = im2col_window(x, c_pad, (ho, wo), (kh, kw), tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]))
+    a_lw = n * ho * wo * kh * kw * c_pad / epl
+    return a_lw / (window.run_lw() if window is not None else 1.0)
+
+
 def direct_window(p: Placement, c: int, d: Direct, t: Tiling, rows: int) -> DimTerms | None:
     """A direct convolution's A as a window of p, which holds x: row r of A (`rows` of them: the
     tiles' a_rows for each tile and round) is the flattened input's row (r // a_rows) * mt +

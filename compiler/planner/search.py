@@ -39,6 +39,7 @@ from ..layout.unbroadcast import spread_over_units
 from ..transfer.gather import lw_sources
 from ..transfer.host import host_transfer
 from ..transfer.separable import GatherTooLarge
+from ..transfer.sources import LaneMismatch
 from ..transfer.staging import stage
 from .cost import cycles_of
 from .plan import Plan, Step
@@ -93,6 +94,7 @@ class Planner:
         self.output_wishes: dict[Value, Layout] = {}
         self.costs: dict[object, int] = {}
         self.wish_cache: dict[Value, list[tuple[Node, list[Layout]]]] = {}
+        self.window_cache: dict[tuple[Node, str], float] = {}  # (convolution, x's layout) -> extra MVs
         self.clean: set[str] = set()  # buffers whose padding is known to hold zeros
         self.provisional: dict[Value, Ref] = {}  # what the candidate being prepared has placed so far
 
@@ -484,8 +486,57 @@ class Planner:
             if wanted is not None and v in refs and not refs[v].placement.same_placement(wanted):
                 total += self.relayout_cycles(v, refs[v], wanted, lm)
             elif wanted is None and state is None and v in refs:
-                total += self.feed_cycles(v, refs[v]) + self.wish_cycles(v, refs[v])
+                total += self.feed_cycles(v, refs[v]) + self.wish_cycles(v, refs[v]) + self.window_cycles(v, refs[v])
         return total
+
+    def window_cycles(self, v: Value, ref: Ref) -> int:
+        """What `v` stored as `ref` costs the convolutions it flows into as their input x (itself,
+        or through element-wise ops of its shape, which compute where it is) beyond x stored
+        channels-last (the layout the convolution copies x into when it must, `conv.nhwc_layout`):
+        the extra MVs of their im2col gathers, each a DRAM latency over all the Groups' queues, at
+        most those of a copy of x into that layout (which the convolution can gather from instead).
+        An estimate, as the readers' tilings are not chosen yet. So a convolution whose output
+        layout leaves the next one a gather of single long words (a direct form's rows split over
+        the L1Bs, in ResNet-18 at 224x224: the stride-2 convolution after it 163,092 -> 429,524
+        cycles) weighs that against its own speed."""
+        from ..kernels.conv import im2col_mvs, nhwc_layout
+        total = 0.0
+        for conv in self.convolutions_fed(v):
+            x = conv.args[0]
+            nhwc = Placement(nhwc_layout(self.ctx, x.shape, device_dtype(x)), self.hw, self.ctx.chain.dram,
+                             device_dtype(x))
+            key = (conv, str(ref.placement.layout))
+            if key not in self.window_cache:
+                extra = im2col_mvs(conv, ref.placement) - im2col_mvs(conv, nhwc)
+                self.window_cache[key] = min(extra, self.copy_mvs(nhwc, ref.placement, extra)) if extra > 0 else 0.0
+            total += self.window_cache[key] * self.ctx.gather_mv_cycles()
+        return round(total)
+
+    @staticmethod
+    def copy_mvs(wanted: Placement, held: Placement, otherwise: float) -> float:
+        """MVs of the Data Engines' gather of a tensor held as `held` into `wanted` (`otherwise`
+        when no gather can: its lanes move)."""
+        try:
+            return lw_sources(wanted, held).mv_count
+        except GatherTooLarge as e:
+            return e.runs
+        except (CompileError, LayoutError, LaneMismatch):
+            return otherwise
+
+    def convolutions_fed(self, v: Value) -> list[Node]:
+        """The convolutions that read `v`, or an element-wise function of it of its shape and
+        dtype, as their input x."""
+        seen, frontier, found = {v}, [v], []
+        while frontier:
+            x = frontier.pop(0)
+            for user in self.users.get(x, []):
+                if user.kind == "conv" and user.args[0] is x and x.shape == v.shape:
+                    found.append(user)
+                same = user.out.shape == v.shape and device_dtype(user.out) == device_dtype(v)
+                if user.kind == "ew" and same and user.out not in seen:
+                    seen.add(user.out)
+                    frontier.append(user.out)
+        return found
 
     def wish_cycles(self, v: Value, ref: Ref) -> int:
         """What a candidate's output costs its consumers beyond the layouts they wish for (0 when

@@ -14,7 +14,13 @@ import torch.nn.functional as F
 import hwdesc
 import sim.isa as isa
 from compiler.compile import compile_function
+from compiler.frontend.tracing import trace
 from compiler.kernels import conv
+from compiler.kernels.context import Ref
+from compiler.layout import Placement, parse
+from compiler.planner.rewrite import rewrite
+from compiler.planner.search import Planner
+from compiler.transfer.gather import lw_sources
 from runtime import Device
 from sim import Machine
 
@@ -188,3 +194,27 @@ def test_direct_convolutions_in_the_other_matrix_formats(mini_device, only_direc
     tolerance = 4e-3 if float_dtype == "mixed" else 1e-4  # half: 9 mantissa bits; pseudo-single: 18
     assert (got - want).abs().max() <= tolerance * want.abs().max()
     assert (got - want).abs().max() > 0  # rounded: the format was used
+
+
+def test_the_planner_prices_a_layout_by_the_gather_of_the_convolution_it_feeds(mncore2):
+    """Planner.window_cycles: x stored channels-last (the layout a convolution copies x into when
+    it must) costs the convolution reading it nothing more; stored column by column (a pixel's
+    channels the longest run of the im2col gather) it costs the extra MVs of that gather, one
+    DRAM latency each over all the Groups' queues, at most those of a copy of x into that layout.
+    It reaches the convolution through the element-wise op between them."""
+    torch.manual_seed(0)
+    w = torch.randn(32, 16, 3, 3)
+    graph = trace(lambda d: {"y": F.conv2d(torch.relu(d["x"]), w, stride=2, padding=1)}, {"x": torch.randn(1, 16, 8, 8)})
+    rewrite(graph, mncore2)
+    planner = Planner(graph, mncore2, {}, {})
+    x = graph.inputs["x"]
+    conv_node = next(n for n in graph.nodes if n.kind == "conv")
+    assert planner.convolutions_fed(x) == [conv_node]  # through the relu
+    nhwc = Placement(conv.nhwc_layout(planner.ctx, x.shape, "float32"), mncore2, "DRAM", "float32")
+    assert planner.window_cycles(x, Ref("x", nhwc)) == 0
+    # channels in the lanes, but the image stored column by column: a row's pixels lie 64 long words apart
+    scattered = Placement(parse("(1, 16, 8, 8)/((1:1), (8:1, 2_W:1), (8:8), (8:64))"), mncore2, "DRAM", "float32")
+    extra = conv.im2col_mvs(conv_node, scattered) - conv.im2col_mvs(conv_node, nhwc)
+    bound = min(extra, lw_sources(nhwc, scattered).mv_count)
+    assert extra > 0
+    assert planner.window_cycles(x, Ref("x", scattered)) == round(bound * planner.ctx.gather_mv_cycles())
