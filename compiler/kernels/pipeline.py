@@ -13,8 +13,8 @@ from sim.validate import check_offered
 
 from ..errors import CompileError
 from ..layout import Layout
-from ..transfer.staging import (Leg, Member, Transit, emit_fetch, emit_legs, emit_piece_fetch, first_hop, slice_legs,
-                                slice_pieces)
+from ..transfer.staging import (Bundle, Leg, Member, Transit, emit_fetch, emit_legs, emit_piece_fetch, first_hop,
+                                slice_legs, slice_pieces)
 from .context import FIRST_FREE_TAG, EmitContext
 from .tiling import Source, Tiling
 
@@ -84,12 +84,12 @@ class Epilogue:
             self.converted = elements
 
 
-def beside(cg: EmitContext, t: Tiling, product: Callable[..., None], bundles: list[tuple[int | None, list[Member]]],
+def beside(cg: EmitContext, t: Tiling, product: Callable[..., None], bundles: list[Bundle],
            after: Callable[[int], None] | None = None, extras: list[Member] | None = None,
            fitted: bool = True, spaced: bool = True) -> None:
     """A step's MATMUL (`product(axis, first, size, into=None)`) cut into parts issued in one
-    bundle each with the transfers of `bundles` (`leg_bundles`' (hop, members): the next step's
-    legs); `after(hop)` right after each bundle with a hop. Between two bundles a part goes alone:
+    bundle each with the transfers of `bundles` (`leg_bundles`': the next step's legs);
+    `after(leg)` right after each bundle a leg's L2BM hop ends in. Between two bundles a part goes alone:
     the second bundle reads what the first wrote (a leg's L1BM hop after its L2BM hop), and the
     hazard's gap is then MAU work instead of nops. `extras` (PE-stream instructions of other slots
     that touch neither the MATMUL's memories nor the legs') go into the first such part, then
@@ -108,29 +108,29 @@ def beside(cg: EmitContext, t: Tiling, product: Callable[..., None], bundles: li
     if spaced:
         laid = bundles[:1]
         for bundle in bundles[1:]:
-            laid += [(None, []), bundle]
+            laid += [Bundle([]), bundle]
         if extras and len(laid) > 1:
-            laid[1] = (None, extras[:1])
+            laid[1] = Bundle(extras[:1])
             extras = extras[1:]
-    laid += [(None, [member]) for member in extras]
+    laid += [Bundle([member]) for member in extras]
     if fitted:
         whole = _cycles(cg, lambda scratch: product("m", 0, None, into=scratch))
-        needs = [max((_cycles(cg, m) for m in members), default=0) for _, members in laid]
+        needs = [max((_cycles(cg, m) for m in bundle.members), default=0) for bundle in laid]
         parts = cuts(t, mau_rows, epl, len(laid), needs, whole)
     else:
         parts = cuts(t, mau_rows, epl, len(laid))
     if len(parts) < len(laid) and spaced:  # too few units for parts alone: the gaps left to nops
-        laid = [bundle for bundle in laid if bundle[1]]
+        laid = [bundle for bundle in laid if bundle.members]
         parts = cuts(t, mau_rows, epl, len(laid))
     for j in range(max(len(laid), len(parts))):
-        hop, members = laid[j] if j < len(laid) else (None, [])
+        bundle = laid[j] if j < len(laid) else Bundle([])
         with cg.b.together():
             if j < len(parts):
                 product(*parts[j])
-            for member in members:
+            for member in bundle.members:
                 member(cg.b)
-        if hop is not None and after is not None:
-            after(hop)
+        if bundle.ends is not None and after is not None:
+            after(bundle.ends)
 
 
 def _cycles(cg: EmitContext, member: Member) -> int:

@@ -502,24 +502,35 @@ def _xfer_down(b: ProgramBuilder, *, mode: str, l2_addr: int, l1_addr: int, n: i
     b.xfer(mode, "down", L2BM, l2_addr, L1BM, l1_addr, n, index=index)
 
 
-def leg_bundles(legs: list[Leg], transit: Transit, *, started: bool = False) -> list[tuple[int | None, list[Member]]]:
-    """The bundles of `emit_legs`' pipeline, in order, each with the leg whose L2BM hop it ends
-    (None where it ends none): leg 0's L2BM hop (unless `started`), then leg k's LM hop beside
-    leg k + 1's L2BM hop, then the last leg's LM hop. An L2BM hop of several instructions (one per
-    L1B, `blocks`) has its first in the bundle and the others in bundles of their own after it.
-    A caller may add one PE-stream instruction of another slot to any bundle: `emit_product`
-    hides the next step's legs behind this step's MATMUL so."""
-    def with_hop(k: int, members: list[Member]) -> list[tuple[int | None, list[Member]]]:
-        hops = legs[k].l2_hops(transit, k)
-        bundles = [(None, members + hops[:1])] + [(None, [hop]) for hop in hops[1:]]
-        return bundles[:-1] + [(k, bundles[-1][1])]
+@dataclass(frozen=True)
+class Bundle:
+    """PE-stream instructions issued together, and the legs whose L2BM hop starts (`opens`: wait
+    for its data before) and finishes (`ends`: its L2BM range is free after) in it."""
 
-    out: list[tuple[int | None, list[Member]]] = []
+    members: list[Member]
+    ends: int | None = None
+    opens: int | None = None
+
+
+def leg_bundles(legs: list[Leg], transit: Transit, *, started: bool = False) -> list[Bundle]:
+    """The bundles of `emit_legs`' pipeline, in order: leg 0's L2BM hop (unless `started`), then
+    leg k's LM hop beside leg k + 1's L2BM hop, then the last leg's LM hop. An L2BM hop of several
+    instructions (one per L1B, `blocks`) has its first in the bundle and the others in bundles of
+    their own after it: it opens in the first and ends in the last. A caller may add one PE-stream
+    instruction of another slot to any bundle: `emit_product` hides the next step's legs behind
+    this step's MATMUL so."""
+    def with_hop(k: int, members: list[Member]) -> list[Bundle]:
+        hops = legs[k].l2_hops(transit, k)
+        bundles = [members + hops[:1]] + [[hop] for hop in hops[1:]]
+        return [Bundle(m, ends=k if j == len(bundles) - 1 else None, opens=k if j == 0 else None)
+                for j, m in enumerate(bundles)]
+
+    out: list[Bundle] = []
     if legs and not started:
         out += with_hop(0, [])
     for k, leg in enumerate(legs):
         members = [partial(leg.to_lm, transit=transit, k=k)]
-        out += with_hop(k + 1, members) if k + 1 < len(legs) else [(None, members)]
+        out += with_hop(k + 1, members) if k + 1 < len(legs) else [Bundle(members)]
     return out
 
 
@@ -532,14 +543,14 @@ def emit_legs(b: ProgramBuilder, legs: list[Leg], transit: Transit, *, started: 
     before, see `first_hop`). `before(k)` runs before leg k's L2BM hop (a WAIT for its data),
     `after(k)` right after it (a fetch into the L2BM buffer leg k has left). The builder inserts
     the hazard nops."""
-    for hop, members in leg_bundles(legs, transit, started=started):
-        if hop is not None and before:
-            before(hop)
+    for bundle in leg_bundles(legs, transit, started=started):
+        if bundle.opens is not None and before:
+            before(bundle.opens)
         with b.together():
-            for member in members:
+            for member in bundle.members:
                 member(b)
-        if hop is not None and after:
-            after(hop)
+        if bundle.ends is not None and after:
+            after(bundle.ends)
 
 
 def first_hop(b: ProgramBuilder, legs: list[Leg], transit: Transit, instruction) -> None:

@@ -116,6 +116,11 @@ def test_a_block_per_l1b_delivers_what_dealt_chunks_do(chip):
         sets = code[(code[:, 0] == sim.isa.Op.XFER) & (code[:, sim.isa.X_MODE] == sim.isa.Mode.broadcast),
                     sim.isa.X_INDEX]
         assert sets.tolist() == [1 << k for k in range(fan)] * len(pieces(st, small))
+        # each piece's broadcasts wait for its data first: a WAIT since the piece before's last one
+        at = np.flatnonzero((code[:, 0] == sim.isa.Op.XFER) & (code[:, sim.isa.X_MODE] == sim.isa.Mode.broadcast))
+        waits = np.flatnonzero(code[:, 0] == sim.isa.Op.WAIT)
+        for first, before in zip(at[::fan], [-1, *at[fan - 1::fan]]):
+            assert ((waits > before) & (waits < first)).any()
         with pytest.raises(LayoutError, match="block per L1B, for fetches only"):
             emit_upload(sim.ProgramBuilder(machine.params), st, dram=src, lm_mem="LM0", lm_word=0, transit=small)
         tried += 1
