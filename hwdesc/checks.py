@@ -23,6 +23,9 @@ HOST = "host"
 HAZARDS = ("lm_write_to_read", "grf_write_to_read", "alu_result_to_use", "l2bm_to_l1bm_read",
            "l1bm_write_to_l2bm_read", "l1bm_reduce_to_read", "l2bm_write_to_mv_read")
 
+# A subset of an XFER's children is a bit mask in its int64 index field, the sign bit unused.
+SUBSET_BITS = 63
+
 Problem = tuple[KeyPath, str]
 
 
@@ -144,9 +147,19 @@ def _check_transfers(hw: HwDesc) -> list[Problem]:
             for i, mem in enumerate(getattr(t, side)):
                 if mem not in endpoints:
                     problems.append((("transfers", name, side), f"memory {mem!r} does not exist; {_known('memories', endpoints)}"))
-        for mode_name in t.modes:
+        for mode_name, mode in t.modes.items():
             if mode_name not in TRANSFER_MODES:
                 problems.append((("transfers", name, "modes", mode_name), f"unknown transfer mode {mode_name!r}; {_known('modes', TRANSFER_MODES)}"))
+            if mode.subsets and (mode_name != "broadcast" or t.engine != "pe_stream"):
+                problems.append((("transfers", name, "modes", mode_name, "subsets"),
+                                 "only a PE-stream broadcast names a subset of its children (l2bmb@set): an XFER's index "
+                                 f"holds it, which {'an MV' if t.engine != 'pe_stream' else 'a ' + mode_name} has not"))
+            elif mode.subsets and all(m in hw.memories for m in (*t.src, *t.dst)):
+                fan = hw.memory_instances(t.dst[0]) // hw.memory_instances(t.src[0])
+                if fan > SUBSET_BITS:
+                    problems.append((("transfers", name, "modes", mode_name, "subsets"),
+                                     f"{fan} children per {t.src[0]} do not fit the index's bit mask (at most "
+                                     f"{SUBSET_BITS})"))
         if t.group_level is not None and t.group_level not in hw.levels:
             problems.append((("transfers", name, "group_level"), f"level {t.group_level!r} does not exist; {_known('levels', hw.levels)}"))
         if (t.slot is not None) != (t.engine == "pe_stream"):

@@ -242,3 +242,32 @@ def test_pe_op_dtype_override_rejects_unknown_keys(tmp_path):
     e = load_error(path)
     assert (e.line, e.key_path) == (line, "pe_ops.add.dtypes.int32.lanes")
     assert "unknown key 'lanes'; expected one of: unit, issues" in str(e)
+
+
+def test_only_a_pe_stream_broadcast_names_subsets(tmp_path):
+    """`subsets` (l2bmb@set) lives in an XFER broadcast's index: on a distribute, or on an MV's
+    mode, nothing could carry it."""
+    path, line = write(tmp_path, "subsets.yaml", """
+        extends: mncore2
+        name: subsets
+        transfers:
+          l2bm_to_l1bm:
+            modes:
+              distribute:
+                subsets: true  # <-
+        """)
+    e = load_error(path)
+    assert (e.line, e.key_path) == (line, "transfers.l2bm_to_l1bm.modes.distribute.subsets")
+    assert "only a PE-stream broadcast names a subset of its children (l2bmb@set)" in str(e)
+
+
+def test_a_subset_mask_must_fit_the_index_field(tmp_path):
+    path, _ = write(tmp_path, "wide.yaml", """
+        extends: mncore2
+        name: wide
+        levels:
+          L1B: {count: 64}
+        """)
+    e = load_error(path)
+    assert e.key_path == "transfers.l2bm_to_l1bm.modes.broadcast.subsets"
+    assert "64 children per L2BM do not fit the index's bit mask (at most 63)" in str(e)
