@@ -29,6 +29,7 @@ from ..ir import Graph, Node, Value
 from ..kernels import plan_kernels
 from ..kernels.base import Kernel, device_dtype
 from ..kernels.context import Buffer, EmitContext, Ref, lane_compatible
+from ..kernels.conv import im2col_mvs, nhwc_layout
 from ..kernels.elementwise import ElementwiseKernel, Group, fuse_elementwise
 from ..kernels.movement import GatherKernel, view_ref, view_transform
 from ..kernels.operands import restrict
@@ -499,7 +500,6 @@ class Planner:
         layout leaves the next one a gather of single long words (a direct form's rows split over
         the L1Bs, in ResNet-18 at 224x224: the stride-2 convolution after it 163,092 -> 429,524
         cycles) weighs that against its own speed."""
-        from ..kernels.conv import im2col_mvs, nhwc_layout
         total = 0.0
         for conv in self.convolutions_fed(v):
             x = conv.args[0]
@@ -526,17 +526,20 @@ class Planner:
     def convolutions_fed(self, v: Value) -> list[Node]:
         """The convolutions that read `v`, or an element-wise function of it of its shape and
         dtype, as their input x."""
-        seen, frontier, found = {v}, [v], []
-        while frontier:
-            x = frontier.pop(0)
+        return [user for x in self.elementwise_reach(v) for user in self.users.get(x, [])
+                if user.kind == "conv" and user.args[0] is x]
+
+    def elementwise_reach(self, v: Value) -> list[Value]:
+        """`v` and the values element-wise ops of its shape and dtype make from it, breadth first
+        (a cast ends a path: a tensor of another dtype has other layouts)."""
+        reach, seen = [v], {v}
+        for x in reach:
             for user in self.users.get(x, []):
-                if user.kind == "conv" and user.args[0] is x and x.shape == v.shape:
-                    found.append(user)
                 same = user.out.shape == v.shape and device_dtype(user.out) == device_dtype(v)
                 if user.kind == "ew" and same and user.out not in seen:
                     seen.add(user.out)
-                    frontier.append(user.out)
-        return found
+                    reach.append(user.out)
+        return reach
 
     def wish_cycles(self, v: Value, ref: Ref) -> int:
         """What a candidate's output costs its consumers beyond the layouts they wish for (0 when
@@ -582,19 +585,10 @@ class Planner:
 
     def state_fed(self, v: Value) -> Value | None:
         """A placed resident tensor whose new value `v` flows into through element-wise ops of its
-        shape and dtype (an optimizer's arithmetic on a gradient; a cast ends the path, since a
-        tensor of another dtype has other layouts), if any: where that update will run."""
-        seen, frontier = {v}, [v]
-        while frontier:
-            x = frontier.pop(0)
-            if x is not v and self.updated_state.get(x) in self.refs:
-                return self.updated_state[x]
-            for user in self.users.get(x, []):
-                same = user.out.shape == v.shape and device_dtype(user.out) == device_dtype(v)
-                if user.kind == "ew" and same and user.out not in seen:
-                    seen.add(user.out)
-                    frontier.append(user.out)
-        return None
+        shape and dtype (an optimizer's arithmetic on a gradient), if any: where that update will
+        run."""
+        return next((self.updated_state[x] for x in self.elementwise_reach(v)[1:]
+                     if self.updated_state.get(x) in self.refs), None)
 
     def host_cycles(self, kernel: Kernel, refs: dict[Value, Ref], placed: list[tuple[Value, Ref]]) -> int:
         """What the layouts a candidate gives graph inputs and outputs cost to upload and download
