@@ -480,12 +480,18 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
     in_dtype = "float32" if staged_in_float32 or not half else "float16"
     front = sorted(pareto(feasible, lambda tw: tw[1].vector()), key=lambda tw: tw[0].cost)
     storable = []
-    for t, _ in front:
-        la, lb, lc = layouts(t, p, chain, epl_staged, cg.hw.elements_per_lw(out_dtype), batched)
-        if _storable(lc, cg.hw, out_dtype) and _storable(la, cg.hw, in_dtype) and _storable(lb, cg.hw, in_dtype):
-            storable.append(t)
-            if len(storable) == limit:
-                break
+
+    def keep_storable(ranked: list) -> None:
+        for t, _ in ranked:
+            la, lb, lc = layouts(t, p, chain, epl_staged, cg.hw.elements_per_lw(out_dtype), batched)
+            if _storable(lc, cg.hw, out_dtype) and _storable(la, cg.hw, in_dtype) and _storable(lb, cg.hw, in_dtype):
+                storable.append(t)
+                if len(storable) == limit:
+                    return
+    keep_storable(front)
+    if not storable:  # the front's images have no notation (a 2x648x10 product on mini): the dominated ones
+        keep_storable(sorted((tw for tw in feasible if tw not in front), key=lambda tw: tw[0].cost))
+        front = feasible
     if not storable:
         raise CompileError(f"no tiling of a {p.batch}x{p.m}x{p.k}x{p.n} product fits the PE memories of {cg.hw.name}")
     if not (out_half or float64 or staged_in_float32):
