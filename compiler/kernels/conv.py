@@ -42,7 +42,7 @@ from ..transfer.sources import LaneMismatch
 from ..transfer.staging import stage
 from .base import Kernel, device_dtype
 from .context import EmitContext, Ref, lane_compatible
-from .matmul import Problem, Source, emit_product, layouts_for, output_layout, tiling_bound, tilings
+from .matmul import Problem, Source, a_blocks, emit_product, layouts_for, output_layout, tiling_bound, tilings
 from .tiling import Shifts, Tiling
 
 
@@ -426,7 +426,7 @@ class ConvKernel(Kernel):
         x_ref, window = self.im2col(ctx, refs[self.x])
         # a direct form's tiles are runs of x's rows: each L1B's in a block of its own (l2bmb@set) comes
         # in MVs as long as those runs, where an image dealt in 8-long-word chunks needs one MV per chunk
-        a_source = Source(x_ref, window=window, blocks=self.direct is not None)
+        a_source = Source(x_ref, window=window, blocks=a_blocks(self.t, ctx.chain))
         emit_product(ctx, self.t, self.p, False, a_source, b_source, self.out_dtype, product)
         if self.view is None:  # the tiling's rows do not split into images: gather into NHWC-packed NCHW
             target = DimTerms.of(refs[out].placement).regrouped([[0, 2, 3], [1]], "as (N*H*W, C)")

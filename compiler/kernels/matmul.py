@@ -490,12 +490,12 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
                     return
     keep_storable(front)
     if not storable:  # the front's images have no notation (a 2x648x10 product on mini): the dominated ones
-        keep_storable(sorted((tw for tw in feasible if tw not in front), key=lambda tw: tw[0].cost))
-        front = feasible
+        on_front = {id(tw) for tw in front}
+        keep_storable(sorted((tw for tw in feasible if id(tw) not in on_front), key=lambda tw: tw[0].cost))
     if not storable:
         raise CompileError(f"no tiling of a {p.batch}x{p.m}x{p.k}x{p.n} product fits the PE memories of {cg.hw.name}")
     if not (out_half or float64 or staged_in_float32):
-        works = {t: w for t, w in front}
+        works = {t: w for t, w in feasible}
         storable += _stationary_variants(cg, [(t, works[t]) for t in storable], p, batched, epl_staged, in_dtype)
     return tuple(storable)
 

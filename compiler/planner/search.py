@@ -502,11 +502,11 @@ class Planner:
         cycles) weighs that against its own speed."""
         total = 0.0
         for conv in self.convolutions_fed(v):
-            x = conv.args[0]
-            nhwc = Placement(nhwc_layout(self.ctx, x.shape, device_dtype(x)), self.hw, self.ctx.chain.dram,
-                             device_dtype(x))
             key = (conv, str(ref.placement.layout))
             if key not in self.window_cache:
+                x = conv.args[0]
+                nhwc = Placement(nhwc_layout(self.ctx, x.shape, device_dtype(x)), self.hw, self.ctx.chain.dram,
+                                 device_dtype(x))
                 extra = im2col_mvs(conv, ref.placement) - im2col_mvs(conv, nhwc)
                 self.window_cache[key] = min(extra, self.copy_mvs(nhwc, ref.placement, extra)) if extra > 0 else 0.0
             total += self.window_cache[key] * self.ctx.gather_mv_cycles()
@@ -734,7 +734,6 @@ class Planner:
         view (`tanh(x).t() @ w` on mncore2: 42,268 -> 2,278 cycles)."""
         if user.kind not in ("reshape", "permute"):
             return plan_wishes(user, v, self)
-        from ..kernels.movement import view_transform
         _, backward = view_transform(user)
         found = []
         for wish in self.wishes(user.out):
