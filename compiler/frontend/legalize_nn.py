@@ -119,6 +119,20 @@ def _patches(b: Builder, x: Value, geometry, fill) -> Value:
     return b.window(x, shape, a, [0] * lead + [-ph, -pw], fill)
 
 
+def _patch_positions(b: Builder, size: tuple[int, int], geometry) -> Value:
+    """(Ho, Wo, kh, kw): the flat index (row * W + column) of the input position each patch
+    element reads, h * w where it reads the padding. Computed from iotas, where gathering a map of
+    indices through the window would move a tensor of x's size."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw), (ho, wo) = geometry
+    h, w = size
+    shape = (ho, wo, kh, kw)  # every operand whole (one broadcast along alternating dims cannot be staged)
+    rows = b.ew("add", b.iota(shape, 0, "int32", -ph, sh), b.iota(shape, 2, "int32", 0, dh))
+    cols = b.ew("add", b.iota(shape, 1, "int32", -pw, sw), b.iota(shape, 3, "int32", 0, dw))
+    inside = b.ew("and", b.ew("and", b.ew("ge", rows, 0), b.ew("lt", rows, h)),
+                  b.ew("and", b.ew("ge", cols, 0), b.ew("lt", cols, w)))
+    return b.ew("where", inside, b.ew("add", b.ew("mul", rows, w), cols), h * w, dtype="int32")
+
+
 @rule("max_pool2d_with_indices", "max_pool2d")
 def _max_pool(b, out, x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
     geometry = pool_geometry(x, kernel, stride, padding, dilation, ceil_mode)
@@ -128,9 +142,11 @@ def _max_pool(b, out, x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mo
     values = b.reduce("max", patches, last)
     if b.aten.startswith("aten.max_pool2d_with_indices") and b.wants_output(1):
         h, w = x.shape[-2:]
-        flat = b.ew("add", b.ew("mul", b.iota((h, w), 0, "int32"), w), b.iota((h, w), 1, "int32"))
-        where = _patches(b, b.expand(flat, x.shape), geometry, h * w)
-        hit = b.ew("eq", patches, b.reduce("max", patches, last, True))
+        where = _patch_positions(b, (h, w), geometry)
+        top = b.reduce("max", patches, last, True)
+        hit = b.ew("eq", patches, top)
+        if x.dtype != "int32":  # a NaN is its window's maximum, and equals nothing: its own position
+            hit = b.ew("or", hit, b.ew("and", b.ew("ne", patches, patches), b.ew("ne", top, top)))
         indices = b.reduce("min", b.ew("where", hit, where, h * w, dtype="int32"), last)
         return values, indices
     return (values, None) if b.aten.startswith("aten.max_pool2d_with_indices") else values

@@ -13,11 +13,12 @@ from typing import Callable
 from ..errors import CompileError, UnsupportedOpError
 from ..ir import Node, Value
 from ..layout import Layout
-from . import conv, matmul, reduce
+from . import conv, matmul, movement, reduce
 from .base import Kernel
 
 PLANNERS: dict[str, Callable] = {"reduce": reduce.plan, "matmul": matmul.plan, "conv": conv.plan}
-WISHES: dict[str, Callable] = {"reduce": reduce.wishes, "matmul": matmul.wishes, "conv": conv.wishes}
+WISHES: dict[str, Callable] = {"reduce": reduce.wishes, "matmul": matmul.wishes, "conv": conv.wishes,
+                               "window": movement.wishes}
 
 
 def plan_kernels(node: Node, planner) -> list[Kernel]:

@@ -20,6 +20,7 @@ import numpy as np
 from ..ir import Node, Value
 from ..layout import Layout, Placement, lanes_innermost
 from ..layout.reshape import reshape_layout
+from ..layout.spread import Spread, spread
 from ..transfer.gather import SKIP, LwSources, lw_sources
 from ..transfer.staging import stage
 from .base import Kernel, device_dtype
@@ -108,6 +109,47 @@ def source_maps(node: Node) -> list[SourceMap]:
             offset = hi
         return [parts]
     raise ValueError(f"{node.kind} is not a movement node")
+
+
+WINDOW_WISHES = 2  # source layouts a window wishes for (compile-time budget: each is a candidate of its producer)
+
+
+def window_copies(node: Node) -> dict[int, int]:
+    """For a window node, the output dims it copies unchanged, each with the source dim it copies
+    (a pooling window's batch and channels): out[..., i, ...] reads the source at index i there,
+    whatever the other indices are."""
+    a, b = node.attrs["a"], node.attrs["b"]
+    x, out = node.args[0], node.out
+    copied = {}
+    for src, row in enumerate(a):
+        reads = [d for d, c in enumerate(row) if c]
+        if b[src] or len(reads) != 1 or row[reads[0]] != 1:
+            continue
+        d = reads[0]
+        if out.shape[d] == x.shape[src] and not any(other[d] for r, other in enumerate(a) if r != src):
+            copied[d] = src
+    return copied
+
+
+def wishes(user: Node, v: Value, planner) -> list[Layout]:
+    """A window (pooling patches) would read its source with lanes on a dim it copies unchanged
+    (channels): each long word of its output is then one of the source's, and the Data Engines
+    gather them in runs, where lanes on a dim the window strides over make every long word a
+    gather of its own (ResNet-18's stem pooling at 224 x 224: 1.8 M single-long-word MVs)."""
+    if user.kind != "window" or v is not user.args[0] or any(u is not user for u in planner.users.get(v, [])):
+        return []  # another reader (a training step's relu backward) has its own stake in v's layout
+    epl = planner.hw.elements_per_lw(device_dtype(v))
+    lanes = sorted((src for src in window_copies(user).values() if v.shape[src] % epl == 0 and v.shape[src] > 1),
+                   reverse=True)  # the innermost first: channels before the batch
+    budget = planner.budget(2)
+    found = []
+    for src in lanes:  # the dim's long words on the PEs and MABs, whose order the image keeps (8 long
+        # words a chunk over the L1Bs): a pixel's channels come in runs
+        for recipe in (Spread(src, False, True, (src,), True), Spread(src, False, True, (src,))):
+            layout = spread(v.shape, epl, planner.hw.axes, recipe, budget)
+            if layout not in found:
+                found.append(layout)
+    return found[:WINDOW_WISHES]
 
 
 def pad_value(node: Node) -> float | int:

@@ -26,6 +26,7 @@ from .base import Kernel, Operand, device_dtype, fill_lanes
 from .context import Arena, EmitContext, Ref
 from .loops import Operand as LoopOperand
 from .loops import emit_vops, nest
+from .movement import window_copies
 from .operands import per_pe, restrict, slice_count
 
 VOP = {"sum": "add", "max": "max", "min": "min", "prod": "mul"}
@@ -37,10 +38,12 @@ def identity(op: str, dtype: str) -> float | int:
 
 
 def reduction_layout(shape: tuple[int, ...], dims: tuple[int, ...], dtype: str, hw, budget_lw: int,
-                     pack_reduced: bool, cyclic: bool = False, even: bool = False) -> Layout | None:
+                     pack_reduced: bool, cyclic: bool = False, even: bool = False, lanes_on: int | None = None
+                     ) -> Layout | None:
     """A layout of the input with the reduced dims inside each PE: kept dims spread over the axes
     (from `spread`, time-sliced when their share is too large), reduced dims as the innermost
-    address digits (lanes on the last reduced dim when `pack_reduced` and it fills them). When one
+    address digits (lanes on the last reduced dim when `pack_reduced` and it fills them, else on
+    kept dim `lanes_on`, by default the last kept dim when it fills them). When one
     kept element's reduced block alone exceeds the budget, the reduced dims are time-sliced
     instead, and the kept part is cut into slices of one long word per PE (with `even`, into
     slices that divide a dim where a few more than the fewest do: `_slice_count`). None when
@@ -52,14 +55,19 @@ def reduction_layout(shape: tuple[int, ...], dims: tuple[int, ...], dtype: str, 
         return None
     kept_shape = tuple(shape[d] for d in kept) or (1,)
     pack = None
-    if not pack_reduced and kept and shape[kept[-1]] >= epl:
+    if not pack_reduced and lanes_on is not None:
+        pack = kept.index(lanes_on)
+    elif not pack_reduced and kept and shape[kept[-1]] >= epl:
         pack = len(kept) - 1
     block = prod(shape[d] for d in dims)
     reduced_lw = block // (epl if pack_reduced else 1)
     slice_reduced = 2 * reduced_lw > budget_lw
     # when the reduced block is sliced, each PE holds one long word of kept elements per slice
     # (the kept dims sliced in time too when they need more)
-    outer = spread(kept_shape, epl, hw.axes, Spread(pack, cyclic),
+    # lanes on a dim a window copies: its long words on the PEs and MABs too, whose order the DRAM
+    # image keeps (movement.wishes), so that the window's source arrives in runs
+    recipe = Spread(pack, cyclic, True, (pack,), True) if lanes_on is not None else Spread(pack, cyclic)
+    outer = spread(kept_shape, epl, hw.axes, recipe,
                    1 if slice_reduced else max(1, budget_lw // max(1, reduced_lw)))
     if slice_reduced and prod(f.size for _, f in outer.factors if f.axis is None) > 1:
         return None
@@ -228,14 +236,36 @@ def plan(node: Node, planner) -> list[Kernel]:
     dtype = device_dtype(x)
     budget = planner.budget(2, together=2)
     found: list[Layout] = []
-    for even, pack, cyclic in product((False, True), (True, False), (False, True)):  # even cuts last (wishes)
-        layout = reduction_layout(shape, tuple(dims), dtype, planner.hw, budget, pack, cyclic, even)
+    lanes = _window_lanes(node, tuple(dims), planner)
+    recipes = [(even, False, cyclic, lanes) for even in (False, True) for cyclic in (False, True)] \
+        if lanes is not None else []
+    recipes += [(even, pack, cyclic, None) for even, pack, cyclic in product((False, True), (True, False), (False, True))]
+    for even, pack, cyclic, lanes_on in recipes:  # even cuts last (wishes)
+        layout = reduction_layout(shape, tuple(dims), dtype, planner.hw, budget, pack, cyclic, even, lanes_on)
         if layout is not None and layout not in found:
             found.append(layout)
     ref = planner.refs.get(x)
     if ref is not None and ref.lm is not None and _in_pe(ref.lm, dims):
         found.insert(0, ref.lm)
     return [ReduceKernel(node, layout) for layout in found]
+
+
+def _window_lanes(node: Node, dims: tuple[int, ...], planner) -> int | None:
+    """The kept dim of the reduction's input x to put in the lanes when x is a window (pooling
+    patches) of a placed tensor whose lanes hold a dim the window copies unchanged (channels), and
+    nothing else reads x (a training step's max-pool compares the patches with their maximum for
+    its indices, in layouts of its own): each long word of the patches is then a long word of the
+    source, gathered in runs as long as the source keeps them together (movement.wishes). Packing
+    the last kept dim instead (a pooling's output columns, read with the window's stride) makes
+    every long word a gather of its own."""
+    x = node.args[0]
+    window = x.producer
+    ref = planner.refs.get(window.args[0]) if window is not None and window.kind == "window" else None
+    if ref is None or any(u is not node for u in planner.users.get(x, [])):
+        return None
+    lane_dims = {d for d, f in ref.placement.layout.factors if f.axis == W_AXIS and f.size > 1}
+    copied = [d for d, src in window_copies(window).items() if src in lane_dims and d not in dims]
+    return copied[0] if len(lane_dims) == 1 and copied else None
 
 
 def _in_pe(layout: Layout, dims) -> bool:
