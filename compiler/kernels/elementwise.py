@@ -272,11 +272,15 @@ def _in_order(units: list[object], unit_of: dict[Value, int]) -> list[object]:
 
 
 class ElementwiseKernel(Kernel):
-    """A Group computed in LM layout `layout` (of the group's shape, possibly time-sliced)."""
+    """A Group computed in LM layout `layout` (of the group's shape, possibly time-sliced). With
+    `blocks`, operands it gathers arrive through images holding each L1B's data in a block of its
+    own (transfer.staging): runs as long as the source's (a channels-last tensor's pixels) for
+    more PE-stream time, so the planner times both."""
 
-    def __init__(self, group: Group, layout: Layout) -> None:
+    def __init__(self, group: Group, layout: Layout, blocks: bool = False) -> None:
         self.group = group
         self.layout = layout
+        self.blocks = blocks
         self.nodes = tuple(group.nodes)
         self.steps = group_steps(group)
         self.pads = {}
@@ -300,7 +304,7 @@ class ElementwiseKernel(Kernel):
         shapes = tuple((v.shape, v.dtype) for v in self.group.inputs)
         stored = tuple((str(refs[v].placement.layout), refs[v].placement.dtype) for v in self.group.inputs)
         outs = tuple(names[v] for v in self.group.outputs)
-        return ("ew", steps, shapes, stored, outs, str(self.layout), self.group.shape)
+        return ("ew", steps, shapes, stored, outs, str(self.layout), self.group.shape, self.blocks)
 
     @staticmethod
     def read_together(group: Group) -> int:
@@ -375,7 +379,8 @@ class ElementwiseKernel(Kernel):
                 if t == 0 or o.sliced:
                     s = operand_slice(self.layout, o.restricted, t)
                     if t == 0 or s != operand_slice(self.layout, o.restricted, t - 1):
-                        ctx.download(refs[v], o.placement(ctx), memory=o.memory, word=o.word, slice_index=s)
+                        ctx.download(refs[v], o.placement(ctx), memory=o.memory, word=o.word, slice_index=s,
+                                    blocks=self.blocks)
             ctx.b.extend(compute)
             for v in self.group.outputs:
                 o = ops[v]

@@ -20,7 +20,7 @@ import numpy as np
 from ..ir import Node, Value
 from ..layout import Layout, Placement, lanes_innermost
 from ..layout.reshape import reshape_layout
-from ..layout.spread import Spread, spread
+from ..layout.spread import lane_runs
 from ..transfer.gather import SKIP, LwSources, lw_sources
 from ..transfer.staging import stage
 from .base import Kernel, device_dtype
@@ -143,12 +143,8 @@ def wishes(user: Node, v: Value, planner) -> list[Layout]:
                    reverse=True)  # the innermost first: channels before the batch
     budget = planner.budget(2)
     found = []
-    for src in lanes:  # the dim's long words on the PEs and MABs, whose order the image keeps (8 long
-        # words a chunk over the L1Bs): a pixel's channels come in runs
-        for recipe in (Spread(src, False, True, (src,), True), Spread(src, False, True, (src,))):
-            layout = spread(v.shape, epl, planner.hw.axes, recipe, budget)
-            if layout not in found:
-                found.append(layout)
+    for src in lanes:
+        found += [layout for layout in lane_runs(v.shape, epl, planner.hw.axes, src, budget) if layout not in found]
     return found[:WINDOW_WISHES]
 
 

@@ -21,7 +21,7 @@ from math import ceil, prod
 
 from ..ir import Node, Value, reduction_identity
 from ..layout import TIME_AXIS, W_AXIS, Factor, Layout, has_lanes
-from ..layout.spread import Spread, spread
+from ..layout.spread import Spread, lane_runs_recipe, spread
 from .base import Kernel, Operand, device_dtype, fill_lanes
 from .context import Arena, EmitContext, Ref
 from .loops import Operand as LoopOperand
@@ -66,7 +66,7 @@ def reduction_layout(shape: tuple[int, ...], dims: tuple[int, ...], dtype: str, 
     # (the kept dims sliced in time too when they need more)
     # lanes on a dim a window copies: its long words on the PEs and MABs too, whose order the DRAM
     # image keeps (movement.wishes), so that the window's source arrives in runs
-    recipe = Spread(pack, cyclic, True, (pack,), True) if lanes_on is not None else Spread(pack, cyclic)
+    recipe = lane_runs_recipe(pack, cyclic) if lanes_on is not None else Spread(pack, cyclic)
     outer = spread(kept_shape, epl, hw.axes, recipe,
                    1 if slice_reduced else max(1, budget_lw // max(1, reduced_lw)))
     if slice_reduced and prod(f.size for _, f in outer.factors if f.axis is None) > 1:

@@ -127,6 +127,27 @@ def recipes(shape: tuple[int, ...], epl: int, leaf_dims: tuple[int, ...] | None 
     return out
 
 
+def lane_runs_recipe(dim: int, cyclic: bool) -> Spread:
+    """The recipe of `lane_runs`: lanes on `dim`, the PE axis on it and the MAB axis after it."""
+    return Spread(dim, cyclic, True, (dim,), True)
+
+
+def lane_runs(shape: tuple[int, ...], epl: int, axes: dict[str, int], dim: int, budget_lw: int | None = None
+              ) -> list[Layout]:
+    """Layouts with lanes on `dim` and that dim's long words on the innermost axes (the PEs, then
+    the MABs), whose order a DRAM image keeps (within a chunk of long words dealt to one L1B): a
+    tensor stored channels-last (a convolution's output) stages into them, and a window copying
+    the channels (pooling, a convolution's im2col) gathers from their images, in runs of a
+    pixel's channels rather than one long word an MV. Blocked (the axes outermost) and cyclic
+    (the address outermost, when the dim has more long words than those axes hold)."""
+    found = []
+    for cyclic in (False, True):
+        layout = spread(shape, epl, axes, lane_runs_recipe(dim, cyclic), budget_lw)
+        if layout not in found:
+            found.append(layout)
+    return found
+
+
 def lm_layouts(shape: tuple[int, ...], dtype: str, hw: HwDesc, budget_lw: int | None = None,
                leaf_dims: tuple[int, ...] | None = None) -> list[Layout]:
     """Distinct padded LM layouts of a tensor, best guess first."""

@@ -34,8 +34,8 @@ from ..kernels.elementwise import ElementwiseKernel, Group, fuse_elementwise
 from ..kernels.movement import GatherKernel, view_ref, view_transform
 from ..kernels.operands import restrict
 from ..kernels.relayout import RelayoutKernel, lane_matched
-from ..layout import Layout, Placement, lanes_innermost
-from ..layout.spread import lm_layouts
+from ..layout import W_AXIS, Layout, Placement, lanes_innermost
+from ..layout.spread import lane_runs, lm_layouts
 from ..layout.unbroadcast import spread_over_units
 from ..transfer.gather import lw_sources
 from ..transfer.host import host_transfer
@@ -625,17 +625,21 @@ class Planner:
 
     # ---- kinds ----------------------------------------------------------------------------------
 
-    def group_layouts(self, group: Group) -> list[Layout]:
+    def group_layouts(self, group: Group) -> tuple[list[Layout], list[Layout]]:
         """Candidate iteration layouts of a fused group: its operands' layouts (no staging work),
         what its consumers want, then fresh ones; and, beside those, operands' MAB-broadcast
-        layouts spread over the MABs (`over_units`), which are never in place of another."""
+        layouts spread over the MABs (`over_units`), which are never in place of another. Also
+        which of them read a channels-last operand in runs (`lane_runs`): those are tried with
+        the gather in blocks too."""
         shape = group.shape or (1,)
         dtype = group.layout_dtype
         budget = self.budget(ElementwiseKernel.regions_of(group), ElementwiseKernel.read_together(group))
         found: list[Layout] = []
+        runs: list[Layout] = []
 
-        def add(layout: Layout | None) -> bool:
-            """Offer `layout` (time-sliced to the budget); whether the group can compute in it."""
+        def add(layout: Layout | None, into: list[Layout] | None = None) -> bool:
+            """Offer `layout` (time-sliced to the budget; listed in `into` too); whether the group
+            can compute in it."""
             if layout is None or layout.shape != shape:
                 return False
             from ..layout.spread import time_sliced
@@ -644,6 +648,8 @@ class Planner:
                 return False
             if sliced not in found:
                 found.append(sliced)
+            if into is not None:
+                into.append(sliced)
             return all(self._operand_stageable(sliced, v) for v in group.inputs)
         for v in group.outputs:
             if v in self.output_wishes:
@@ -668,6 +674,11 @@ class Planner:
                     add(lane_matched(ref.placement, budget))
                 except CompileError:
                     pass
+                lanes = [d for d, f in ref.placement.layout.factors if f.axis == W_AXIS and f.size > 1]
+                if len(lanes) == 1 and self._read_by_windows(group):  # an operand stored channels-last,
+                    # read in runs of a pixel's channels, for readers that read such runs too
+                    for layout in lane_runs(shape, self.hw.elements_per_lw(dtype), self.hw.axes, lanes[0], budget):
+                        add(layout, runs)
         # the dims every operand spans (broadcast operands are staged along the others); a single
         # element reaches every PE alike and constrains none (masked_fill's fill value)
         spanning = [v for v in group.inputs if prod(v.shape) > 1]
@@ -680,7 +691,16 @@ class Planner:
             add(layout)
         usable = [all(self._operand_stageable(layout, v) for v in group.inputs) for layout in found]
         return [x for x, ok in zip(found[:kept], usable) if ok][:CANDIDATE_LAYOUTS] + \
-            [x for x, ok in zip(found[kept:], usable[kept:]) if ok]
+            [x for x, ok in zip(found[kept:], usable[kept:]) if ok], runs
+
+    def _read_by_windows(self, group: Group) -> bool:
+        """Whether every reader of the group's results reads them through a window of whole pixels
+        (a convolution as its input, a pooling window): the readers `lane_runs` layouts serve.
+        A value other nodes read too (a training step's backward reads the forward's activations)
+        keeps the layouts those readers are priced against."""
+        readers = [u for v in group.outputs for u in self.users.get(v, [])]
+        return bool(readers) and all(u.kind == "window" or (u.kind == "conv" and u.args[0] in group.outputs)
+                                     for u in readers)
 
     def over_units(self, ref: Ref) -> Layout | None:
         """`ref`'s LM layout spread over the MABs when it is a MAB broadcast (a weight placed as a
@@ -746,7 +766,9 @@ class Planner:
         """A fused group in one iteration layout; when no layout serves all its operands (a
         group fusing the centring of two reductions over different dims: each mean is broadcast
         along another dim, and on small chips no layout stages both), its nodes one by one."""
-        candidates = [ElementwiseKernel(group, layout) for layout in self.group_layouts(group)]
+        layouts, runs = self.group_layouts(group)
+        candidates = [ElementwiseKernel(group, layout) for layout in layouts]
+        candidates += [ElementwiseKernel(group, layout, blocks=True) for layout in layouts if layout in runs]
         try:
             if not candidates:
                 node = group.nodes[-1]
