@@ -324,6 +324,7 @@ class ConvKernel(Kernel):
                 hwio = reshape_layout(self.lb, (kh, kw, c, co))
                 self.w_layout = hwio.permute((3, 2, 0, 1)) if hwio is not None else None
         self.pads = {}
+        self.windows: dict[str, tuple[Placement, DimTerms]] = {}  # x's layout -> (what A is gathered from, window)
 
     def b_view(self, ref: Ref) -> Ref | None:
         """w's ref read as B = w.permute(2, 3, 1, 0).reshape(K, Co), when its layout can express it."""
@@ -375,18 +376,37 @@ class ConvKernel(Kernel):
 
     def window(self, x: Placement) -> tuple[Placement, DimTerms]:
         """The placement A (the im2col matrix, or the direct form's tiles) is a window of, and the
-        window: x's own, unless x's placement does not separate (then that of a copy of x in the
-        usual NHWC layout)."""
-        if self.direct:
-            of = partial(direct_window, c=self.c_pad, d=self.direct, t=self.t, rows=self.la.shape[0])
-        else:
-            of = partial(im2col_window, c_pad=self.c_pad, out_hw=self.window_args[0], kernel=self.window_args[1],
-                         stride=self.window_args[2], padding=self.window_args[3], dilation=self.window_args[4])
-        window = of(x)
-        if window is not None:
-            return x, window
-        nhwc = self.x_placement(self.ctx)
-        return nhwc, of(nhwc)
+        window: x's own, unless x's placement does not separate or a copy of x in the usual NHWC
+        layout first costs fewer MVs than gathering A from x's runs (x laid out by a layer whose
+        rows interleave over the L1Bs: a 512-channel 3x3 layer at 7x7 after a direct one gathered
+        its A in single long words, 324,522 cycles)."""
+        key = str(x.layout)
+        if key not in self.windows:
+            if self.direct:
+                of = partial(direct_window, c=self.c_pad, d=self.direct, t=self.t, rows=self.la.shape[0])
+            else:
+                of = partial(im2col_window, c_pad=self.c_pad, out_hw=self.window_args[0], kernel=self.window_args[1],
+                             stride=self.window_args[2], padding=self.window_args[3], dilation=self.window_args[4])
+            window = of(x)
+            nhwc = self.x_placement(self.ctx)
+            self.windows[key] = (x, window) if window is not None and not self._copy_pays(x, window, nhwc, of) \
+                else (nhwc, of(nhwc))
+        return self.windows[key]
+
+    def _copy_pays(self, x: Placement, window: DimTerms, nhwc: Placement, of) -> bool:
+        """Whether copying x into `nhwc` and gathering A from the copy takes fewer MVs than
+        gathering A from x itself (one MV a run of long words)."""
+        if x.same_placement(nhwc):
+            return False
+        a_lw = self.la.shape[0] * self.la.shape[1] / x.epl
+        own = a_lw / window.run_lw()
+        copied = of(nhwc)
+        if copied is None or a_lw / copied.run_lw() >= own:
+            return False
+        try:
+            return lw_sources(nhwc, x).mv_count + a_lw / copied.run_lw() < own
+        except (LaneMismatch, LayoutError):
+            return False  # (lanes move, or too many runs to list: no copy by the Data Engines)
 
     def im2col(self, ctx: EmitContext, x: Ref) -> tuple[Ref, DimTerms]:
         """The storage the im2col matrix is a window of (x, or its NHWC copy, which the Data

@@ -218,3 +218,36 @@ def test_the_planner_prices_a_layout_by_the_gather_of_the_convolution_it_feeds(m
     bound = min(extra, lw_sources(nhwc, scattered).mv_count)
     assert extra > 0
     assert planner.window_cycles(x, Ref("x", scattered)) == round(bound * planner.ctx.gather_mv_cycles())
+
+
+def test_a_convolution_copies_x_into_nhwc_when_that_takes_fewer_mvs(mncore2):
+    """ConvKernel.window: x stored column by column (a pixel's channels the longest run) is first
+    copied into the NHWC layout when the copy's MVs and the gather from the copy together are
+    fewer than the gather from x; x stored NHWC is read as it is."""
+    torch.manual_seed(0)
+    w = torch.randn(32, 16, 3, 3)
+    graph = trace(lambda d: {"y": F.conv2d(d["x"], w, stride=2, padding=1)}, {"x": torch.randn(1, 16, 8, 8)})
+    rewrite(graph, mncore2)
+    planner = Planner(graph, mncore2, {}, {})
+    conv_node = next(n for n in graph.nodes if n.kind == "conv")
+    kernel = next(k for k in conv.plan(conv_node, planner) if k.direct is None)
+    nhwc = kernel.x_placement(planner.ctx)
+    scattered = Placement(parse("(1, 16, 8, 8)/((1:1), (8:1, 2_W:1), (8:8), (8:64))"), mncore2, "DRAM", "float32")
+    read_from, window = kernel.window(scattered)
+    a_lw = kernel.la.shape[0] * kernel.la.shape[1] / 2
+    own = conv.im2col_window(scattered, kernel.c_pad, *kernel.window_args)
+    copied = lw_sources(nhwc, scattered).mv_count + a_lw / window.run_lw()
+    assert copied < a_lw / own.run_lw()
+    assert read_from.same_placement(nhwc)
+    read_from, _ = kernel.window(nhwc)
+    assert read_from is nhwc or read_from.same_placement(nhwc)
+
+
+def test_a_layer_after_a_direct_one_reads_its_input_copied(mini_device):
+    """Two 3x3 convolutions in a row (the second reads the first's direct-form output, whose rows
+    interleave): values against torch with the copy into NHWC in the chain."""
+    g = torch.Generator().manual_seed(8)
+    inputs = {"x": torch.randn(1, 64, 7, 7, generator=g), "w1": torch.randn(64, 64, 3, 3, generator=g) * 0.05,
+              "w2": torch.randn(64, 64, 3, 3, generator=g) * 0.05}
+    run(mini_device, lambda d: {"y": F.conv2d(F.relu(F.conv2d(d["x"], d["w1"], None, 1, 1)), d["w2"], None, 1, 1)},
+        inputs, rtol=1e-4)
