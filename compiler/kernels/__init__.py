@@ -12,13 +12,14 @@ from typing import Callable
 
 from ..errors import CompileError, UnsupportedOpError
 from ..ir import Node, Value
-from ..layout import Layout
+from ..layout import Layout, Placement
 from . import conv, matmul, movement, reduce
 from .base import Kernel
 
 PLANNERS: dict[str, Callable] = {"reduce": reduce.plan, "matmul": matmul.plan, "conv": conv.plan}
 WISHES: dict[str, Callable] = {"reduce": reduce.wishes, "matmul": matmul.wishes, "conv": conv.wishes,
                                "window": movement.wishes}
+READS_AS_IS: dict[str, Callable] = {"conv": conv.reads_as_is}
 
 
 def plan_kernels(node: Node, planner) -> list[Kernel]:
@@ -46,3 +47,10 @@ def located(e: CompileError, node: Node) -> None:
 def wishes(user: Node, v: Value, planner) -> list[Layout]:
     fn = WISHES.get(user.kind)
     return fn(user, v, planner) if fn is not None else []
+
+
+def reads_as_is(user: Node, v: Value, placement: Placement) -> bool:
+    """Whether `user` reads `v` stored as `placement` without a relayout, though not one of its
+    wishes (its own candidates price how well)."""
+    fn = READS_AS_IS.get(user.kind)
+    return fn(user, v, placement) if fn is not None else False

@@ -26,7 +26,7 @@ from sim.builder import InstructionLimit
 from ..errors import CompileError, LayoutError, SpecMismatchError, UnsupportedOpError
 from ..iospec import IOSpec
 from ..ir import Graph, Node, Value
-from ..kernels import plan_kernels
+from ..kernels import plan_kernels, reads_as_is
 from ..kernels.base import Kernel, device_dtype
 from ..kernels.context import Buffer, EmitContext, Ref, lane_compatible
 from ..kernels.conv import im2col_mvs, nhwc_layout
@@ -546,7 +546,11 @@ class Planner:
         it is stored as one of them): the timed copy into the cheapest wished layout's image. So a
         producer weighs its own speed against its consumer's: an embedding's one-hot, computed in
         the layout fastest for the comparison, left its product to gather it in single long words
-        (1.8 M cycles for a vocabulary of 4,000, against 0.1 M read as the product wishes)."""
+        (1.8 M cycles for a vocabulary of 4,000, against 0.1 M read as the product wishes).
+        Nothing either when a consumer reads the candidate as it is (a convolution reads any
+        layout with the channels in the lanes, its gather priced by `window_cycles`)."""
+        if any(reads_as_is(user, v, ref.placement) for user in self.users.get(v, [])):
+            return 0
         wished = []
         for layout in self.wishes(v):
             try:

@@ -77,3 +77,74 @@ def test_channel_runs_are_offered_only_where_windows_read_every_result():
         planner = search.Planner(graph, hwdesc.load("mini"), {}, {})
         relu = next(n for n in graph.nodes if n.op == "relu")
         assert planner._read_by_windows(Group([relu], list(relu.inputs), [relu.out])) is not also_read
+
+
+def test_a_convolution_wishes_its_input_with_the_channels_in_runs():
+    """conv.wishes: x in the `lane_runs` layouts, nothing for the weight; conv.reads_as_is: any
+    placement with the channels in the lanes is read without a relayout (so a producer's
+    candidate that has them is not charged the copy into a wished layout)."""
+    from compiler.frontend.tracing import trace
+    from compiler.kernels import conv
+    from compiler.layout import Placement, parse
+    hw = hwdesc.load("mncore2")
+    inputs = _inputs()
+    graph = trace(_block, inputs)
+    planner = search.Planner(graph, hw, {}, {})
+    second = [n for n in graph.nodes if n.kind == "conv"][1]
+    x, w = second.args
+    assert conv.wishes(second, x, planner) == lane_runs(x.shape, 2, hw.axes, 1, planner.budget(2))
+    assert conv.wishes(second, w, planner) == []
+    channels = Placement(parse("(1, 128, 14, 14)/((1:1), (64:1, 2_W:1), (14:896), (14:64))"), hw, "DRAM", "float32")
+    columns = Placement(parse("(1, 128, 14, 14)/((1:1), (128:7), (14:896), (7:1, 2_W:1))"), hw, "DRAM", "float32")
+    assert conv.reads_as_is(second, x, channels) and not conv.reads_as_is(second, x, columns)
+    assert not conv.reads_as_is(second, w, channels)
+
+
+class _Bottleneck(torch.nn.Module):
+    """ResNet-50's block: 1x1, 3x3, 1x1 convolutions with batch norm, the sum with the input
+    (through a 1x1 convolution when the channels change) and a relu."""
+
+    def __init__(self, cin: int, mid: int) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.body = nn.Sequential(nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+                                  nn.Conv2d(mid, mid, 3, 1, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+                                  nn.Conv2d(mid, 4 * mid, 1, bias=False), nn.BatchNorm2d(4 * mid))
+        self.down = None if cin == 4 * mid else nn.Sequential(nn.Conv2d(cin, 4 * mid, 1, bias=False),
+                                                              nn.BatchNorm2d(4 * mid))
+
+    def forward(self, x):
+        return F.relu(self.body(x) + (x if self.down is None else self.down(x)))
+
+
+def _two_blocks(monkeypatch, wishes: bool, mode: str):
+    """Two bottleneck blocks at 28x28 on mncore2, parameters registered: the call's cycles and output."""
+    from mlsdk import Context, MNDevice, set_tensor_name_in_module
+    import compiler.kernels as kernels
+    if not wishes:
+        monkeypatch.setitem(kernels.WISHES, "conv", lambda user, v, planner: [])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_Bottleneck(64, 64), _Bottleneck(256, 64)).eval()
+    ctx = Context(MNDevice("mncore2:auto"))
+    set_tensor_name_in_module(model, "m")
+    for p in model.parameters():
+        ctx.register_param(p)
+    for b in model.buffers():
+        ctx.register_buffer(b)
+    x = torch.randn(1, 64, 28, 28, generator=torch.Generator().manual_seed(10))
+    fn = ctx.compile(lambda d: {"y": model(F.relu(d["x"]))}, {"x": x}, None, options={"simulation_mode": mode})
+    out = fn({"x": x})["y"]
+    with torch.no_grad():
+        want = model(F.relu(x))
+    return fn.last_cycles, (out.cpu() if mode != "timing" else None), want
+
+
+def test_residual_blocks_compute_where_the_next_convolution_reads(monkeypatch):
+    """A block's output is read by the next block's convolution and by its sum: the convolution's
+    wish is the only say the convolution has in that layout (224,070 cycles against 296,076
+    without, when written; ResNet-50 at 224x224: 35.5 M -> 17.3 M, two relayouts of 2.8-9.9 M
+    gone). The values match torch."""
+    cycles, got, want = _two_blocks(monkeypatch, True, "both")
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    without, _, _ = _two_blocks(monkeypatch, False, "timing")
+    assert cycles < without

@@ -98,15 +98,15 @@ def test_train_mnist_loss_falls_and_it_classifies(capsys, tmp_path):
 def test_every_example_is_tested():
     tested = {"io_spec_constraints.py", "add.py", "load_codegen_dir.py", "add_trace.py",
               "explicit_data_transfer_api.py", "infer.py", "infer_multi.py", "chain_conversion.py",
-              "train_mnist.py", "resnet18.py"}
+              "train_mnist.py", "resnet.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} - tested == set()
 
 
-def test_resnet18_example_matches_torch_and_lists_its_costliest_ops(capsys):
+def test_resnet_example_matches_torch_and_lists_its_costliest_ops(capsys):
     """ResNet-18 at 32x32 on mini: its values within 1e-4 of torch, the cycles of the call and
     its three costliest ops (the example asserts nothing itself: its numbers are checked here)."""
     import re
-    out = run_example("resnet18.py", "mini:auto", capsys, "--size", "32", "--top", "3")
+    out = run_example("resnet.py", "mini:auto", capsys, "--size", "32", "--top", "3")
     error = float(re.search(r"largest difference from torch: (\S+)", out).group(1))
     assert error < 1e-4, out
     total = int(re.search(r"on mini:auto: ([\d,]+) cycles", out).group(1).replace(",", ""))
