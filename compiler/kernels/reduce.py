@@ -20,7 +20,7 @@ from itertools import product
 from math import ceil, prod
 
 from ..ir import Node, Value, reduction_identity
-from ..layout import TIME_AXIS, W_AXIS, Factor, Layout, has_lanes
+from ..layout import TIME_AXIS, W_AXIS, Factor, Layout, has_lanes, lane_dims
 from ..layout.spread import Spread, lane_runs_recipe, spread
 from .base import Kernel, Operand, device_dtype, fill_lanes
 from .context import Arena, EmitContext, Ref
@@ -263,9 +263,9 @@ def _window_lanes(node: Node, dims: tuple[int, ...], planner) -> int | None:
     ref = planner.refs.get(window.args[0]) if window is not None and window.kind == "window" else None
     if ref is None or any(u is not node for u in planner.users.get(x, [])):
         return None
-    lane_dims = {d for d, f in ref.placement.layout.factors if f.axis == W_AXIS and f.size > 1}
-    copied = [d for d, src in window_copies(window).items() if src in lane_dims and d not in dims]
-    return copied[0] if len(lane_dims) == 1 and copied else None
+    lanes = lane_dims(ref.placement.layout)
+    copied = [d for d, src in window_copies(window).items() if src in lanes and d not in dims]
+    return copied[0] if len(lanes) == 1 and copied else None
 
 
 def _in_pe(layout: Layout, dims) -> bool:

@@ -219,7 +219,13 @@ def _coalesce(factors: list[Factor]) -> list[Factor]:
 def has_lanes(layout: Layout) -> bool:
     """Whether the layout packs elements into the lanes of a long word (a W factor). One without
     lanes holds each element in every lane of its long word."""
-    return any(f.axis == W_AXIS and f.size > 1 for _, f in layout.factors)
+    return bool(lane_dims(layout))
+
+
+def lane_dims(layout: Layout) -> list[int]:
+    """The dimensions whose factors pack elements into the lanes (one, or none, in a layout a
+    kernel writes: channels for a convolution's output)."""
+    return [d for d, f in layout.factors if f.axis == W_AXIS and f.size > 1]
 
 
 def lanes_innermost(layout: Layout) -> bool:

@@ -34,7 +34,7 @@ from ..kernels.elementwise import ElementwiseKernel, Group, fuse_elementwise
 from ..kernels.movement import GatherKernel, view_ref, view_transform
 from ..kernels.operands import restrict
 from ..kernels.relayout import RelayoutKernel, lane_matched
-from ..layout import W_AXIS, Layout, Placement, lanes_innermost
+from ..layout import Layout, Placement, lane_dims, lanes_innermost
 from ..layout.spread import lane_runs, lm_layouts
 from ..layout.unbroadcast import spread_over_units
 from ..transfer.gather import lw_sources
@@ -678,7 +678,7 @@ class Planner:
                     add(lane_matched(ref.placement, budget))
                 except CompileError:
                     pass
-                lanes = [d for d, f in ref.placement.layout.factors if f.axis == W_AXIS and f.size > 1]
+                lanes = lane_dims(ref.placement.layout)
                 if len(lanes) == 1 and self._read_by_windows(group):  # an operand stored channels-last,
                     # read in runs of a pixel's channels, for readers that read such runs too
                     for layout in lane_runs(shape, self.hw.elements_per_lw(dtype), self.hw.axes, lanes[0], budget):

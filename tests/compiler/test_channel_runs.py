@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import hwdesc
 from compiler.compile import compile_function
-from compiler.layout import W_AXIS
+from compiler.layout import W_AXIS, lane_dims
 from compiler.layout.spread import lane_runs
 from compiler.planner import search
 from runtime import Device
@@ -96,6 +96,7 @@ def test_a_convolution_wishes_its_input_with_the_channels_in_runs():
     assert conv.wishes(second, w, planner) == []
     channels = Placement(parse("(1, 128, 14, 14)/((1:1), (64:1, 2_W:1), (14:896), (14:64))"), hw, "DRAM", "float32")
     columns = Placement(parse("(1, 128, 14, 14)/((1:1), (128:7), (14:896), (7:1, 2_W:1))"), hw, "DRAM", "float32")
+    assert lane_dims(channels.layout) == [1] and lane_dims(columns.layout) == [3]
     assert conv.reads_as_is(second, x, channels) and not conv.reads_as_is(second, x, columns)
     assert not conv.reads_as_is(second, w, channels)
 
