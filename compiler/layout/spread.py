@@ -139,9 +139,13 @@ def lane_runs(shape: tuple[int, ...], epl: int, axes: dict[str, int], dim: int, 
     tensor stored channels-last (a convolution's output) stages into them, and a window copying
     the channels (pooling, a convolution's im2col) gathers from their images, in runs of a
     pixel's channels rather than one long word an MV. Blocked (the axes outermost) and cyclic
-    (the address outermost, when the dim has more long words than those axes hold)."""
+    (the address outermost), the latter first when the dim has more long words than those axes
+    hold: its address digit then varies slowest, and consecutive long words stay on consecutive
+    PEs (a consumer offers the first wish it can make)."""
+    names = list(axes)
+    held = prod(axes[a] for a in names[-2:])  # the PE axis and the one above it (the MAB)
     found = []
-    for cyclic in (False, True):
+    for cyclic in ((True, False) if ceil(shape[dim] / epl) > held else (False, True)):
         layout = spread(shape, epl, axes, lane_runs_recipe(dim, cyclic), budget_lw)
         if layout not in found:
             found.append(layout)

@@ -30,8 +30,10 @@ def test_lane_runs_put_the_channels_long_words_on_the_pes_then_the_mabs(channels
         on_channels = [f.axis for d, f in layout.factors if d == 1]
         assert on_channels[-1] == W_AXIS and "PE" in on_channels and "MAB" in on_channels, layout
         assert not any(f.axis in ("PE", "MAB") for d, f in layout.factors if d != 1), layout
-    if channels // 2 > 64:  # more long words than a L1B's 64 PEs: the cyclic form starts with the address
-        assert len(found) == 2 and found[1].dims[1][0].axis is None, found
+    # more long words than a L1B's 64 PEs: the cyclic form (the address outermost) comes first, as
+    # a consumer offers the first wish its producer can make (ResNet-50: 17.3 M -> 7.3 M cycles)
+    cyclic_first = channels // 2 > 64
+    assert (found[0].dims[1][0].axis is None) is cyclic_first, found
 
 
 def _block(d, also_read: bool = False):
