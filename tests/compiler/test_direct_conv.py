@@ -249,5 +249,6 @@ def test_a_layer_after_a_direct_one_reads_its_input_copied(mini_device):
     g = torch.Generator().manual_seed(8)
     inputs = {"x": torch.randn(1, 64, 7, 7, generator=g), "w1": torch.randn(64, 64, 3, 3, generator=g) * 0.05,
               "w2": torch.randn(64, 64, 3, 3, generator=g) * 0.05}
-    run(mini_device, lambda d: {"y": F.conv2d(F.relu(F.conv2d(d["x"], d["w1"], None, 1, 1)), d["w2"], None, 1, 1)},
-        inputs, rtol=1e-4)
+    compiled = run(mini_device, lambda d: {"y": F.conv2d(F.relu(F.conv2d(d["x"], d["w1"], None, 1, 1)), d["w2"], None,
+                                                         1, 1)}, inputs, rtol=1e-4)
+    assert "temp:relu_nhwc" in compiled.summary["layouts"]  # the copy ConvKernel.im2col writes first
