@@ -387,24 +387,23 @@ class ConvKernel(Kernel):
             else:
                 of = partial(im2col_window, c_pad=self.c_pad, out_hw=self.window_args[0], kernel=self.window_args[1],
                              stride=self.window_args[2], padding=self.window_args[3], dilation=self.window_args[4])
-            window = of(x)
+            own = of(x)
             nhwc = self.x_placement(self.ctx)
-            self.windows[key] = (x, window) if window is not None and not self._copy_pays(x, window, nhwc, of) \
-                else (nhwc, of(nhwc))
+            copied = of(nhwc) if own is None or not x.same_placement(nhwc) else None
+            self.windows[key] = (nhwc, copied) if own is None or self._copy_pays(x, own, nhwc, copied) else (x, own)
         return self.windows[key]
 
-    def _copy_pays(self, x: Placement, window: DimTerms, nhwc: Placement, of) -> bool:
-        """Whether copying x into `nhwc` and gathering A from the copy takes fewer MVs than
-        gathering A from x itself (one MV a run of long words)."""
-        if x.same_placement(nhwc):
+    def _copy_pays(self, x: Placement, own: DimTerms, nhwc: Placement, copied: DimTerms | None) -> bool:
+        """Whether copying x into `nhwc` and gathering A from the copy (window `copied`) takes
+        fewer MVs than gathering A from x itself (window `own`; one MV a run of long words)."""
+        if copied is None:  # (x is stored as nhwc already, or the copy's window does not separate)
             return False
         a_lw = self.la.shape[0] * self.la.shape[1] / x.epl
-        own = a_lw / window.run_lw()
-        copied = of(nhwc)
-        if copied is None or a_lw / copied.run_lw() >= own:
+        from_x, from_copy = a_lw / own.run_lw(), a_lw / copied.run_lw()
+        if from_copy >= from_x:
             return False
         try:
-            return lw_sources(nhwc, x).mv_count + a_lw / copied.run_lw() < own
+            return lw_sources(nhwc, x).mv_count + from_copy < from_x
         except (LaneMismatch, LayoutError):
             return False  # (lanes move, or too many runs to list: no copy by the Data Engines)
 
