@@ -179,36 +179,36 @@ def emit_stationary(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: So
         memory, word = regs.banks[k % 2]
         return memory, word + k // 2 * chunk_words
 
-    def step(i: int, r: int, k: int, a_ordinal: int, with_b: bool) -> _Step:
-        a_fetch = _Fetch(a_ordinal, r * t.chunks + k, regs.a[i % 2])
+    def step(i: int, r: int, k: int, with_b: bool) -> _Step:
+        a_fetch = _Fetch(i, r * t.chunks + k, regs.a[i % 2])
         product = partial(multiply, cg, t, regs.a[i % 2], bank(k), (mem_c, word_c + r * c_round), k > 0)
         return _Step((a_fetch, _Fetch(k, k, bank(k)) if with_b else None), product)
 
-    first = [step(i, r, k, i, r == 0) for i, (k, r) in enumerate((k, r) for k in range(t.chunks)
-                                                                  for r in range(t.stationary_first))]
-    last = [step(len(first) + j, r, k, j, False)
+    first = [step(i, r, k, r == 0) for i, (k, r) in enumerate((k, r) for k in range(t.chunks)
+                                                               for r in range(t.stationary_first))]
+    last = [step(len(first) + j, r, k, False)
             for j, (r, k) in enumerate((r, k) for r in range(t.stationary_first, t.rounds) for k in range(t.chunks))]
-    # A's ring at the start of L2BM, as deep as leaves B's two regions at least, B's in the rest
+    # One ring of A for every round, in the lower half of L2BM and the first quarter of L1BM (the
+    # later rounds' C go up through the rest), so that the later rounds' A is fetched as the first
+    # rounds' leaves it, while they still multiply (a ring of its own for the later rounds was
+    # first fetched after the first rounds' last MATMUL: 512^3 on mncore2 left the Data Engines
+    # idle 1,452 cycles); B's ring in what A's leaves of L2BM.
     l2, l1 = cg.hw.memory_lw(cg.chain.l2), cg.hw.memory_lw(cg.chain.l1)
     a_lw, b_lw = stationary_slices(cg, la, lb, a.ref.placement.dtype, b.ref.placement.dtype)
-    ring_a = Feed(cg, (a,), (la,), depth=max(1, min(A_RING, (l2 - 2 * b_lw) // a_lw)))
+    legs_transit = replace(cg.transit, l1=(0, l1 // 4), l1_room=l1 // 4)
+    ring_a = Feed(cg, (a,), (la,), l2=(0, l2 // 2), transit=legs_transit,
+                  depth=max(1, min(A_RING, (l2 - 2 * b_lw) // a_lw)))
     a_end = ring_a.depth * ring_a.plans[0][0].n_l2
-    ring_b = Feed(cg, (b,), (lb,), l2=(a_end, l2), first_tag=ring_a.tags[-1] + 1, depth=B_RING)
+    ring_b = Feed(cg, (b,), (lb,), l2=(a_end, l2), transit=legs_transit, first_tag=ring_a.tags[-1] + 1, depth=B_RING)
     if not (ring_a.pipelined and ring_b.pipelined):
         raise CompileError(f"internal: L2BM cannot hold two of A's and of B's slices for {t}")
     spaced = cg.hw.memories[mem_c].ports != "1RW"  # parts alone only where C's port has no gap between parts
-    for _ in _pipeline(cg, t, (ring_a, ring_b), first, spaced):
-        pass
-    # The later rounds fetch A alone through the lower half of L2BM and the first half of L1BM;
-    # the finished rounds' C go up through the rest, one piece between some of their steps.
-    legs_transit = replace(cg.transit, l1=(0, l1 // 4), l1_room=l1 // 4)
     up_transit = Transit((l2 // 2, 3 * l2 // 4), (l1 // 2, 3 * l1 // 4), l2 // 4, l1 // 4, TAGS["drain"])
-    ring = Feed(cg, (a,), (la,), l2=(0, l2 // 2), transit=legs_transit, depth=A_RING)
-    if not ring.pipelined:
-        raise CompileError(f"internal: half of L2BM cannot hold two of A's slices for {t}")
     extras: list[Member] = []
-    rounds = _pipeline(cg, t, (ring,), [replace(s, fetches=s.fetches[:1]) for s in last], spaced,
-                       before=first[-1].product, extras=extras)
+    steps = _pipeline(cg, t, (ring_a, ring_b), first + last, spaced, extras=extras)
+    for _ in range(len(first)):
+        next(steps)
+    rounds = steps  # the later rounds' steps (B's ring is drained: the uploads may use its L2BM)
     up_lm = cg.lm_placement(lc, "float32")
     st = stage(up_lm)
     # All rounds' C but the last, piece by piece, spread evenly over the later rounds' steps, none

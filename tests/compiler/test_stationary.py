@@ -15,6 +15,7 @@ import sim.isa as isa
 from compiler.chain import Chain
 from compiler.compile import compile_function
 from compiler.kernels import conv, matmul, pipeline
+from compiler.kernels import stationary as stationary_mod
 from runtime import Device
 from sim import Machine
 from sim.params import MachineParams
@@ -132,6 +133,22 @@ def test_b_comes_down_once_and_the_earlier_rounds_c_leave_while_the_last_round_m
     mau = stats.end[products] - stats.start[products]
     after = mau[stats.start[products] >= stats.start[uploads].min()].sum()
     assert after >= 0.5 * mau.sum() / t.rounds  # C's first rounds go up while the last round multiplies
+
+    # the later rounds' A comes in while the first rounds still multiply: when their last MATMUL
+    # ends, the fetches of as many later steps as A's ring holds have started (a ring of their own
+    # started with the first rounds' last step: 5 of 8). A's fetches, in program order, are the
+    # steps' in order.
+    symbol = stationary.program.symbols.index("input:a")
+    relocs = stationary.program.relocs
+    a_fetches = relocs[(relocs[:, 1] == isa.MV_SRC_ADDR) & (relocs[:, 2] == symbol), 0]
+    a_fetches = a_fetches[code[a_fetches, isa.MV_DST_MEM] != dram]
+    per_step = len(a_fetches) // (t.rounds * t.chunks)
+    later_steps = a_fetches[per_step * t.stationary_first * t.chunks::per_step]  # each step's first fetch
+    c_round = t.mt * (t.nt // MachineParams.from_hw(mncore2).pes_per_mab)  # C's words a round, in each PE
+    c_at = code[products, isa.MM_C_ADDR]
+    first_rounds = products[c_at < c_at.min() + t.stationary_first * c_round]
+    started = (stats.start[later_steps] < stats.end[first_rounds].max()).sum()
+    assert started == min(stationary_mod.A_RING, len(later_steps))
     got = Device(mncore2).execute(stationary, inputs)["c"]
     want = matmul_fn(inputs)["c"]
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
