@@ -7,6 +7,7 @@ that changes one number changes every figure that depends on it, and no number i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .model import HwDesc
 
@@ -103,10 +104,12 @@ def dram_bandwidth_reachable(hw: HwDesc) -> float:
     return min(dram_bandwidth_total(hw), max(paths)) if paths else dram_bandwidth_total(hw)
 
 
+@lru_cache(maxsize=256)
 def side_rates(hw: HwDesc, transfer: str, mode: str) -> tuple[float, float]:
     """LW/cycle on the source and destination side of one instance of a transfer mode: the mode's
     rate, bounded by the rate of each memory on that side (`memories.<m>.lw_per_cycle`; the host
-    end has none). The simulator's timing uses exactly these (sim.params)."""
+    end has none). The simulator's timing uses exactly these (sim.params). Cached: the compiler's
+    tiling search asks for them per candidate (descriptions are immutable)."""
     t, m = hw.transfers[transfer], hw.transfers[transfer].modes[mode]
 
     def bounded(rate: float, memories: tuple[str, ...]) -> float:

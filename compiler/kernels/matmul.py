@@ -461,7 +461,10 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
             # a smaller tile never needs more memory): bisect on the rounds
             tiling = lambda rounds: Tiling(tuple(takes), bl, rounds, ceil(m_tile / rounds), chunks, kp, nt,  # noqa
                                            trans_b, half, pseudo, float64=float64, shifts=shifts)
-            fits = lambda rounds: fitted(tiling(rounds))  # noqa: E731
+
+            def fits(rounds: int) -> bool:  # `fitted` of tiling(rounds), built only when not known
+                known = fit_cache.get((ceil(m_tile / rounds), kp, nt))
+                return fitted(tiling(rounds)) if known is None else known
             if m_tile == 0 or not fits(m_tile):
                 continue
             low, high = 1, m_tile
