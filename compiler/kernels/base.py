@@ -44,11 +44,16 @@ class Kernel:
     def label(self) -> str:
         return self.nodes[0].label if self.nodes else type(self).__name__
 
-    def estimate(self, refs: dict[Value, Ref]) -> float | None:
+    def estimate(self, ctx: EmitContext, refs: dict[Value, Ref]) -> float | None:
         """Cycles the kernel's own model expects with these operands, or None. The planner does not
         time a candidate whose estimate is far above the fastest timed (see ESTIMATE_SLACK), so an
         estimate must stay within that factor of the timing above it."""
         return None
+
+    def least_cycles(self, ctx: EmitContext, refs: dict[Value, Ref]) -> float:
+        """A lower bound of the cycles it emits (unlike `estimate`, never above the timing), so the
+        planner need not emit and time a kernel that cannot win: 0 where nothing cheap bounds it."""
+        return 0.0
 
     def reads(self) -> dict[Value, Layout]:
         """The LM layout each input is staged into."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from ..chain import Chain
 from ..errors import CompileError, LayoutError
 from ..layout import W_AXIS, Broadcast, Factor, Layout, Placement
 from ..transfer.gather import LaneMismatch, LwSources, emit_convert, lw_sources
-from ..transfer.separable import DimTerms
+from ..transfer.separable import DimTerms, GatherTooLarge
 from ..transfer.staging import Staging, Transit, emit_download, emit_upload, stage, stored_staging
 
 TAGS = {"transit": (1, 2), "drain": (3, 4), "convert": (5, 6)}
@@ -223,6 +223,28 @@ class EmitContext:
         zeros = self.fill_for(sources, pad, dst.placement.dtype)
         emit_convert(self.b, sources, dst=dst.sym, src=[r.sym for r in srcs], zeros=zeros, l2_addr=0,
                      l2_room=self.transit.l2_room, tags=TAGS["convert"])
+
+
+def gather_mvs(ctx: EmitContext, refs: dict, reads: Iterable[tuple], blocks: bool = False) -> int | None:
+    """MVs of the Data Engines' gathers that stage each (value, LM layout) of `reads` from
+    where `refs` holds it (as `EmitContext.fetch_source` would: none for one stored as its
+    staging's image), one per run of long words; a gather too large to list counts its runs.
+    None when one cannot be listed otherwise (its lanes move: a relayout the candidate's
+    timing prices). Times `gather_mv_cycles`, a lower bound of what the gathers take."""
+    total = 0
+    for v, layout in reads:
+        held = refs[v].placement
+        lm = ctx.lm_placement(layout, held.dtype)
+        st = stored_staging(lm, held) or _staging_for_gather(lm, blocks)
+        if held.same_placement(st.dram):
+            continue
+        try:
+            total += lw_sources(st.dram, held).mv_count
+        except GatherTooLarge as e:
+            total += e.runs
+        except LayoutError:
+            return None
+    return total
 
 
 def _staging_for_gather(lm: Placement, blocks: bool) -> Staging:

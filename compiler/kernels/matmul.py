@@ -36,10 +36,9 @@ from ..errors import CompileError, LayoutError
 from ..ir import Node, Value
 from ..layout import W_AXIS, Layout, Placement
 from ..layout.layout import spread
-from ..transfer.gather import lw_sources
-from ..transfer.staging import leg_bundles, stage, stored_staging
+from ..transfer.staging import leg_bundles, stage
 from .base import Kernel, device_dtype
-from .context import Arena, EmitContext, Ref
+from .context import Arena, EmitContext, Ref, gather_mvs
 from .pipeline import Epilogue, Feed, beside, multiply
 from .stationary import emit_stationary, stationary_cost, stationary_fits, stationary_regions
 from .tiling import (NO_OVERLAP, OPERAND_ROLES, OVERLAP_ALL, OVERLAP_EARLY, ROLES, Problem, Shifts, Source, Take,
@@ -696,21 +695,14 @@ class MatmulKernel(Kernel):
         image = stage(ctx.lm_placement(self.lc_out, self.out_dtype)).dram
         return {out: Ref(symbols[out], image, self.summed)}
 
-    def estimate(self, refs: dict[Value, Ref]) -> float:
-        """The tiling's cost with A and B in blocks, or, when an operand is not stored as its
-        staging's image, what its gather's MVs take at least: one DRAM latency per MV over all
-        the Groups' queues (the planner has asked for the gather already: it is cached)."""
-        mvs = 0
-        for v, layout in zip(self.node.args, (self.la, self.lb)):
-            held = refs[v].placement
-            lm = self.ctx.lm_placement(layout, held.dtype)
-            if stored_staging(lm, held) is None:
-                wanted = stage(lm).dram
-                try:
-                    mvs += lw_sources(wanted, held).mv_count
-                except LayoutError:
-                    return self.t.cost
-        return max(self.t.cost, mvs * self.ctx.gather_mv_cycles())
+    def least_cycles(self, ctx: EmitContext, refs: dict[Value, Ref]) -> float:
+        """What the gathers of its operands not stored as their staging's image take at least
+        (`context.gather_mvs`; the planner has asked for them already: they are cached)."""
+        return (gather_mvs(ctx, refs, zip(self.node.args, (self.la, self.lb))) or 0) * ctx.gather_mv_cycles()
+
+    def estimate(self, ctx: EmitContext, refs: dict[Value, Ref]) -> float:
+        """The tiling's cost with A and B in blocks, and at least its operands' gathers."""
+        return max(self.t.cost, self.least_cycles(ctx, refs))
 
     def key(self, refs: dict[Value, Ref]) -> tuple:
         a, b = self.node.args

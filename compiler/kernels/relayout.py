@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import CompileError
+from ..errors import CompileError, LayoutError
 from ..ir import Node, Value
 from ..layout import W_AXIS, Broadcast, Factor, Layout, Placement, has_lanes, lanes_innermost
 from ..layout.spread import Spread, spread, time_sliced
 from ..transfer.gather import LaneMismatch, lw_sources
+from ..transfer.separable import GatherTooLarge
 from ..transfer.staging import stage
 from .base import Kernel, device_dtype
 from .context import Arena, EmitContext, Ref
@@ -135,6 +136,22 @@ class RelayoutKernel(Kernel):
 
     def reads(self) -> dict[Value, Layout]:
         return {}
+
+    def least_cycles(self, ctx: EmitContext, refs: dict[Value, Ref]) -> float:
+        """When no lane moves, the copy is the Data Engines' gather alone: its MVs (one per run of
+        long words) take at least `gather_mv_cycles` each. (A copy whose lanes move goes through
+        the PEs: 0, not bounded here.) ResNet-18's compile at 224x224 emitted relayouts of a
+        million instructions for its consumers' wishes, to learn they cost millions of cycles."""
+        target = refs[self.out].placement
+        if self.zero_pad and target.layout.extents != target.layout.shape:
+            return 0.0
+        try:
+            runs = lw_sources(target, refs[self.source].placement, self.index).mv_count
+        except GatherTooLarge as e:
+            runs = e.runs
+        except LayoutError:
+            return 0.0
+        return runs * ctx.gather_mv_cycles()
 
     def key(self, refs: dict[Value, Ref]) -> tuple | None:
         if self.index is not None:
