@@ -16,9 +16,10 @@ nor emission ever holds a map of the im2col matrix's elements.
 B = w.permute(2, 3, 1, 0).reshape(K, Co): a constant weight is arranged so by the host (placing
 parameters is not arithmetic); a weight that lives on the device is gathered into B's layout.
 
-A stride-1 convolution is also offered in a direct form (`Direct`): A is x's tiles themselves,
-each with the halo its window reads, and each kernel position one MATMUL from a shifted row (the
-matmul pipeline's `tiling.Shifts`), so x is read once per tile rather than kh*kw times.
+A convolution whose strides are equal is also offered in a direct form (`Direct`): A is x's tiles
+themselves, each with the halo its window reads, and each kernel position one MATMUL from a
+shifted row (the matmul pipeline's `tiling.Shifts`), reading A's rows `stride` apart, so x is read
+once per tile rather than kh*kw times.
 """
 
 from __future__ import annotations
@@ -46,12 +47,12 @@ from .matmul import Problem, Source, a_blocks, emit_product, layouts_for, output
 from .tiling import Shifts, Tiling
 
 
-def nhwc_layout(ctx: EmitContext, shape: tuple[int, ...], dtype: str) -> Layout:
-    """A DRAM layout of an (N, C, H, W) tensor with channels in the lanes (padded to fill them),
-    images split over the Groups' DRAMs, else rows."""
+def nhwc_layout(ctx: EmitContext, shape: tuple[int, ...], dtype: str, channels: int | None = None) -> Layout:
+    """A DRAM layout of an (N, C, H, W) tensor with channels in the lanes (padded to fill them, or
+    to `channels`), images split over the Groups' DRAMs, else rows."""
     n, c, h, w = shape
     epl = ctx.hw.elements_per_lw(dtype)
-    cl = ceil(c / epl)  # long words per pixel
+    cl = ceil(max(c, channels or 0) / epl)  # long words per pixel
     groups = ctx.chain.groups
     axis = ctx.chain.l2_axis
     per_group = ctx.chain.l2_per_group
@@ -134,45 +135,53 @@ def im2col_window(p: Placement, c_pad: int, out_hw: tuple[int, int], kernel, str
 
 @dataclass(frozen=True)
 class Direct:
-    """A stride-1 convolution computed directly: x flattened with its spatial padding, `pitch`
-    pixels a row (at least the padded width; more to make the product's rows split into images,
-    rows and columns) and `image_rows` rows an image. Output pixel (n, ho, wo) is row
-    f = (n * image_rows + ho) * pitch + wo of the product, and reads row f + i*dh*pitch + j*dw of
-    the flattened input with kernel position (i, j)'s weights: each position is one MATMUL over
-    the tile's input rows from that offset on (`Shifts`), so x is read once per tile (with a
-    halo of (kh - 1) rows and kw - 1 pixels more) instead of kh*kw times as im2col reads it.
-    The product's rows past a row's or an image's end are computed and never read: the output
-    is a view of the product whose padding they are."""
+    """A convolution computed directly: x flattened with its spatial padding, `pitch` pixels a
+    row (at least the padded width; more to make the product's rows split into images, rows and
+    columns) and `stride * image_rows` rows an image. Output pixel (n, ho, wo) is row
+    f = (n * image_rows + ho) * pitch + wo of the product, and reads row
+    stride * f + i*dh*pitch + j*dw of the flattened input with kernel position (i, j)'s weights
+    (input row stride*ho + i*dh, column stride*wo + j*dw): each position is one MATMUL over the
+    tile's input rows from that offset on, `stride` apart (`Shifts`), so x is read once per tile
+    (with a halo of (kh - 1) rows and kw - 1 pixels more) instead of kh*kw times as im2col reads
+    it. The product's rows past a row's or an image's end are computed and never read: the
+    output is a view of the product whose padding they are (with stride s, a row's pitch
+    pixels hold about pitch / s outputs: the MAUs compute s times the rows, where im2col would
+    gather a pixel's channels kh*kw times)."""
 
     pitch: int
-    image_rows: int
+    image_rows: int  # of the product (the input's: stride times as many)
     padding: tuple[int, int]
     shifts: Shifts
     rows: int  # rows of the product: up to the last output pixel's
 
+    @property
+    def stride(self) -> int:
+        return self.shifts.stride
 
-def direct(kernel, padding, dilation, pitch: int, image_rows: int, rows: int) -> Direct:
-    """The direct form of a stride-1 convolution (see `Direct`): rows `pitch` pixels apart,
-    images `image_rows` rows apart, `rows` rows of output computed."""
+
+def direct(kernel, padding, dilation, pitch: int, image_rows: int, rows: int, stride: int = 1) -> Direct:
+    """The direct form of a convolution of equal strides (see `Direct`): rows `pitch` pixels
+    apart, the product's images `image_rows` rows apart, `rows` rows of output computed."""
     (kh, kw), (dh, dw) = kernel, dilation
     offsets = tuple(i * dh * pitch + j * dw for i in range(kh) for j in range(kw))
-    return Direct(pitch, image_rows, tuple(padding), Shifts(offsets[-1], offsets), rows * pitch)
+    return Direct(pitch, image_rows, tuple(padding), Shifts(offsets[-1], offsets, stride), rows * pitch)
 
 
-def direct_forms(x_shape: tuple[int, ...], out_hw: tuple[int, int], kernel, padding, dilation, unit: int
-                 ) -> list[Direct]:
+def direct_forms(x_shape: tuple[int, ...], out_hw: tuple[int, int], kernel, padding, dilation, unit: int,
+                 stride: int = 1) -> list[Direct]:
     """The direct forms worth trying. The product's rows are cut into tiles by the hardware
     axes' sizes, and the output is a view of the product only when the tiles split at row
     boundaries (`direct_view`): so row pitches from the padded width up to a multiple of `unit`
     (the MAU's rows: tiles of whole MAU rows) and a power of two, and (one image) the output
-    rows rounded up likewise, or (several) images as many rows apart."""
+    rows rounded up likewise, or (several) images as many rows apart (an image's padded rows,
+    over the stride, rounded so)."""
     n, _, h, w = x_shape
     ho = out_hw[0]
     rounded = lambda v: {v, -(-v // unit) * unit, 1 << (v - 1).bit_length()}  # noqa: E731
     pitches = rounded(w + 2 * padding[1])
-    height = h + 2 * padding[0]
+    height = -(-(h + 2 * padding[0]) // stride)  # the product's rows an image needs
     layouts = [(height, r) for r in rounded(ho)] if n == 1 else [(rows, n * rows) for rows in rounded(height)]
-    return [direct(kernel, padding, dilation, pitch, image_rows, rows)
+    return [direct(kernel, padding, dilation, pitch, image_rows, rows, stride)
             for pitch in sorted(pitches) for image_rows, rows in sorted(layouts)]
 
 
@@ -192,27 +201,37 @@ def im2col_mvs(node: Node, x: Placement) -> float:
     return a_lw / (window.run_lw() if window is not None else 1.0)
 
 
+def direct_channels(c: int, epl: int, pes: int) -> int:
+    """The channels a direct form's K runs over: padded so that every PE of a MAB holds whole long
+    words of them (the MATMUL splits K over the PEs); the padding's weights are zero and its
+    inputs holes (zeros). An RGB stem (3 channels: 8 on MN-Core 2) multiplies 5 zero channels a
+    pixel, where im2col gathers its pixels in runs of one long word."""
+    return ceil(c / (pes * epl)) * pes * epl
+
+
 def direct_window(p: Placement, c: int, d: Direct, t: Tiling, rows: int) -> DimTerms | None:
     """A direct convolution's A as a window of p, which holds x: row r of A (`rows` of them: the
-    tiles' a_rows for each tile and round) is the flattened input's row (r // a_rows) * mt +
-    r % a_rows, which lies in x or in its padding (a hole, which arrives as zeros); K is the
-    channels. None when x's placement does not separate."""
+    tiles' a_rows for each tile and round) is the flattened input's row
+    (r // a_rows) * stride * mt + r % a_rows, which lies in x or in its padding (a hole, which
+    arrives as zeros); K is the channels. None when x's placement does not separate."""
     n, _, h, w = p.layout.shape
-    base = DimTerms.of(p, sizes=(n, c, h, w))
+    held = min(c, p.layout.extents[1])  # channels x's storage has (padding included): the rest are holes
+    base = DimTerms.of(p, sizes=(n, held, h, w))
     if base is None or not base.readable:
         return None
     tn, tc, th, tw = base.terms
+    tc = tuple(np.concatenate([t, np.zeros(c - held, dtype=t.dtype)]) for t in tc)
     r = np.arange(rows, dtype=np.int64)
-    flat = (r // t.a_rows) * t.mt + r % t.a_rows
-    image, rest = np.divmod(flat, d.image_rows * d.pitch)
+    flat = (r // t.a_rows) * d.stride * t.mt + r % t.a_rows
+    image, rest = np.divmod(flat, d.stride * d.image_rows * d.pitch)
     y, x = np.divmod(rest, d.pitch)
     y, x = y - d.padding[0], x - d.padding[1]
     inside = (image < n) & (y >= 0) & (y < h) & (x >= 0) & (x < w)
     image, y, x = (np.where(inside, v, 0) for v in (image, y, x))
     row_terms = tuple(np.where(inside, a[image] + b[y] + c_[x], 0) for a, b, c_ in zip(tn, th, tw))
     return DimTerms(p, (row_terms, tc), 0, base.copies, base.group_copies, base.every_lane,
-                    f"direct {rows}x{c} pitch {d.pitch} image {d.image_rows} padding {d.padding} tile {t.mt}+"
-                    f"{t.a_rows - t.mt}", (((np.flatnonzero(inside), np.arange(c)), (0, 0)),))
+                    f"direct {rows}x{c} pitch {d.pitch} image {d.image_rows} padding {d.padding} stride {d.stride} "
+                    f"tile {t.mt}+{t.a_rows - t.mt}", (((np.flatnonzero(inside), np.arange(held)), (0, 0)),))
 
 
 def direct_view(layout: Layout, d: Direct, nhwc: tuple[int, ...]) -> Layout | None:
@@ -296,7 +315,8 @@ class ConvKernel(Kernel):
         ho, wo = node.out.shape[2:]
         self.dtype = device_dtype(x)
         epl = ctx.hw.elements_per_lw(self.dtype)
-        self.c_pad = ceil(c / epl) * epl
+        # K's channels: padded to fill long words, and for the direct form every PE's (`direct_channels`)
+        self.c_pad = direct_channels(c, epl, ctx.params.pes_per_mab) if direct else ceil(c / epl) * epl
         self.direct = direct
         self.p = Problem(1, direct.rows, self.c_pad, co) if direct else Problem(1, n * ho * wo, kh * kw * self.c_pad, co)
         self.b_rows = kh * kw * self.c_pad  # B = w.permute(2, 3, 1, 0).reshape(b_rows, Co) (padded channels)
@@ -320,19 +340,34 @@ class ConvKernel(Kernel):
             self.b = Value(f"{w.name}_kkc", (self.b_rows, co), w.dtype, "const", data=data)
         else:
             self.b = None
-            if self.c_pad == c:  # B is a view of w: w placed so that B stages by block copies
-                hwio = reshape_layout(self.lb, (kh, kw, c, co))
-                self.w_layout = hwio.permute((3, 2, 0, 1)) if hwio is not None else None
+            # B is a view of w: w placed so that B stages by block copies. A direct form's padded
+            # channels are w's padding, which must hold zeros (`sums_lane_padding`): im2col's
+            # gather their zeros instead (an element map).
+            if self.c_pad == c or direct:
+                hwio = reshape_layout(self.lb, (kh, kw, self.c_pad, co))
+                self.w_layout = hwio.with_shape((kh, kw, c, co)).permute((3, 2, 0, 1)) if hwio is not None else None
         self.pads = {}
         self.windows: dict[str, tuple[Placement, DimTerms]] = {}  # x's layout -> (what A is gathered from, window)
 
     def b_view(self, ref: Ref) -> Ref | None:
-        """w's ref read as B = w.permute(2, 3, 1, 0).reshape(K, Co), when its layout can express it."""
+        """w's ref read as B = w.permute(2, 3, 1, 0).reshape(K, Co) (its padded channels
+        included), when its layout can express it."""
         from .movement import view_ref
-        return view_ref(ref, lambda l: reshape_layout(l.permute((2, 3, 1, 0)), (self.b_rows, self.p.n)))
+
+        def as_b(layout: Layout) -> Layout | None:
+            hwio = layout.permute((2, 3, 1, 0))
+            return reshape_layout(hwio.with_shape(hwio.extents), (self.b_rows, self.p.n))
+        return view_ref(ref, as_b)
+
+    def sums_lane_padding(self, v: Value, layout: Layout) -> bool:
+        """Whether w, read in `layout`, brings padded channels into K: the MAU sums them, so they
+        must hold zeros (the planner relays a w whose padding is not known to be zero, as for a
+        product's operand: MatmulKernel.sums_lane_padding)."""
+        return v is self.w and self.c_pad != self.w.shape[1]
 
     def x_placement(self, ctx: EmitContext) -> Placement:
-        return Placement(nhwc_layout(ctx, self.x.shape, self.dtype), ctx.hw, ctx.chain.dram, self.dtype)
+        """x in NHWC, its channels padded as K's (a direct form's pixel then comes in one run)."""
+        return Placement(nhwc_layout(ctx, self.x.shape, self.dtype, self.c_pad), ctx.hw, ctx.chain.dram, self.dtype)
 
     def reads(self) -> dict[Value, Layout]:
         if self.b is not None:
@@ -534,9 +569,12 @@ def plan(node: Node, planner) -> list[Kernel]:
 
 
 def _direct_kernels(node: Node, planner, ask: dict, epl: int) -> list[ConvKernel]:
-    """Candidates that compute a stride-1 convolution directly (`Direct`); none when the channels
-    do not fill whole long words in every PE of a MAB (the PEs split them), or the kernel is one
-    pixel (im2col is then x itself).
+    """Candidates that compute a convolution directly (`Direct`), its channels padded to fill
+    every PE's long words (`direct_channels`); none when its strides differ (the flattened rows
+    step by one stride), the kernel is one pixel (im2col is then x itself), or the channels need
+    padding and another node reads x too (x is stored with the padded channels, which that reader
+    would have to read through: an MNIST CNN's training step, whose weight gradient reads the
+    1-channel input, took 15.7 -> 18.0 M cycles).
 
     The Data Engines gather A's tiles, halos included, into its L2BM image, whose runs end where
     the image interleaves the MABs' rows (every PE's long word: four, when the MABs split the
@@ -550,13 +588,15 @@ def _direct_kernels(node: Node, planner, ask: dict, epl: int) -> list[ConvKernel
     co, _, kh, kw = w.shape
     a = node.attrs
     chain = planner.ctx.chain
-    if tuple(a["stride"]) != (1, 1) or kh * kw == 1 or c % (planner.ctx.params.pes_per_mab * epl):
+    sh, sw = a["stride"]
+    k = direct_channels(c, epl, planner.ctx.params.pes_per_mab)
+    if sh != sw or kh * kw == 1 or (k != c and len(planner.users.get(x, [])) > 1):
         return []
     kinds: dict[tuple[bool, bool], list[tuple[Tiling, Direct]]] = {}
     mau_rows = planner.hw.units[chain.matrix_unit].matrix["float32"].rows
-    for d in direct_forms(x.shape, tuple(node.out.shape[2:]), (kh, kw), a["padding"], a["dilation"], mau_rows):
+    for d in direct_forms(x.shape, tuple(node.out.shape[2:]), (kh, kw), a["padding"], a["dilation"], mau_rows, sh):
         try:
-            found = tilings(planner.ctx, Problem(1, d.rows, c, co), **{**ask, "a_runs": c // epl * wd},
+            found = tilings(planner.ctx, Problem(1, d.rows, k, co), **{**ask, "a_runs": ceil(c / epl) * wd},
                             shifts=d.shifts, limit=DIRECT_TILINGS)
         except CompileError:
             continue  # no tile and its halo fit the PE memories

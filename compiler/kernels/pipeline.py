@@ -28,14 +28,15 @@ def multiply(cg: EmitContext, t: Tiling, a: tuple[str, int], b: tuple[str, int],
     pes = cg.params.pes_per_mab
     (mem_a, word_a), (mem_b, word_b), (mem_c, c_addr) = a, b, c
     a_addr, b_addr, m, kp = t.element_at(word_a), t.element_at(word_b), t.mt, t.kp
+    a_pitch = t.row_step * t.kp  # A's rows as the product's rows read them
     if axis == "m":
-        m, a_addr, c_addr = t.mt if size is None else size, a_addr + first * t.kp, c_addr + first * (t.nt // pes)
+        m, a_addr, c_addr = t.mt if size is None else size, a_addr + first * a_pitch, c_addr + first * (t.nt // pes)
     else:
         kp, a_addr, b_addr = t.kp if size is None else size, a_addr + first, b_addr + first * (1 if t.trans_b else t.nt)
     b = cg.b if into is None else into
 
     def position(p: int, offset: int) -> None:
-        b.matmul(t.mau_dtype, m, kp * pes, t.nt, (mem_a, a_addr + offset * t.kp, t.kp),
+        b.matmul(t.mau_dtype, m, kp * pes, t.nt, (mem_a, a_addr + offset * t.kp, a_pitch),
                  (mem_b, b_addr + p * t.kp * t.nt, t.kp if t.trans_b else t.nt), (mem_c, c_addr, t.nt // pes),
                  trans_b=t.trans_b, accumulate=accumulate or p > 0 or (axis == "k" and first > 0))
     # a direct convolution multiplies once per kernel position, into the same C; in a bundle, the

@@ -34,11 +34,13 @@ class Shifts:
     """A direct convolution's product (compiler.kernels.conv): A is not the im2col matrix but
     the input pixels a tile of output rows reads, `halo` rows more than the tile's, and each
     kernel position is one MATMUL over A's rows from `offsets[position]` on, with that position's
-    block of B (B holds every position's block, one after another). Output row r (a pixel of the
-    flattened, padded input) reads pixel r + offset for the position's weights."""
+    block of B (B holds every position's block, one after another). Output row r reads pixel
+    stride * r + offset of the flattened, padded input for the position's weights (the MATMUL
+    reads A's rows `stride` apart)."""
 
     halo: int
     offsets: tuple[int, ...]
+    stride: int = 1
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,14 @@ class Tiling:
 
     @property
     def a_rows(self) -> int:
-        """Rows of A per MAB per step: the tile's rows, and a direct convolution's halo."""
-        return self.mt + (self.shifts.halo if self.shifts else 0)
+        """Rows of A per MAB per step: the tile's rows (`stride` times as many for a strided
+        direct convolution), and a direct convolution's halo."""
+        return self.row_step * self.mt + (self.shifts.halo if self.shifts else 0)
+
+    @property
+    def row_step(self) -> int:
+        """Rows of A between two rows of the product (a direct convolution's stride, else 1)."""
+        return self.shifts.stride if self.shifts else 1
 
     @property
     def positions(self) -> int:

@@ -82,8 +82,9 @@ def test_a_program_too_large_for_the_hosts_memory_is_refused_at_compile(mini, mo
     convs = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1))
     with pytest.raises(CompileError, match=r"the program passes 2,000 instructions at .* \(step \d+ of \d+\): building "
                                            r"and simulating it would take more than the 0.0 GiB of host memory free"):
-        compile_function(lambda d: {"y": convs(d["x"])}, {"x": torch.randn(2, 3, 16, 16)}, mini)
+        compile_function(lambda d: {"y": convs(d["x"])}, {"x": torch.randn(2, 3, 32, 32)}, mini)
     small = compile_function(lambda d: {"y": d["x"] * 2}, {"x": torch.randn(4, 8)}, mini)
     assert len(small.program.code) < 2000
     monkeypatch.setattr(emit_module, "host_memory_available", lambda: None)  # a system that does not say: no bound
-    assert compile_function(lambda d: {"y": convs(d["x"])}, {"x": torch.randn(2, 3, 16, 16)}, mini).program.code.size
+    assert compile_function(lambda d: {"y": convs(d["x"])}, {"x": torch.randn(2, 3, 32, 32)}, mini).program.code.size
+

@@ -1,7 +1,7 @@
-"""Stride-1 convolutions computed directly (compiler.kernels.conv.Direct): x's tiles, halos
-included, in the PE memories, one MATMUL per kernel position at a shifted address, the output a
-view of the product. Values against torch, the MATMULs against the rule derived by hand, and
-the planner's choice against the im2col candidates alone."""
+"""Convolutions computed directly (compiler.kernels.conv.Direct): x's tiles, halos included, in
+the PE memories, one MATMUL per kernel position at a shifted address (reading A's rows `stride`
+apart), the output a view of the product. Values against torch, the MATMULs against the rule
+derived by hand, and the planner's choice against the im2col candidates alone."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from compiler.planner.search import Planner
 from compiler.transfer.gather import lw_sources
 from runtime import Device
 from sim import Machine
+from sim.params import MachineParams
 
 from .test_compile import check as run  # compiled on the device's chip, against torch to rtol of the largest
 
@@ -46,22 +47,27 @@ def only_direct(monkeypatch):
     monkeypatch.setitem(kernels.PLANNERS, "conv", direct_only)
 
 
-CASES = {  # (N, C, H, W), (Co, kh, kw), padding, dilation
+CASES = {  # (N, C, H, W), (Co, kh, kw), padding, dilation[, stride]
     "3x3 same": ((1, 8, 12, 12), (16, 3, 3), 1, 1),
     "two images": ((2, 8, 9, 7), (8, 3, 3), 1, 1),
     "no padding": ((1, 8, 10, 11), (8, 3, 3), 0, 1),
     "5x5 dilated": ((1, 16, 13, 12), (12, 5, 5), 4, 2),
     "3x1 and 1x3": ((2, 8, 6, 10), (8, 3, 1), (1, 0), 1),
     "more padding than kernel": ((1, 8, 5, 5), (8, 2, 2), 2, 1),
+    "stride 2": ((1, 8, 9, 9), (8, 3, 3), 1, 1, 2),
+    "stride 2, two images, odd sizes": ((2, 8, 10, 7), (16, 3, 3), 1, 1, 2),
+    "stride 3, 5x5": ((1, 16, 12, 12), (8, 5, 5), 2, 1, 3),
+    "stride 2, dilated, no padding": ((1, 8, 11, 12), (8, 3, 3), 0, 2, 2),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_direct_convolutions_match_torch(mini_device, only_direct, case):
-    (n, c, h, w), (co, kh, kw), padding, dilation = CASES[case]
+    (n, c, h, w), (co, kh, kw), padding, dilation, *stride = CASES[case]
     torch.manual_seed(len(case))
     weight = torch.randn(co, c, kh, kw)
-    fn = lambda d: {"y": F.conv2d(d["x"], weight, padding=padding, dilation=dilation)}  # noqa: E731
+    fn = lambda d: {"y": F.conv2d(d["x"], weight, padding=padding, dilation=dilation,  # noqa: E731
+                                  stride=stride[0] if stride else 1)}
     run(mini_device, fn, {"x": torch.randn(n, c, h, w)})
 
 
@@ -74,24 +80,28 @@ def test_a_direct_convolution_reads_a_weight_the_device_holds_and_feeds_the_next
     run(mini_device, fn, inputs, rtol=1e-4)
 
 
-def test_each_kernel_position_is_one_matmul_of_the_tile(mncore2, only_direct):
-    """The product is kh*kw MATMULs per step over the tile's mt rows, each costing (sim.isa's
-    MATMUL rule, from units.MAU.matrix.float32) ceil(mt / rows) * ceil(K / cols) * max(nt, rows /
-    load_rows_per_cycle) cycles."""
+@pytest.mark.parametrize("stride", [1, 2])
+def test_each_kernel_position_is_one_matmul_of_the_tile(mncore2, only_direct, stride):
+    """The product is kh*kw MATMULs per step over the tile's mt rows, reading A's rows `stride`
+    row pitches apart, each costing (sim.isa's MATMUL rule, from units.MAU.matrix.float32)
+    ceil(mt / rows) * ceil(K / cols) * max(nt, rows / load_rows_per_cycle) cycles."""
     torch.manual_seed(0)
     weight = torch.randn(64, 64, 3, 3)
-    compiled = compile_function(lambda d: {"y": F.conv2d(d["x"], weight, padding=1)},
+    compiled = compile_function(lambda d: {"y": F.conv2d(d["x"], weight, padding=1, stride=stride)},
                                 {"x": torch.randn(1, 64, 56, 56)}, mncore2)
     code = compiled.program.code
     matmuls = code[code[:, 0] == isa.Op.MATMUL]
     mode = mncore2.units["MAU"].matrix["float32"]
+    pes = MachineParams.from_hw(mncore2).pes_per_mab
     assert len(matmuls) % 9 == 0
     per_step = matmuls.reshape(-1, 9, code.shape[1])
     for step in per_step:
         assert (step[:, isa.MM_M] == step[0, isa.MM_M]).all() and (step[:, isa.MM_N] == step[0, isa.MM_N]).all()
         assert (step[1:, isa.MM_FLAGS] & isa.MM_ACCUMULATE).all()  # every later position adds to C
         a_addresses = step[:, isa.MM_A_ADDR] - step[0, isa.MM_A_ADDR]
-        kp = step[0, isa.MM_A_PITCH]  # K per PE: the row pitch of A in every PE
+        assert (step[:, isa.MM_A_PITCH] == step[0, isa.MM_A_PITCH]).all()
+        kp = step[0, isa.MM_A_PITCH] // stride  # K per PE: A's rows, `stride` of them a product row
+        assert step[0, isa.MM_A_PITCH] == stride * kp and step[0, isa.MM_K] == kp * pes
         assert (a_addresses % kp == 0).all()
         rows = (a_addresses // kp).tolist()  # position (i, j) starts i row pitches and j pixels on
         pitch = rows[3]
@@ -132,12 +142,14 @@ def test_each_l1bs_tile_is_gathered_into_a_block_of_its_own(mncore2, tmp_path):
     assert mvs * 10 < mvs_dealt and cycles * 2 < cycles_dealt, runs
 
 
-def test_the_planner_prefers_the_direct_form_where_it_is_faster(mncore2, monkeypatch):
-    """ResNet-50 conv2_x (1x64x56x56, 64 3x3 filters): with the direct candidates the planner's
-    pick takes fewer cycles than the best im2col candidate, on the simulator's timing."""
+@pytest.mark.parametrize("filters, stride", [(64, 1), (128, 2)])
+def test_the_planner_prefers_the_direct_form_where_it_is_faster(mncore2, monkeypatch, filters, stride):
+    """ResNet-50 conv2_x (1x64x56x56, 64 3x3 filters) and ResNet-18's first layer2 convolution
+    (128 filters, stride 2): with the direct candidates the planner's pick takes fewer cycles
+    than the best im2col candidate, on the simulator's timing (the strided one 46,582 -> 25,098)."""
     torch.manual_seed(0)
-    weight = torch.randn(64, 64, 3, 3)
-    fn = lambda d: {"y": F.conv2d(d["x"], weight, padding=1)}  # noqa: E731
+    weight = torch.randn(filters, 64, 3, 3)
+    fn = lambda d: {"y": F.conv2d(d["x"], weight, padding=1, stride=stride)}  # noqa: E731
     inputs = {"x": torch.randn(1, 64, 56, 56)}
     machine = Machine(mncore2)
     with_direct = machine.time(compile_function(fn, inputs, mncore2).program.code).total_cycles
@@ -158,11 +170,17 @@ def test_direct_forms_offer_row_pitches_from_the_padded_width_up(mncore2):
     two = conv.direct_forms((2, 8, 9, 7), (9, 7), (3, 3), (1, 1), (1, 1), rows)
     assert {f.image_rows for f in two} == {11, 16}  # 9 + 2 padded rows, up to a multiple of 8 and a power of 2
     assert all(f.rows == 2 * f.image_rows * f.pitch for f in two)
+    # stride 2: the same shifts, read every other row; an image's 11 padded rows are 6 of the product's
+    strided = conv.direct_forms((2, 8, 9, 7), (5, 4), (3, 3), (1, 1), (1, 1), rows, 2)
+    assert {f.image_rows for f in strided} == {6, 8} and all(f.stride == 2 for f in strided)
+    assert all(f.shifts.offsets == (0, 1, 2, f.pitch, f.pitch + 1, f.pitch + 2, 2 * f.pitch, 2 * f.pitch + 1,
+                                    2 * f.pitch + 2) for f in strided)
 
 
-def test_strided_and_thin_convolutions_have_no_direct_form(mini_device, monkeypatch):
-    """Stride 2 (the flattened rows would step by 2), a 1x1 kernel (im2col is x itself) and
-    channels that do not fill a long word in each PE of a MAB keep to im2col, and still compute."""
+def test_unequal_strides_and_one_pixel_kernels_have_no_direct_form(mini_device, monkeypatch):
+    """Strides (2, 1) (the flattened rows step by one stride), a 1x1 kernel (im2col is x itself)
+    and thin channels whose x another node reads too (x would be stored with the padded
+    channels) keep to im2col, and still compute."""
     torch.manual_seed(2)
     plan = conv.plan
     offered = []
@@ -173,11 +191,36 @@ def test_strided_and_thin_convolutions_have_no_direct_form(mini_device, monkeypa
         return kernels
     from compiler import kernels
     monkeypatch.setitem(kernels.PLANNERS, "conv", recording)
-    for shape, weight, stride in (((1, 8, 9, 9), torch.randn(8, 8, 3, 3), 2), ((1, 8, 6, 6), torch.randn(8, 8, 1, 1), 1),
-                                  ((1, 3, 8, 8), torch.randn(8, 3, 3, 3), 1)):
+    for shape, weight, stride in (((1, 8, 9, 9), torch.randn(8, 8, 3, 3), (2, 1)), ((1, 8, 6, 6), torch.randn(8, 8, 1, 1), 1)):
         fn = lambda d, weight=weight, stride=stride: {"y": F.conv2d(d["x"], weight, padding=1, stride=stride)}  # noqa
         run(mini_device, fn, {"x": torch.randn(*shape)})
+    weight = torch.randn(8, 3, 3, 3)
+    run(mini_device, lambda d: {"y": F.conv2d(d["x"], weight, padding=1), "z": d["x"] * 2}, {"x": torch.randn(1, 3, 8, 8)})
     assert offered and not any(offered)
+
+
+@pytest.mark.parametrize("c, stride, weight_as", [(3, 2, "const"), (3, 2, "input"), (5, 1, "input"), (1, 1, "const")])
+def test_thin_channels_are_padded_to_every_pes_long_words(mini_device, only_direct, monkeypatch, c, stride, weight_as):
+    """Channels that do not fill a long word in each PE of a MAB (an RGB stem) are padded for the
+    direct form: K runs over pes * lanes channels, x is uploaded with that many (zeros past its
+    own) and the weight's padded channels are zeros (a constant arranged so by the host, an
+    input uploaded so, both read by view)."""
+    chosen = []
+    emit = conv.ConvKernel.emit
+    monkeypatch.setattr(conv.ConvKernel, "emit", lambda self, ctx, refs: (chosen.append(self), emit(self, ctx, refs))[1])
+    torch.manual_seed(c + stride)
+    weight = torch.randn(8, c, 3, 3)
+    x = torch.randn(1, c, 11, 10)
+    if weight_as == "const":
+        fn = lambda d: {"y": F.conv2d(d["x"], weight, padding=1, stride=stride)}  # noqa: E731
+        inputs = {"x": x}
+    else:
+        fn = lambda d: {"y": F.conv2d(d["x"], d["w"], padding=1, stride=stride)}  # noqa: E731
+        inputs = {"x": x, "w": weight}
+    run(mini_device, fn, inputs)
+    params = MachineParams.from_hw(mini_device.hw)
+    lanes = mini_device.hw.elements_per_lw("float32")
+    assert chosen[-1].c_pad == ceil(c / (params.pes_per_mab * lanes)) * params.pes_per_mab * lanes
 
 
 @pytest.mark.parametrize("float_dtype", ["mixed", "pfloat32"])
