@@ -8,7 +8,6 @@ program's transfers reach.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 from sim import Program
@@ -16,6 +15,7 @@ from sim.builder import InstructionLimit
 from sim.validate import symbol_extents
 
 from .errors import CompileError
+from .hostmem import host_memory_available
 from .kernels.context import Buffer, EmitContext
 from .planner.plan import Plan
 
@@ -23,23 +23,6 @@ from .planner.plan import Plan
 # program (24 int64 fields and the copies made of them: ResNet-18 at 224 x 224, 7.3 M
 # instructions, peaked at 9.3 GB during its call). A host policy, not a hardware number.
 HOST_BYTES_PER_INSTRUCTION = 1536
-
-
-def host_memory_available() -> int | None:
-    """Bytes of memory the host can give now (None where the system does not say): Linux's
-    MemAvailable, which counts the page cache it would drop (free pages alone can be a small part
-    of it on a busy machine), else the free physical pages."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def instruction_budget() -> int | None:

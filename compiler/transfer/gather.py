@@ -27,9 +27,10 @@ import numpy as np
 from sim import ALL_GROUPS, ProgramBuilder, Sym
 
 from ..errors import LayoutError
+from ..hostmem import host_memory_available
 from ..layout import Placement
 from ..layout.placement import Location
-from .separable import DimTerms, separable_sources
+from .separable import DimTerms, GatherTooLarge, separable_sources
 from .sources import HOLE, SKIP, ZERO, LaneMismatch, LwSources, run_arrays_many  # noqa: F401  (re-exported)
 
 DRAM, L2BM = "DRAM", "L2BM"
@@ -42,6 +43,9 @@ CACHED_GATHERS = 256  # conversions kept (planning asks for the same ones repeat
 # millions of runs (1.8 GB for a transposed 50,257 x 768 table), and a count alone let a GPT-2's
 # compile keep 15 GB of them (host policy, like hostio's OFFSET_CACHE_BYTES)
 CACHED_GATHER_BYTES = 512 << 20
+# Host memory matching a gather element by element takes at its peak, per element of the
+# destination (measured 707-802 bytes for a million-element reshape). A host policy.
+ELEMENT_MATCH_BYTES = 1024
 _cached_bytes = [0]  # the runs' bytes _CACHE holds, kept as entries come and go
 
 
@@ -97,9 +101,17 @@ def _digest(index: np.ndarray) -> tuple:
 
 def _element_sources(dst: Placement, src: Placement, index: np.ndarray | None) -> LwSources:
     """The gather matched element by element (an explicit element map, or layouts whose terms
-    do not separate)."""
+    do not separate). Refused (GatherTooLarge) when that would take more host memory than is
+    free: about ELEMENT_MATCH_BYTES an element (a Linear over a 61x70x61x102 input reached 21 GB
+    and was killed)."""
     if dst.memory != DRAM or src.memory != DRAM:
         raise LayoutError("long-word gathers write and read DRAM placements")
+    elements = int(np.prod(dst.layout.extents))
+    free = host_memory_available()
+    if free is not None and elements * ELEMENT_MATCH_BYTES > free:
+        raise GatherTooLarge(f"a gather matched element by element over {elements:,} elements would take about "
+                             f"{elements * ELEMENT_MATCH_BYTES / 2 ** 30:.1f} GiB of host memory, more than the "
+                             f"{free / 2 ** 30:.1f} GiB free", elements)
     if dst.epl != src.epl:
         raise LaneMismatch(f"destination and {src.dtype} source pack {dst.epl} and {src.epl} elements per long word")
     groups, span = dst.instance_count, dst.span_lw
