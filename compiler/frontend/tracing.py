@@ -184,9 +184,12 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
             # really add 1 to an unregistered BatchNorm's num_batches_tracked (kept as it was below)
             written = [(t, t.detach().clone()) for _, t in unkept]
             # pass 2: functionalized (writes become values, writes into inputs a final copy_) and
-            # decomposed, each node keeping its source line and phase
+            # decomposed, each node keeping its source line and phase. Without autograd: pass 1's
+            # graph holds the backward already, and an op pass 1 chose for a function run under
+            # no_grad (CPU flash attention, whose float mask a parameter computes: T5's relative
+            # position bias) refuses a mask that requires grad
             try:
-                with torch.fx.traceback.preserve_node_meta():
+                with torch.fx.traceback.preserve_node_meta(), torch.no_grad():
                     gm = make_fx(functionalize(lambda *args: torch.fx.Interpreter(joint).run(*args),
                                                remove="mutations_and_views"), decomposition_table=table(),
                                  tracing_mode="fake", _allow_non_fake_inputs=True, record_stack_traces=True)(
@@ -502,17 +505,33 @@ def _placeholder_name(name: str) -> str:
 
 def _captured_writes(node: torch.fx.Node, joint: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, torch.Tensor]]:
     """(node, tensor) for each captured tensor (not resident: those are placeholders by now) the
-    node writes in place."""
+    node writes in place, directly or through views of it (F.embedding's max_norm renormalizes
+    `weight.detach()` in place)."""
     schema = getattr(node.target, "_schema", None)
     if schema is None:
         return []
     out = []
     for k, arg in enumerate(schema.arguments):
         value = node.args[k] if k < len(node.args) else node.kwargs.get(arg.name)
-        if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.fx.Node) \
-                and value.op == "get_attr":
-            out.append((node, getattr(joint, value.target)))
+        if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.fx.Node):
+            base = _view_base(value)
+            if base.op == "get_attr":
+                out.append((node, getattr(joint, base.target)))
     return out
+
+
+def _view_base(value: torch.fx.Node) -> torch.fx.Node:
+    """The node a chain of views (ops whose result aliases their first argument without writing
+    it: detach, alias, view, ...) starts from."""
+    while value.op == "call_function" and value.args and isinstance(value.args[0], torch.fx.Node):
+        schema = getattr(value.target, "_schema", None)
+        returns = schema.returns if schema is not None else ()
+        first = schema.arguments[0].alias_info if schema is not None and schema.arguments else None
+        if not returns or returns[0].alias_info is None or returns[0].alias_info.is_write or first is None \
+                or first.is_write or returns[0].alias_info.before_set != first.before_set:
+            break
+        value = value.args[0]
+    return value
 
 
 def _copies_into_captured(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, torch.Tensor]]:

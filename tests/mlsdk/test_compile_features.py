@@ -368,3 +368,20 @@ def test_float64_the_function_computes_is_float32_on_the_device_with_a_warning_n
     assert out["third"].cpu().dtype == torch.float64 and out["same"].cpu().dtype == torch.float32
     torch.testing.assert_close(out["third"].cpu(), (x / 3).double())
     assert compiled.output_specs["third"].dtype == "float64"
+
+
+def test_attention_under_no_grad_with_a_mask_a_parameter_computes(ctx):
+    """Inference written under torch.no_grad(): attention whose float mask an embedding computes
+    (T5's relative position bias). Pass 1 of the trace picks CPU flash attention there, which
+    refuses a mask that requires grad: the second pass runs without autograd."""
+    torch.manual_seed(0)
+    table = torch.nn.Embedding(9, 2)
+
+    def fn(d):
+        with torch.no_grad():
+            rel = torch.arange(5)[None, :] - torch.arange(5)[:, None] + 4
+            bias = table(rel).permute(2, 0, 1)[None]
+            return {"y": torch.nn.functional.scaled_dot_product_attention(d["q"], d["k"], d["v"], attn_mask=bias)}
+    inputs = {k: torch.randn(1, 2, 5, 8) for k in "qkv"}
+    got = ctx.compile(fn, inputs, None)(inputs)["y"].cpu()
+    torch.testing.assert_close(got, fn(inputs)["y"], rtol=1e-5, atol=1e-5)

@@ -493,6 +493,12 @@ def test_tracing_leaves_host_tensors_as_they_were():
     with pytest.raises(CompileError, match="writes a captured tensor .* not registered"):
         ctx.compile(writes_a_captured_tensor, batches((8, 16), 1)[0], None)
     assert torch.equal(scratch, torch.zeros(3))
+    # through a view of it: nn.Embedding's max_norm renormalizes weight.detach() in place
+    emb = torch.nn.Embedding(6, 4, max_norm=1.0)
+    before_emb = emb.weight.detach().clone()
+    with pytest.raises(CompileError, match="aten.embedding_renorm_.* writes a captured tensor .* not registered"):
+        ctx.compile(lambda d: {"y": emb(d["t"])}, {"t": torch.tensor([[1, 2, 3], [3, 4, 4]])}, None)
+    assert torch.equal(emb.weight.detach(), before_emb)
 
 
 def test_state_written_with_copy_and_an_input_named_like_a_tensor():
