@@ -37,6 +37,7 @@ class Executable:
         self.input_specs = {k: v for k, v in compiled.inputs.items() if k not in self.resident}
         self.output_specs = {k: v for k, v in compiled.outputs.items() if k not in updates}
         self.loaded: Loaded | None = None
+        self.last_call = 0  # the runtime's call count at its latest call (0: never called)
         self._variants: dict[str, Compiled | CompileError] = {}
         self._lock = threading.Lock()
 

@@ -52,6 +52,7 @@ class Runtime:
         self.lock = device.lock if device is not None else threading.RLock()
         self.invalidated = False
         self.executables: list[Executable] = []
+        self._calls = 0  # calls run so far (Executable.last_call: which program to unload first)
         if device is not None:
             self.conversions = Conversions(device, self.record)
             self.binder = Binder(device, self.conversions, self.record)
@@ -117,18 +118,37 @@ class Runtime:
         record. A call that fails leaves no buffers and no runs behind."""
         with self.lock:
             self.check()
-            first_run = len(self.session.runs)
-            try:
-                return self._call(exe, values)
-            except MnsimError as e:
-                del self.session.runs[first_run:]  # its bindings were undone
-                if isinstance(e, DeviceMemoryError):  # (after the call's own buffers were freed)
-                    self._explain_memory(e, f"{exe.name} ({self.label})")
-                e.add_note(f"while calling {exe.name} in {self.label}")
-                raise
-            except BaseException:
-                del self.session.runs[first_run:]
-                raise
+            while True:
+                first_run = len(self.session.runs)
+                try:
+                    result = self._call(exe, values)
+                    self._calls += 1
+                    exe.last_call = self._calls
+                    return result
+                except MnsimError as e:
+                    del self.session.runs[first_run:]  # its bindings were undone
+                    if isinstance(e, DeviceMemoryError) and self._unload_least_recent(exe):
+                        continue  # (after the call's own buffers were freed) room made: again
+                    if isinstance(e, DeviceMemoryError):
+                        self._explain_memory(e, f"{exe.name} ({self.label})")
+                    e.add_note(f"while calling {exe.name} in {self.label}")
+                    raise
+                except BaseException:
+                    del self.session.runs[first_run:]
+                    raise
+
+    def _unload_least_recent(self, keep: Executable) -> bool:
+        """Unload the loaded program (its constants and temporaries) of the function called least
+        recently but `keep`, to make room; False when none is loaded. It loads again when next
+        called (its constants uploaded anew): a Context that compiles one function after another
+        (a notebook cell run again, a sweep of shapes) would otherwise hold every one's DRAM."""
+        loaded = [e for e in self.executables if e.loaded is not None and e is not keep]
+        if not loaded:
+            return False
+        victim = min(loaded, key=lambda e: e.last_call)
+        self.board().unload(victim.loaded)
+        victim.loaded = None
+        return True
 
     def _call(self, exe: Executable, values: dict) -> tuple[dict[str, DeviceValue], Call]:
         device, compiled = self.board(), exe.compiled

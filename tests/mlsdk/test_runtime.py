@@ -464,3 +464,31 @@ def test_an_int32_input_returned_as_int64_keeps_the_input_int32(ctx):
     got = fn({"x": x})
     assert got["wide"].cpu().dtype == torch.int64 and torch.equal(got["wide"].cpu(), x.long())
     assert got["same"].cpu().dtype == torch.int32 and torch.equal(got["same"].cpu(), x)
+
+
+
+def test_compiling_one_function_after_another_unloads_the_least_recently_called(tmp_path):
+    """Each loaded program holds its constants and temporaries in DRAM. A Context that compiles one
+    function after another (a shape sweep, a notebook cell run again) fills the device: when a
+    call finds no room, the program called least recently is unloaded, and loads again (its
+    constants uploaded anew) when it is called next. Every call computes right values. (mini
+    with 4 MiB of DRAM a Group, so that a few programs fill it.)"""
+    chip = tmp_path / "mini_small_dram.yaml"
+    chip.write_text("extends: mini\nname: mini_small_dram\nsummary: mini with 4 MiB of DRAM a Group\n"
+                    "memories:\n  DRAM: {capacity_bytes: 4 MiB}\n")
+    ctx = Context(MNDevice(str(chip)))
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(128, 128)
+    functions, inputs = [], []
+    for i in range(6):
+        x = torch.randn(1024 + 64 * i, 128)  # a new shape: a new program
+        fn = ctx.compile(lambda d: {"y": torch.relu(layer(d["x"]))}, {"x": x}, None)
+        with torch.no_grad():
+            assert torch.allclose(fn({"x": x})["y"].cpu(), torch.relu(layer(x)), atol=1e-4)
+        functions.append(fn)
+        inputs.append(x)
+    loaded = [e for e in ctx.runtime.executables if e.loaded is not None]
+    assert 0 < len(loaded) < len(functions) and ctx.runtime.executables[0].loaded is None  # the earliest went
+    with torch.no_grad():  # the first loads again
+        assert torch.allclose(functions[0]({"x": inputs[0]})["y"].cpu(), torch.relu(layer(inputs[0])), atol=1e-4)
+    assert ctx.runtime.executables[0].loaded is not None
