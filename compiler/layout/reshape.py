@@ -17,7 +17,7 @@ def reshape_layout(layout: Layout, shape: tuple[int, ...]) -> Layout | None:
     if [n for n in layout.shape if n != 1] == [n for n in shape if n != 1]:
         return _unit_dims_changed(layout, shape)
     if layout.extents != layout.shape:
-        return None
+        return _around_padding(layout, shape)
     digits = [f for dim in layout.dims for f in dim if f.size > 1]
     dims: list[list[Factor]] = []
     for size in reversed(shape):
@@ -38,6 +38,29 @@ def reshape_layout(layout: Layout, shape: tuple[int, ...]) -> Layout | None:
         dims.insert(0, dim or [Factor(1, ADDRESS, 1)])
     if digits:
         return None
+    return _with_named_axes(layout, dims, shape)
+
+
+def _around_padding(layout: Layout, shape: tuple[int, ...]) -> Layout | None:
+    """A reshape of a padded layout that keeps its leading and trailing dimensions as they are
+    (padding included) and regroups those between them, which must be unpadded: a product's
+    (B*T, N) output, N padded to the lanes, read as (B, T, N). None otherwise."""
+    old = layout.shape
+    tail = 0
+    while tail < min(len(old), len(shape)) and old[-1 - tail] == shape[-1 - tail]:
+        tail += 1
+    head = 0
+    while head < min(len(old), len(shape)) - tail and old[head] == shape[head]:
+        head += 1
+    inner = range(head, len(old) - tail)
+    if not inner or any(layout.extents[i] != old[i] for i in inner):
+        return None
+    middle = reshape_layout(Layout.of([layout.dims[i] for i in inner], tuple(old[i] for i in inner)),
+                            tuple(shape[head:len(shape) - tail]))
+    if middle is None:
+        return None
+    dims = [list(d) for d in layout.dims[:head]] + [list(d) for d in middle.dims] + \
+        [list(d) for d in layout.dims[len(old) - tail:]]
     return _with_named_axes(layout, dims, shape)
 
 

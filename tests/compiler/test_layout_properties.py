@@ -157,3 +157,35 @@ def test_a_padded_unit_dimension_is_not_dropped_in_place():
     layout = parse("(1, 8)/((2:8), (8:1))")
     assert layout.extents != layout.shape
     assert reshape_layout(layout, (8,)) is None
+
+
+@pytest.mark.parametrize("text, shape", [
+    # a product's (B*T, N) output, N padded to the PEs' lanes, read as (B, T, N)
+    ("(256, 20)/((8_L1B:1, 16_MAB:1, 2:1), (4_L2B:2, 4_PE:1, 2_W:1))", (2, 128, 20)),
+    ("(256, 20)/((8_L1B:1, 16_MAB:1, 2:1), (4_L2B:2, 4_PE:1, 2_W:1))", (4, 4, 16, 20)),
+    # the padded dimension first, the others regrouped
+    ("(20, 256)/((4_L2B:2, 4_PE:1, 2_W:1), (8_L1B:1, 16_MAB:1, 2:1))", (20, 16, 16)),
+])
+def test_a_padded_layout_reshapes_around_its_padded_dimensions(mncore2, text, shape):
+    """reshape_layout of a padded layout that keeps its padded leading or trailing dimensions as
+    they are and regroups the unpadded ones between them places every element where it was (a
+    Linear over (B, T, F) reads its product's output so, instead of gathering it)."""
+    from compiler.layout.reshape import reshape_layout
+    layout = parse(text)
+    assert layout.extents != layout.shape
+    viewed = reshape_layout(layout, shape)
+    assert viewed is not None and viewed.shape == shape
+    x = np.arange(1, layout.numel + 1, dtype=np.uint32).reshape(layout.shape)
+    p, q = (Placement(v, mncore2, "LM0", "float32") for v in (layout, viewed))
+    want = np.zeros((p.instance_count, p.span_lw * 2), dtype=np.uint32)
+    scatter(p, x, want, 0)
+    got = np.zeros_like(want)
+    scatter(q, x.reshape(shape), got, 0)
+    assert (q.instance_count, q.span_lw) == (p.instance_count, p.span_lw) and np.array_equal(got, want)
+
+
+def test_a_padded_dimension_regrouped_is_refused():
+    """Padding inside the dimensions a reshape regroups would move elements: refused (gathered)."""
+    from compiler.layout.reshape import reshape_layout
+    assert reshape_layout(parse("(6, 8)/((8:8), (8:1))"), (48,)) is None
+    assert reshape_layout(parse("(2, 6, 8)/((2:64), (8:8), (8:1))"), (12, 8)) is None
