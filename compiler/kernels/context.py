@@ -24,8 +24,8 @@ from sim.alloc import Allocator
 from ..chain import Chain
 from ..errors import CompileError, LayoutError
 from ..layout import W_AXIS, Broadcast, Factor, Layout, Placement
-from ..transfer.gather import LaneMismatch, LwSources, emit_convert, lw_sources
-from ..transfer.separable import DimTerms, GatherTooLarge
+from ..transfer.gather import LaneMismatch, LwSources, emit_convert, gather_runs, lw_sources
+from ..transfer.separable import DimTerms
 from ..transfer.staging import Staging, Transit, emit_download, emit_upload, stage, stored_staging
 
 TAGS = {"transit": (1, 2), "drain": (3, 4), "convert": (5, 6)}
@@ -238,12 +238,10 @@ def gather_mvs(ctx: EmitContext, refs: dict, reads: Iterable[tuple], blocks: boo
         st = stored_staging(lm, held) or _staging_for_gather(lm, blocks)
         if held.same_placement(st.dram):
             continue
-        try:
-            total += lw_sources(st.dram, held).mv_count
-        except GatherTooLarge as e:
-            total += e.runs
-        except LayoutError:
+        runs = gather_runs(st.dram, held)
+        if runs is None:
             return None
+        total += runs
     return total
 
 

@@ -37,8 +37,8 @@ from ..ir import Node, Value
 from ..layout import W_AXIS, Factor, Layout, Placement
 from ..layout.reshape import reshape_layout
 from ..layout.spread import Spread, lane_runs, spread
-from ..transfer.gather import lw_sources
-from ..transfer.separable import DimTerms, GatherTooLarge, Terms, flatten_terms
+from ..transfer.gather import gather_runs, lw_sources
+from ..transfer.separable import DimTerms, Terms, flatten_terms
 from ..transfer.sources import LaneMismatch
 from ..transfer.staging import stage
 from .base import Kernel, device_dtype
@@ -474,15 +474,7 @@ class ConvKernel(Kernel):
             return 0.0
         destination = self.b_image(ctx)
         read, index = weight_read(destination, refs[self.w].placement, self.c_pad)
-        if index is not None:
-            return 0.0
-        try:
-            runs = lw_sources(destination, read).mv_count
-        except GatherTooLarge as e:
-            runs = e.runs
-        except LayoutError:
-            return 0.0
-        return runs * ctx.gather_mv_cycles()
+        return 0.0 if index is not None else (gather_runs(destination, read) or 0) * ctx.gather_mv_cycles()
 
     def emit(self, ctx: EmitContext, refs: dict[Value, Ref]) -> None:
         out = self.node.out

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import CompileError, LayoutError
+from ..errors import CompileError
 from ..ir import Node, Value
 from ..layout import W_AXIS, Broadcast, Factor, Layout, Placement, has_lanes, lanes_innermost
 from ..layout.spread import Spread, spread, time_sliced
-from ..transfer.gather import LaneMismatch, lw_sources
-from ..transfer.separable import GatherTooLarge
+from ..transfer.gather import LaneMismatch, gather_runs, lw_sources
 from ..transfer.staging import stage
 from .base import Kernel, device_dtype
 from .context import Arena, EmitContext, Ref
@@ -145,13 +144,7 @@ class RelayoutKernel(Kernel):
         target = refs[self.out].placement
         if self.zero_pad and target.layout.extents != target.layout.shape:
             return 0.0
-        try:
-            runs = lw_sources(target, refs[self.source].placement, self.index).mv_count
-        except GatherTooLarge as e:
-            runs = e.runs
-        except LayoutError:
-            return 0.0
-        return runs * ctx.gather_mv_cycles()
+        return (gather_runs(target, refs[self.source].placement, self.index) or 0) * ctx.gather_mv_cycles()
 
     def key(self, refs: dict[Value, Ref]) -> tuple | None:
         if self.index is not None:

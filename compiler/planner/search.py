@@ -583,18 +583,23 @@ class Planner:
             cheapest = cycles if cheapest is None else min(cheapest, cycles)
         return cheapest or 0
 
+    @staticmethod
+    def _copy(v: Value, ref: Ref, wanted: Placement, lm: Layout | None) -> tuple[RelayoutKernel, dict[Value, Ref]]:
+        """The copy of `v`, stored as `ref`, into `wanted` (the image of LM layout `lm`, when known),
+        and its refs: the copy `copy_to` emits."""
+        copy = RelayoutKernel.copy(v, ref, wanted)
+        return copy, {v: ref, copy.out: Ref("output", wanted, lm)}
+
     def relayout_bound(self, v: Value, ref: Ref, wanted: Placement, lm: Layout | None = None) -> float:
         """`RelayoutKernel.least_cycles` of the copy `relayout_cycles` times."""
-        copy = RelayoutKernel.copy(v, ref, wanted)
-        return copy.least_cycles(self.ctx, {v: ref, copy.out: Ref("output", wanted, lm)})
+        copy, refs = self._copy(v, ref, wanted, lm)
+        return copy.least_cycles(self.ctx, refs)
 
     def relayout_cycles(self, v: Value, ref: Ref, wanted: Placement, lm: Layout | None = None,
                         budget: int | None = None) -> int:
-        """The timed copy of `v`, stored as `ref`, into `wanted` (the image of LM layout `lm`, when
-        known): the copy `copy_to` emits, so both share one timing. OverBudget past `budget`
-        instructions."""
-        copy = RelayoutKernel.copy(v, ref, wanted)
-        return self.time(copy, {v: ref, copy.out: Ref("output", wanted, lm)}, budget)
+        """The timed copy of `v`, stored as `ref`, into `wanted` (`_copy`), so that it and `copy_to`
+        share one timing. OverBudget past `budget` instructions."""
+        return self.time(*self._copy(v, ref, wanted, lm), budget)
 
     def feed_cycles(self, v: Value, ref: Ref) -> int:
         """The relayout of `v` into the layout of the resident tensor whose update it feeds (0 when

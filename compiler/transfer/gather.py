@@ -89,6 +89,19 @@ def lw_sources(dst: "Placement | DimTerms", src: "Placement | DimTerms", index: 
     return found
 
 
+def gather_runs(dst: "Placement | DimTerms", src: "Placement | DimTerms", index: np.ndarray | None = None
+                ) -> int | None:
+    """The MVs of `lw_sources`' gather (one a run of long words), a gather too large to list
+    counting its runs; None when there is no such gather (its lanes move, or the layouts do not
+    separate): what the planner's lower bounds count."""
+    try:
+        return lw_sources(dst, src, index).mv_count
+    except GatherTooLarge as e:
+        return e.runs
+    except LayoutError:
+        return None
+
+
 def _nbytes(found: "LwSources | LaneMismatch") -> int:
     return 0 if isinstance(found, LaneMismatch) else found.nbytes
 
