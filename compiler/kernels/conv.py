@@ -348,6 +348,7 @@ class ConvKernel(Kernel):
                 self.w_layout = hwio.with_shape((kh, kw, c, co)).permute((3, 2, 0, 1)) if hwio is not None else None
         self.pads = {}
         self.windows: dict[str, tuple[Placement, DimTerms]] = {}  # x's layout -> (what A is gathered from, window)
+        self.weight_bounds: dict[str, float] = {}  # w's layout -> least_cycles (asked by the planner and estimate)
 
     def b_view(self, ref: Ref) -> Ref | None:
         """w's ref read as B = w.permute(2, 3, 1, 0).reshape(K, Co) (its padded channels
@@ -470,11 +471,17 @@ class ConvKernel(Kernel):
         """What B's gather from a device weight read by its terms takes at least: its MVs, each
         `gather_mv_cycles` (0: B is a constant the host arranges, a view of the weight, or read
         through an element map, which this does not count)."""
-        if self.b is not None or (self.w_layout is not None and self.b_view(refs[self.w]) is not None):
+        if self.b is not None:
             return 0.0
-        destination = self.b_image(ctx)
-        read, index = weight_read(destination, refs[self.w].placement, self.c_pad)
-        return 0.0 if index is not None else (gather_runs(destination, read) or 0) * ctx.gather_mv_cycles()
+        key = str(refs[self.w].placement.layout)
+        if key not in self.weight_bounds:
+            runs = None
+            if self.w_layout is None or self.b_view(refs[self.w]) is None:
+                destination = self.b_image(ctx)
+                read, index = weight_read(destination, refs[self.w].placement, self.c_pad)
+                runs = gather_runs(destination, read) if index is None else None
+            self.weight_bounds[key] = (runs or 0) * ctx.gather_mv_cycles()
+        return self.weight_bounds[key]
 
     def emit(self, ctx: EmitContext, refs: dict[Value, Ref]) -> None:
         out = self.node.out

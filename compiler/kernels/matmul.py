@@ -419,10 +419,11 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
 
     double_cache: dict[tuple[int, int, int], bool] = {}
 
-    def fitted(t: Tiling) -> bool:
-        """`_fits`, which depends on the tile's sizes alone (many assignments share them)."""
-        key = (t.mt, t.kp, t.nt)
+    def fitted(key: tuple[int, int, int], build: Callable[[], Tiling]) -> bool:
+        """`_fits` of the tiling `build` makes, which depends on its (mt, kp, nt) `key` alone (many
+        assignments share them): built only when the key is not known yet."""
         if key not in fit_cache:
+            t = build()
             fit_cache[key] = _fits(cg, t, t.converts_in(staged_in_float32), out_half)
         return fit_cache[key]
 
@@ -460,10 +461,7 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
             # a smaller tile never needs more memory): bisect on the rounds
             tiling = lambda rounds: Tiling(tuple(takes), bl, rounds, ceil(m_tile / rounds), chunks, kp, nt,  # noqa
                                            trans_b, half, pseudo, float64=float64, shifts=shifts)
-
-            def fits(rounds: int) -> bool:  # `fitted` of tiling(rounds), built only when not known
-                known = fit_cache.get((ceil(m_tile / rounds), kp, nt))
-                return fitted(tiling(rounds)) if known is None else known
+            fits = lambda rounds: fitted((ceil(m_tile / rounds), kp, nt), partial(tiling, rounds))  # noqa: E731
             if m_tile == 0 or not fits(m_tile):
                 continue
             low, high = 1, m_tile

@@ -119,9 +119,9 @@ class _Step:
 
 
 def _pipeline(cg: EmitContext, t: Tiling, rings: tuple[Feed, ...], steps: list[_Step], spaced: bool,
-              before: Callable[..., None] | None = None, extras: list[Member] | None = None) -> Iterator[int]:
-    """Emit `steps`, each step's transfers to the PEs beside the step before's MATMUL; `before` is
-    the MATMUL that step 0's transfers go beside (the last of a previous pipeline). Each operand
+              extras: list[Member]) -> Iterator[int]:
+    """Emit `steps`, each step's transfers to the PEs beside the step before's MATMUL (step 0's
+    alone). Each operand
     has a ring of its own (A a region per step, B per chunk), its slices fetched as far ahead as
     the ring is deep: a slice comes into a region part by part, as the legs of the slice before in
     that region leave it. Yields after each MATMUL but the last, which the caller emits (whole, or
@@ -135,11 +135,11 @@ def _pipeline(cg: EmitContext, t: Tiling, rings: tuple[Feed, ...], steps: list[_
         for ring, f in zip(rings, step.fetches):
             if f is not None and f.ordinal < ring.depth:
                 ring.fetch(f.ordinal, f.slice)
-    queued = extras if extras is not None else []
+    queued = extras
     for i in range(-1, len(steps) - 1):
         extras = list(queued)
         queued.clear()
-        product = steps[i].product if i >= 0 else before
+        product = steps[i].product if i >= 0 else None
         legs, refills = [], []
         for ring, sequence, f in zip(rings, sequences, steps[i + 1].fetches):
             if f is None:
@@ -205,10 +205,9 @@ def emit_stationary(cg: EmitContext, t: Tiling, p: Problem, batched: bool, a: So
     spaced = cg.hw.memories[mem_c].ports != "1RW"  # parts alone only where C's port has no gap between parts
     up_transit = Transit((l2 // 2, 3 * l2 // 4), (l1 // 2, 3 * l1 // 4), l2 // 4, l1 // 4, TAGS["drain"])
     extras: list[Member] = []
-    steps = _pipeline(cg, t, (ring_a, ring_b), first + last, spaced, extras=extras)
-    for _ in range(len(first)):
-        next(steps)
-    rounds = steps  # the later rounds' steps (B's ring is drained: the uploads may use its L2BM)
+    rounds = _pipeline(cg, t, (ring_a, ring_b), first + last, spaced, extras)
+    for _ in range(len(first)):  # the first rounds; then B's ring is drained: the uploads may use its L2BM
+        next(rounds)
     up_lm = cg.lm_placement(lc, "float32")
     st = stage(up_lm)
     # All rounds' C but the last, piece by piece, spread evenly over the later rounds' steps, none
