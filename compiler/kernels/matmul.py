@@ -34,7 +34,7 @@ from sim.isa import DType, VOp
 from ..chain import Chain
 from ..errors import CompileError, LayoutError
 from ..ir import Node, Value
-from ..layout import W_AXIS, Layout, Placement
+from ..layout import W_AXIS, Layout, Placement, lane_padding_dims
 from ..layout.layout import spread
 from ..transfer.staging import leg_bundles, stage
 from .base import Kernel, device_dtype
@@ -678,12 +678,7 @@ class MatmulKernel(Kernel):
         K = 5: 0 / 0 in v's padding lane made every product NaN). The planner relays an operand
         whose padding is not known to be zero into one whose padding is (zero_pad)."""
         k_dim = layout.rank - 1 if v is self.node.args[0] else layout.rank - 2  # A is (.., M, K), B (.., K, N)
-        factors = layout.dims[k_dim]
-        for j, f in enumerate(factors):
-            if f.axis == W_AXIS and f.size > 1:  # a long word holds K positions `below` apart, f.size of them
-                below = prod(g.size for g in factors[j + 1:])
-                return layout.shape[k_dim] % (f.size * below) != 0  # the last ones only partly elements
-        return False
+        return k_dim in lane_padding_dims(layout)
 
     def writes(self) -> dict[Value, Layout]:
         return {self.node.out: self.summed}

@@ -228,6 +228,26 @@ def lane_dims(layout: Layout) -> list[int]:
     return [d for d, f in layout.factors if f.axis == W_AXIS and f.size > 1]
 
 
+def lane_padding_dims(layout: Layout, lanes: int | None = None) -> list[int]:
+    """The dimensions whose long words hold both elements and padding: a dimension packed into
+    the lanes (`f.size` positions `below` apart in its index) whose length that block does not
+    divide; given the `lanes` of a long word, every packed dimension when the layout's lane
+    factors fill fewer. Such a long word moves whole, padding lanes and all; every other padding
+    position fills long words of its own, which a gather can write with zeros."""
+    dims, packed = [], []
+    for d, factors in enumerate(layout.dims):
+        for j, f in enumerate(factors):
+            if f.axis == W_AXIS and f.size > 1:
+                packed.append(d)
+                below = prod(g.size for g in factors[j + 1:])
+                if layout.shape[d] % (f.size * below) != 0:
+                    dims.append(d)
+                break
+    if packed and lanes is not None and prod(f.size for _, f in layout.factors if f.axis == W_AXIS) < lanes:
+        return packed
+    return dims
+
+
 def lanes_innermost(layout: Layout) -> bool:
     """Whether the lanes (if packed) are the innermost digit of one dimension: the layouts whose
     lanes an LM layout can keep, so the only ones a relayout can start from."""

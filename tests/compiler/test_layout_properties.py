@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import hwdesc
@@ -52,6 +52,28 @@ def test_gather_of_scatter_is_the_tensor(chip, memory, dtype, data):
     if (other + p.span_lw) * 2 + 6 <= mem.shape[1]:
         scatter(p, x, again, other)
         assert np.array_equal(gather(p, again, other), x) and np.count_nonzero(again) == np.count_nonzero(mem)
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("memory, dtype", [("DRAM", "float32"), ("DRAM", "float16")])
+@SETTINGS
+@given(data=st.data())
+def test_lane_padding_dims_are_the_dimensions_whose_long_words_mix_elements_and_padding(chip, memory, dtype, data):
+    """`lane_padding_dims` from the layout's digits against every long word of its placement: a
+    long word some of whose lanes hold elements and others padding exists exactly when the
+    function names a dimension (a zero-padding copy by the Data Engines relies on it)."""
+    from compiler.layout import has_lanes, lane_padding_dims
+    hw = CHIPS[chip]
+    layout = data.draw(legal_layouts(hw, memory, dtype))
+    assume(has_lanes(layout))  # one without lanes holds each element in every lane of its long word
+    p = Placement(layout, hw, memory, dtype)
+    epl = hw.elements_per_lw(dtype)
+    slots = np.zeros((p.instance_count, p.span_lw * 2), dtype=np.uint32)
+    ones = np.ones(layout.shape, dtype={16: np.uint16, 32: np.uint32}[hw.formats[dtype].bits])
+    scatter(p, ones, slots, 0)
+    filled = slots.view(ones.dtype).reshape(p.instance_count, p.span_lw, epl) != 0
+    mixed = bool((filled.any(axis=-1) & ~filled.all(axis=-1)).any())
+    assert mixed == bool(lane_padding_dims(layout, epl)), layout
 
 
 @pytest.mark.parametrize("chip", CHIPS)
