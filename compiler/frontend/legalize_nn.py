@@ -108,6 +108,22 @@ def pool_geometry(x: Value, kernel, stride, padding, dilation, ceil_mode: bool):
     return (kh, kw), (sh, sw), (ph, pw), (dh, dw), (out_size(h, kh, sh, ph, dh), out_size(w, kw, sw, pw, dw))
 
 
+def tiling(geometry) -> bool:
+    """Whether the windows tile the (padded) input: stride = kernel and no dilation, so that every
+    input position lies in at most one window (2x2 max-pooling by 2, a global average)."""
+    (kh, kw), (sh, sw), _, (dh, dw), _ = geometry
+    return (sh, sw) == (kh, kw) and (dh, dw) == (1, 1)
+
+
+def tile_pads(size: tuple[int, int], geometry) -> list[tuple[int, int]]:
+    """The (before, after) padding of the last two dims that makes (H, W) exactly the tiles'
+    (Ho * kh, Wo * kw): the pooling's own padding first, then as many positions as the tiles
+    reach past the image (negative: rows and columns no window reads, cropped)."""
+    (kh, kw), _, (ph, pw), _, (ho, wo) = geometry
+    h, w = size
+    return [(ph, ho * kh - h - ph), (pw, wo * kw - w - pw)]
+
+
 def _patches(b: Builder, x: Value, geometry, fill) -> Value:
     """(..., H, W) -> (..., Ho, Wo, kh, kw): every output position's input patch."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw), (ho, wo) = geometry

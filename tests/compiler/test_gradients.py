@@ -99,6 +99,13 @@ MODELS = {
                                                  nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False),
                                                  nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10)),
                            cross_entropy, (2, 2, 8, 8)),
+    # windows that tile the input (stride = kernel) are a view of it and their gradients one view
+    # back: cropped rows (floor mode), pooling padding, partial windows (ceil mode), clipped divisors
+    "tiled_pools": (lambda: nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.MaxPool2d(2, padding=1), nn.Tanh(),
+                                          nn.MaxPool2d(2, ceil_mode=True),
+                                          nn.AvgPool2d(2, ceil_mode=True, count_include_pad=False),
+                                          nn.AvgPool2d(3, padding=1), nn.Flatten(), nn.Linear(4, 10)),
+                    cross_entropy, (2, 2, 12, 13)),
     # separable resampling: products with constant matrices, forward and backward
     "bilinear_adaptive_uneven": (lambda: nn.Sequential(nn.Conv2d(2, 3, 3, padding=1),
                                                        nn.Upsample(scale_factor=1.5, mode="bilinear"),
