@@ -17,7 +17,8 @@ gaussian_nll_loss (torch checks `var < 0` on the host, which a device program ca
 negative variance is clamped to eps like a small one, where torch raises ValueError), rrelu
 in eval mode (a leaky ReLU of slope (lower + upper) / 2; in training mode it is random),
 cdist, softshrink and hardshrink (no decomposition of their backward); one_hot with a class
-count, which torch's kernel checks by reading the indices (a captured constant's values).
+count, which torch's kernel checks by reading the indices (a captured constant's values); CTC
+loss, whose kernel's shapes depend on the lengths' values.
 """
 
 from __future__ import annotations
@@ -197,7 +198,69 @@ def _rrelu(input, lower=0.125, upper=1.0 / 3, training=False, inplace=False):  #
     return F.leaky_relu_(input, slope) if inplace else F.leaky_relu(input, slope)
 
 
+# The log-probability of a state no path reaches: finite, so that the recursion's log-sum-exp never
+# takes -inf - -inf (whose gradient is NaN); a final value at or below half of it is an alignment
+# that cannot happen (an infinite loss, as torch gives it). float32 absorbs any log-probability added.
+UNREACHED = -1e30
+
+
+def _log_add(*terms: torch.Tensor) -> torch.Tensor:
+    """log(sum(exp(terms))) of tensors of one shape, around their maximum."""
+    top = terms[0]
+    for term in terms[1:]:
+        top = torch.maximum(top, term)
+    return top + torch.log(sum(torch.exp(term - top) for term in terms))
+
+
+def _ctc(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean", zero_infinity=False):
+    """F.ctc_loss as its definition (Graves et al., 2006), so that autograd differentiates it:
+    the forward variables alpha over each target with blanks between and around its labels, one
+    frame a step, in log space. torch's kernel gives data-dependent shapes (aten._ctc_loss.Tensor),
+    which a traced program cannot have; here the shapes bound every length and the lengths mask:
+    a frame past an input's length leaves its alpha as it was, and the final states are read at
+    each target's length. Targets come padded (N, S) or concatenated (the sum of the lengths),
+    lengths as tensors or lists."""
+    unbatched = log_probs.dim() == 2
+    if unbatched:
+        log_probs, targets = log_probs.unsqueeze(1), targets.reshape(1, -1)
+    frames, batch, _ = log_probs.shape
+    dtype = log_probs.dtype
+    in_len = torch.as_tensor(input_lengths).reshape(-1)
+    out_len = torch.as_tensor(target_lengths).reshape(-1)
+    if targets.dim() == 1:  # concatenated: row n starts after the lengths before it
+        total = targets.shape[0]
+        starts = torch.cumsum(out_len, 0) - out_len
+        targets = targets[(starts.unsqueeze(1) + torch.arange(total)).clamp(max=max(total - 1, 0))]
+    labels = targets.shape[1]
+    blanks = torch.full_like(targets, blank)
+    ext = torch.cat([torch.stack([blanks, targets], -1).reshape(batch, 2 * labels), blanks[:, :1]], 1)
+    if labels == 0:
+        ext = torch.full((batch, 1), blank, dtype=targets.dtype)
+    states = ext.shape[1]
+    emit = log_probs.gather(2, ext.unsqueeze(0).expand(frames, batch, states))  # (T, N, states)
+    unreached = torch.full((batch, states), UNREACHED, dtype=dtype)
+    skip = torch.cat([torch.zeros(batch, min(2, states), dtype=torch.bool),
+                      (ext[:, 2:] != blank) & (ext[:, 2:] != ext[:, :-2])], 1)  # s-2 -> s: a new label
+    alpha = torch.cat([emit[0, :, :2], unreached[:, 2:]], 1)
+    for t in range(1, frames):
+        one = torch.cat([unreached[:, :1], alpha[:, :-1]], 1)
+        two = torch.where(skip, torch.cat([unreached[:, :2], alpha[:, :-2]], 1)[:, :states], unreached)
+        alpha = torch.where((t < in_len).unsqueeze(1), _log_add(alpha, one, two) + emit[t], alpha)
+    last = (2 * out_len).unsqueeze(1)
+    before = torch.where(last > 0, alpha.gather(1, (last - 1).clamp(min=0)), unreached[:, :1])
+    final = _log_add(alpha.gather(1, last), before).squeeze(1)
+    impossible = final <= UNREACHED / 2
+    loss = torch.where(impossible, torch.zeros_like(final) if zero_infinity else torch.full_like(final, math.inf),
+                       -final)
+    if reduction == "mean":
+        return (loss / out_len.clamp(min=1).to(dtype)).mean()
+    if reduction == "sum":
+        return loss.sum()
+    return loss[0] if unbatched else loss
+
+
 REPLACED: dict[Callable, Callable] = {
+    F.ctc_loss: _ctc,
     F.multilabel_margin_loss: _multilabel_margin,
     F.multi_margin_loss: _multi_margin,
     F.gaussian_nll_loss: _gaussian_nll,

@@ -332,3 +332,46 @@ def test_writes_through_a_repeated_index_keep_the_last_write(device):
     for name, expected in fn(inputs).items():
         torch.testing.assert_close(got[name], expected, rtol=0, atol=0, msg=name)
     assert got["multi_hot"][0, 3] == 1 and got["distinct"][1, 0] == 7 and got["setitem"][3, 1] == 5
+
+
+@pytest.mark.parametrize("targets", ["padded", "concatenated"])
+def test_ctc_loss_and_its_gradient_match_torch(targets):
+    """F.ctc_loss runs as its definition (frontend.above_autograd._ctc), masked by lengths given
+    as tensors: torch's kernel has shapes that depend on their values (DynamicOutputShapeException
+    when traced). Inputs shorter than the frames, a target of length 0, and its gradient through
+    a product and a log-softmax, on mini."""
+    torch.manual_seed(11)
+    mini = Device(hwdesc.load("mini"))
+    frames, batch, classes = 10, 3, 6
+    labels = torch.randint(1, classes, (batch, 4))
+    lengths = torch.tensor([4, 2, 0])
+    inputs = {"x": torch.randn(frames, batch, classes), "il": torch.tensor([10, 8, 5]), "tl": lengths,
+              "tg": labels if targets == "padded" else torch.cat([labels[0], labels[1, :2]])}
+    w = torch.randn(classes, classes, requires_grad=True)
+
+    def fn(d):
+        loss = F.ctc_loss((d["x"] @ w).log_softmax(2), d["tg"], d["il"], d["tl"])
+        return {"loss": loss, "grad": torch.autograd.grad(loss, [w])[0]}
+    got = mini.execute(compile_function(fn, inputs, mini.hw), inputs)
+    for name, expected in fn(inputs).items():
+        torch.testing.assert_close(got[name], expected.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_ctc_definition_gives_torchs_reductions_and_impossible_alignments():
+    """On the host, the definition against torch's kernel: every reduction, lengths as lists, an
+    unbatched input, and an alignment that cannot happen (a target longer than the input): an
+    infinite loss, or 0 with zero_infinity."""
+    from compiler.frontend.above_autograd import _ctc
+    torch.manual_seed(12)
+    log_probs = torch.randn(8, 2, 5).log_softmax(2)
+    labels = torch.randint(1, 5, (2, 3))
+    for reduction in ("none", "mean", "sum"):
+        torch.testing.assert_close(_ctc(log_probs, labels, [8, 6], [3, 1], reduction=reduction),
+                                   F.ctc_loss(log_probs, labels, [8, 6], [3, 1], reduction=reduction))
+    one = (log_probs[:, 0], labels[0], torch.tensor(8), torch.tensor(3))
+    torch.testing.assert_close(_ctc(*one), F.ctc_loss(*one))
+    short = (log_probs[:2], torch.ones(2, 3, dtype=torch.long), [2, 2], [3, 3])
+    assert torch.isinf(_ctc(*short, reduction="none")).all()
+    assert torch.equal(_ctc(*short, reduction="none", zero_infinity=True), torch.zeros(2))
+    torch.testing.assert_close(_ctc(*short, reduction="none", zero_infinity=True),
+                               F.ctc_loss(*short, reduction="none", zero_infinity=True))
