@@ -18,7 +18,8 @@ negative variance is clamped to eps like a small one, where torch raises ValueEr
 in eval mode (a leaky ReLU of slope (lower + upper) / 2; in training mode it is random),
 cdist, softshrink and hardshrink (no decomposition of their backward); one_hot with a class
 count, which torch's kernel checks by reading the indices (a captured constant's values); CTC
-loss, whose kernel's shapes depend on the lengths' values.
+loss, whose kernel's shapes depend on the lengths' values; 3-D pooling (and so
+local_response_norm) as two 2-D poolings, which the compiler lowers with their gradients.
 """
 
 from __future__ import annotations
@@ -198,6 +199,66 @@ def _rrelu(input, lower=0.125, upper=1.0 / 3, training=False, inplace=False):  #
     return F.leaky_relu_(input, slope) if inplace else F.leaky_relu(input, slope)
 
 
+def _triple(v, default=None) -> tuple[int, int, int]:
+    """A 3-D pooling's size argument as (depth, height, width)."""
+    if v is None or isinstance(v, (list, tuple)) and len(v) == 0:
+        v = default
+    if isinstance(v, int):
+        return (v, v, v)
+    return tuple(v) * 3 if len(v) == 1 else tuple(v)
+
+
+def _pool3d(x, pool2d, kernel, stride, padding, **options):
+    """A 3-D pooling as two 2-D ones: over (H, W) with every depth as a channel, then over D with
+    H * W as the width. Max- and average-pooling over a box are separable, and so are their
+    padding and clipping rules (a clipped window's divisor is the product of its clipped extents
+    in each dimension). 2-D pooling and its gradient are what the compiler lowers."""
+    unbatched = x.dim() == len(kernel) + 1  # (C, D, H, W)
+    x = x.unsqueeze(0) if unbatched else x
+    n, c, d, h, w = x.shape
+    plane = pool2d(x.reshape(n, c * d, h, w), kernel[1:], stride[1:], padding[1:], **options["plane"])
+    ho, wo = plane.shape[-2:]
+    depth = pool2d(plane.reshape(n, c, d, ho * wo), (kernel[0], 1), (stride[0], 1), (padding[0], 0),
+                   **options["depth"])
+    y = depth.reshape(n, c, depth.shape[2], ho, wo)
+    return y[0] if unbatched else y
+
+
+def _avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    """F.avg_pool3d as two 2-D average-poolings (`_pool3d`); a divisor override divides the sums."""
+    kernel = _triple(kernel_size)
+    common = {"ceil_mode": ceil_mode, "count_include_pad": count_include_pad}
+    if divisor_override:
+        common["divisor_override"] = 1
+    y = _pool3d(input, F.avg_pool2d, kernel, _triple(stride, kernel), _triple(padding),
+                plane=common, depth=common)
+    return y / divisor_override if divisor_override else y
+
+
+def _max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """F.max_pool3d as two 2-D max-poolings (`_pool3d`); with indices, not handled."""
+    if return_indices:
+        return NotImplemented
+    kernel, dilation = _triple(kernel_size), _triple(dilation)
+    return _pool3d(input, F.max_pool2d, kernel, _triple(stride, kernel), _triple(padding),
+                   plane={"dilation": dilation[1:], "ceil_mode": ceil_mode},
+                   depth={"dilation": (dilation[0], 1), "ceil_mode": ceil_mode})
+
+
+def _local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
+    """F.local_response_norm as torch defines it, its average over `size` neighbouring channels a
+    2-D average-pooling of the squares over (channels, the rest flattened) (torch pools a 5-D
+    view with aten.avg_pool3d)."""
+    if input.dim() < 3 or input.numel() == 0:
+        return NotImplemented
+    n, c = input.shape[:2]
+    squares = (input * input).reshape(n, 1, c, -1)
+    squares = F.pad(squares, (0, 0, size // 2, (size - 1) // 2))
+    div = F.avg_pool2d(squares, (size, 1), stride=1).reshape(input.shape)
+    return input / (div * alpha + k).pow(beta)
+
+
 # The log-probability of a state no path reaches: finite, so that the recursion's log-sum-exp never
 # takes -inf - -inf (whose gradient is NaN); a final value at or below half of it is an alignment
 # that cannot happen (an infinite loss, as torch gives it). float32 absorbs any log-probability added.
@@ -261,6 +322,9 @@ def _ctc(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="
 
 REPLACED: dict[Callable, Callable] = {
     F.ctc_loss: _ctc,
+    F.avg_pool3d: _avg_pool3d,
+    F.max_pool3d: _max_pool3d,
+    F.local_response_norm: _local_response_norm,
     F.multilabel_margin_loss: _multilabel_margin,
     F.multi_margin_loss: _multi_margin,
     F.gaussian_nll_loss: _gaussian_nll,

@@ -106,6 +106,13 @@ MODELS = {
                                           nn.AvgPool2d(2, ceil_mode=True, count_include_pad=False),
                                           nn.AvgPool2d(3, padding=1), nn.Flatten(), nn.Linear(4, 10)),
                     cross_entropy, (2, 2, 12, 13)),
+    # 3-D pooling as two 2-D ones (max with dilation, average with clipped divisors in ceil
+    # mode), local response normalisation over a 5-D input (torch pools it with avg_pool3d)
+    "pools_3d_lrn": (lambda: nn.Sequential(nn.Linear(8, 8), nn.MaxPool3d((2, 3, 2), stride=(1, 2, 2), padding=(0, 1, 1),
+                                                                         dilation=(2, 1, 1)),
+                                           nn.AvgPool3d(2, ceil_mode=True, count_include_pad=False, padding=1),
+                                           nn.LocalResponseNorm(3, alpha=0.1), nn.Flatten(), nn.Linear(81, 10)),
+                     cross_entropy, (2, 3, 6, 7, 8)),
     # separable resampling: products with constant matrices, forward and backward
     "bilinear_adaptive_uneven": (lambda: nn.Sequential(nn.Conv2d(2, 3, 3, padding=1),
                                                        nn.Upsample(scale_factor=1.5, mode="bilinear"),
@@ -375,3 +382,18 @@ def test_the_ctc_definition_gives_torchs_reductions_and_impossible_alignments():
     assert torch.equal(_ctc(*short, reduction="none", zero_infinity=True), torch.zeros(2))
     torch.testing.assert_close(_ctc(*short, reduction="none", zero_infinity=True),
                                F.ctc_loss(*short, reduction="none", zero_infinity=True))
+
+
+@pytest.mark.parametrize("pool, options", [
+    ("avg", {"kernel_size": 2}), ("avg", {"kernel_size": (3, 2, 3), "stride": (2, 1, 2), "padding": (1, 1, 0)}),
+    ("avg", {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True, "count_include_pad": False}),
+    ("avg", {"kernel_size": 2, "divisor_override": 3}),
+    ("max", {"kernel_size": (3, 2, 3), "stride": (2, 1, 2), "padding": (1, 1, 0)}),
+    ("max", {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True}), ("max", {"kernel_size": 2, "dilation": 2})])
+def test_3d_pooling_as_two_2d_poolings_gives_torchs_values(pool, options):
+    """On the host, the separable forms against torch's 3-D kernels (batched and unbatched)."""
+    from compiler.frontend.above_autograd import _avg_pool3d, _max_pool3d
+    ours, theirs = (_avg_pool3d, F.avg_pool3d) if pool == "avg" else (_max_pool3d, F.max_pool3d)
+    x = torch.randn(2, 3, 7, 9, 8, generator=torch.Generator().manual_seed(13))
+    torch.testing.assert_close(ours(x, **options), theirs(x, **options))
+    torch.testing.assert_close(ours(x[0], **options), theirs(x[0], **options))
