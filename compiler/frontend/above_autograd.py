@@ -19,7 +19,8 @@ in eval mode (a leaky ReLU of slope (lower + upper) / 2; in training mode it is 
 cdist, softshrink and hardshrink (no decomposition of their backward); one_hot with a class
 count, which torch's kernel checks by reading the indices (a captured constant's values); CTC
 loss, whose kernel's shapes depend on the lengths' values; 3-D pooling (and so
-local_response_norm) as two 2-D poolings, which the compiler lowers with their gradients.
+local_response_norm) as two 2-D poolings and 3-D convolution as 2-D ones over the depths,
+which the compiler lowers with their gradients.
 """
 
 from __future__ import annotations
@@ -246,6 +247,35 @@ def _max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mod
                    depth={"dilation": (dilation[0], 1), "ceil_mode": ceil_mode})
 
 
+def _conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """F.conv3d as a sum of 2-D convolutions, one per kernel depth kd: the input's depths that
+    position reads (kd * dilation, then every stride-th) folded into the batch, convolved with
+    the weight's slice kd. The compiler lowers 2-D convolutions and their gradients."""
+    unbatched = input.dim() == weight.dim() - 1
+    x = input.unsqueeze(0) if unbatched else input
+    kernel = weight.shape[2:]
+    if padding == "valid":
+        padding = 0
+    elif padding == "same":  # stride 1 (torch's rule): the extra position of an even span after
+        span = [d * (k - 1) for d, k in zip(_triple(dilation), kernel)]
+        x = F.pad(x, [p for s in reversed(span) for p in (s // 2, s - s // 2)])
+        padding = 0
+    (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = _triple(stride), _triple(padding), _triple(dilation)
+    x = F.pad(x, (0, 0, 0, 0, pd, pd)) if pd else x
+    n, c, depth, h, w = x.shape
+    out_depth = (depth - dd * (kernel[0] - 1) - 1) // sd + 1
+    total = None
+    for k in range(kernel[0]):
+        picked = x[:, :, k * dd: k * dd + sd * (out_depth - 1) + 1: sd]  # (N, C, Do, H, W)
+        folded = picked.transpose(1, 2).reshape(n * out_depth, c, h, w)
+        part = F.conv2d(folded, weight[:, :, k], None, (sh, sw), (ph, pw), (dh, dw), groups)
+        total = part if total is None else total + part
+    y = total.reshape(n, out_depth, *total.shape[1:]).transpose(1, 2)
+    if bias is not None:
+        y = y + bias.reshape(1, -1, 1, 1, 1)
+    return y[0] if unbatched else y
+
+
 def _local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
     """F.local_response_norm as torch defines it, its average over `size` neighbouring channels a
     2-D average-pooling of the squares over (channels, the rest flattened) (torch pools a 5-D
@@ -325,6 +355,7 @@ REPLACED: dict[Callable, Callable] = {
     F.avg_pool3d: _avg_pool3d,
     F.max_pool3d: _max_pool3d,
     F.local_response_norm: _local_response_norm,
+    F.conv3d: _conv3d,
     F.multilabel_margin_loss: _multilabel_margin,
     F.multi_margin_loss: _multi_margin,
     F.gaussian_nll_loss: _gaussian_nll,

@@ -113,6 +113,11 @@ MODELS = {
                                            nn.AvgPool3d(2, ceil_mode=True, count_include_pad=False, padding=1),
                                            nn.LocalResponseNorm(3, alpha=0.1), nn.Flatten(), nn.Linear(81, 10)),
                      cross_entropy, (2, 3, 6, 7, 8)),
+    # 3-D convolutions as 2-D ones over the depths (strided, grouped, dilated, padded 'same')
+    "conv3d": (lambda: nn.Sequential(nn.Conv3d(2, 4, 3, padding=1, stride=(1, 2, 2)), nn.Tanh(),
+                                     nn.Conv3d(4, 4, (2, 3, 3), groups=2, dilation=(2, 1, 1), padding="same"),
+                                     nn.Flatten(), nn.Linear(180, 10)),
+               cross_entropy, (2, 2, 5, 6, 6)),
     # separable resampling: products with constant matrices, forward and backward
     "bilinear_adaptive_uneven": (lambda: nn.Sequential(nn.Conv2d(2, 3, 3, padding=1),
                                                        nn.Upsample(scale_factor=1.5, mode="bilinear"),
@@ -397,3 +402,17 @@ def test_3d_pooling_as_two_2d_poolings_gives_torchs_values(pool, options):
     x = torch.randn(2, 3, 7, 9, 8, generator=torch.Generator().manual_seed(13))
     torch.testing.assert_close(ours(x, **options), theirs(x, **options))
     torch.testing.assert_close(ours(x[0], **options), theirs(x[0], **options))
+
+
+@pytest.mark.parametrize("w_shape, options", [
+    ((6, 4, 3, 3, 3), {"padding": 1}),
+    ((6, 2, 2, 3, 1), {"stride": (2, 1, 2), "padding": (1, 0, 1), "dilation": (2, 1, 1), "groups": 2}),
+    ((5, 4, 3, 2, 3), {"padding": "same"}), ((5, 4, 3, 3, 3), {"padding": "valid", "stride": 2})])
+def test_3d_convolution_as_2d_ones_gives_torchs_values(w_shape, options):
+    """On the host, the sum over kernel depths of 2-D convolutions against torch's conv3d."""
+    from compiler.frontend.above_autograd import _conv3d
+    g = torch.Generator().manual_seed(14)
+    x, w, b = torch.randn(2, 4, 7, 9, 8, generator=g), torch.randn(*w_shape, generator=g), torch.randn(w_shape[0])
+    torch.testing.assert_close(_conv3d(x, w, b, **options), F.conv3d(x, w, b, **options), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(_conv3d(x[0], w, None, **options), F.conv3d(x[0], w, None, **options),
+                               rtol=1e-5, atol=1e-4)
