@@ -289,6 +289,54 @@ def _local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
     return input / (div * alpha + k).pow(beta)
 
 
+GRID_MODES = {"bilinear": 0, "nearest": 1, "bicubic": 2}  # torch.grid_sampler's enums (F.grid_sample's own)
+GRID_PADDINGS = {"zeros": 0, "border": 1, "reflection": 2}
+
+
+def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
+    """F.grid_sample on images as torch's decomposition of aten.grid_sampler_2d (its backward has
+    none): the corners' weights and gathers at the positions the grid computes."""
+    if grid.shape[-1] != 2 or mode not in GRID_MODES or padding_mode not in GRID_PADDINGS:  # (x, y): an image
+        return NotImplemented
+    return decomposition_table[aten.grid_sampler_2d.default](input, grid, GRID_MODES[mode],
+                                                             GRID_PADDINGS[padding_mode], bool(align_corners))
+
+
+def _adaptive_avg_pool3d(input, output_size):
+    """F.adaptive_avg_pool3d as two adaptive 2-D average-poolings (a box's average is separable,
+    and each dimension's windows are its own)."""
+    sizes = _triple(output_size)
+    unbatched = input.dim() == len(sizes) + 1  # (C, D, H, W)
+    x = input.unsqueeze(0) if unbatched else input
+    n, c, d, h, w = x.shape
+    do, ho, wo = (s if s is not None else full for s, full in zip(sizes, (d, h, w)))
+    plane = F.adaptive_avg_pool2d(x.reshape(n, c * d, h, w), (ho, wo))
+    y = F.adaptive_avg_pool2d(plane.reshape(n, c, d, ho * wo), (do, ho * wo)).reshape(n, c, do, ho, wo)
+    return y[0] if unbatched else y
+
+
+def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None,
+                 antialias=False):
+    """F.interpolate in trilinear mode as two bilinear passes: over (H, W) with every depth as a
+    channel, then over (D, H * W), the second axis kept as it is (legalize_resample does not
+    multiply it). Linear interpolation is separable, and each pass samples where torch's 3-D
+    kernel does (scale factors, when given, passed on per axis). Other modes: torch's own."""
+    if mode != "trilinear" or input.dim() - 2 != 3 or antialias:  # (N, C) and three spatial dims
+        return NotImplemented
+    n, c, d, h, w = input.shape
+    options = {"mode": "bilinear", "align_corners": align_corners, "recompute_scale_factor": recompute_scale_factor}
+    if size is not None:
+        do, ho, wo = _triple(size)
+        plane = F.interpolate(input.reshape(n, c * d, h, w), size=(ho, wo), **options)
+        depth = F.interpolate(plane.reshape(n, c, d, ho * wo), size=(do, ho * wo), **options)
+    else:
+        sd, sh, sw = (scale_factor,) * 3 if isinstance(scale_factor, (int, float)) else tuple(scale_factor)
+        plane = F.interpolate(input.reshape(n, c * d, h, w), scale_factor=(sh, sw), **options)
+        ho, wo = plane.shape[-2:]
+        depth = F.interpolate(plane.reshape(n, c, d, ho * wo), scale_factor=(sd, 1.0), **options)
+    return depth.reshape(n, c, depth.shape[2], ho, wo)
+
+
 # The log-probability of a state no path reaches: finite, so that the recursion's log-sum-exp never
 # takes -inf - -inf (whose gradient is NaN); a final value at or below half of it is an alignment
 # that cannot happen (an infinite loss, as torch gives it). float32 absorbs any log-probability added.
@@ -356,6 +404,9 @@ REPLACED: dict[Callable, Callable] = {
     F.max_pool3d: _max_pool3d,
     F.local_response_norm: _local_response_norm,
     F.conv3d: _conv3d,
+    F.grid_sample: _grid_sample,
+    F.adaptive_avg_pool3d: _adaptive_avg_pool3d,
+    F.interpolate: _interpolate,
     F.multilabel_margin_loss: _multilabel_margin,
     F.multi_margin_loss: _multi_margin,
     F.gaussian_nll_loss: _gaussian_nll,

@@ -49,16 +49,28 @@ def axis_matrix(size: int, out_size: int, along: Callable[[torch.Tensor], torch.
     return images[:, 0, :, 0].t().contiguous()
 
 
+def _identity(matrix: torch.Tensor) -> bool:
+    """Whether an axis matrix keeps its axis as it is (the same size, sampled where it lies): a
+    product with it would copy the image through a (size x size) constant."""
+    n = matrix.shape[0]
+    return matrix.shape[1] == n and torch.equal(matrix, torch.eye(n, dtype=matrix.dtype))
+
+
 def resample(b: Builder, x: Value, rows: torch.Tensor, cols: torch.Tensor) -> Value:
-    """rows @ x @ cols^T over x's last two dimensions (any leading ones)."""
+    """rows @ x @ cols^T over x's last two dimensions (any leading ones); an axis the op keeps as
+    it is is not multiplied (a 3-D resampling's second pass over H * W as one axis)."""
     x = ensure_float(b, x)
     dtype = x.dtype
     lead, (h, w) = x.shape[:-2], x.shape[-2:]
     images = b.reshape(x, (prod(lead), h, w))  # one batch dimension: the products reshape nothing between them
-    across = b.matmul(images, constant(b, "resample_cols", cols.t(), dtype), dtype=dtype)  # (B, H, Wo)
-    b.graph.nodes[-1].attrs["exact"] = True  # resampling, not a product the user wrote: never in half
-    down = b.matmul(constant(b, "resample_rows", rows, dtype), across, dtype=dtype)  # (B, Ho, Wo)
-    b.graph.nodes[-1].attrs["exact"] = True
+    across = images
+    if not _identity(cols):
+        across = b.matmul(images, constant(b, "resample_cols", cols.t(), dtype), dtype=dtype)  # (B, H, Wo)
+        b.graph.nodes[-1].attrs["exact"] = True  # resampling, not a product the user wrote: never in half
+    down = across
+    if not _identity(rows):
+        down = b.matmul(constant(b, "resample_rows", rows, dtype), across, dtype=dtype)  # (B, Ho, Wo)
+        b.graph.nodes[-1].attrs["exact"] = True
     return b.reshape(down, lead + down.shape[-2:])
 
 

@@ -133,6 +133,19 @@ def test_bicubic_and_antialiased_resampling(device):
     check(device, fn, {"img": torch.randn(2, 3, 6, 8)})
 
 
+def test_an_axis_resampling_keeps_is_not_multiplied(device):
+    """Resampling that keeps one axis as it is (H doubled, W kept; a 3-D resampling's second
+    pass over H * W as one axis) multiplies along the other only: a product with an identity
+    constant copied the whole image through a (W x W) matrix."""
+    import torch.nn.functional as F
+    from compiler.frontend.tracing import trace
+    torch.manual_seed(15)
+    fn = lambda d: {"y": F.interpolate(d["img"], size=(12, 8), mode="bilinear")}  # noqa: E731
+    inputs = {"img": torch.randn(2, 3, 6, 8)}
+    assert [n.kind for n in trace(fn, inputs).nodes].count("matmul") == 1
+    check(device, fn, inputs)
+
+
 def test_one_hot_of_a_captured_constant(device):
     """F.one_hot with a class count, of a constant index tensor the function captures (a fixed
     target), of an input, and of one computed: torch's kernel read the constant's values to

@@ -118,6 +118,13 @@ MODELS = {
                                      nn.Conv3d(4, 4, (2, 3, 3), groups=2, dilation=(2, 1, 1), padding="same"),
                                      nn.Flatten(), nn.Linear(180, 10)),
                cross_entropy, (2, 2, 5, 6, 6)),
+    # trilinear resampling and adaptive 3-D average-pooling as separable 2-D passes
+    "trilinear_adaptive_3d": (lambda: nn.Sequential(nn.Conv3d(2, 3, 3, padding=1), nn.Upsample(scale_factor=(2, 1.5, 2),
+                                                                                               mode="trilinear"),
+                                                    nn.AdaptiveAvgPool3d((2, 3, None)), nn.Flatten(), nn.Linear(180, 10)),
+                              cross_entropy, (2, 2, 3, 4, 5)),
+    # a spatial transformer: the grid from the image, sampled bilinearly and nearest, three paddings
+    "grid_sample": (lambda: SpatialTransformer(), cross_entropy, (2, 3, 6, 7)),
     # separable resampling: products with constant matrices, forward and backward
     "bilinear_adaptive_uneven": (lambda: nn.Sequential(nn.Conv2d(2, 3, 3, padding=1),
                                                        nn.Upsample(scale_factor=1.5, mode="bilinear"),
@@ -270,6 +277,24 @@ def test_gradients_match_torch_autograd(device, case):
                                    msg=lambda m, name=name: f"{case} {name}: {m}")
 
 
+class SpatialTransformer(nn.Module):
+    """An affine grid computed from the image (the gradient reaches it through the sampling
+    positions), sampled as torch's decomposition of grid_sampler_2d does."""
+
+    def __init__(self):
+        super().__init__()
+        self.theta = nn.Linear(3, 6)
+        self.head = nn.Linear(3 * 5 * 5 * 3, 10)
+
+    def forward(self, x):
+        theta = self.theta(x.mean((2, 3))).reshape(-1, 2, 3) * 0.1 + torch.tensor([[1.0, 0, 0], [0, 1.0, 0]])
+        grid = F.affine_grid(theta, (x.shape[0], 3, 5, 5), align_corners=False)
+        parts = [F.grid_sample(x, grid, "bilinear", "zeros", align_corners=False),
+                 F.grid_sample(x, grid * 1.3, "bilinear", "border", align_corners=True),
+                 F.grid_sample(x, grid * 1.3, "nearest", "reflection", align_corners=False)]
+        return self.head(torch.cat(parts, 1).flatten(1))
+
+
 class Distances(nn.Module):
     """cdist (zero distances on the diagonal of h to itself; p = 1; the product form past 25
     rows), softshrink, hardshrink and sgn, whose gradients torch does not decompose."""
@@ -416,3 +441,14 @@ def test_3d_convolution_as_2d_ones_gives_torchs_values(w_shape, options):
     torch.testing.assert_close(_conv3d(x, w, b, **options), F.conv3d(x, w, b, **options), rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(_conv3d(x[0], w, None, **options), F.conv3d(x[0], w, None, **options),
                                rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("options", [{"scale_factor": 2}, {"size": (7, 3, 9)}, {"scale_factor": 1.5, "align_corners": True},
+                                     {"scale_factor": (1.7, 0.6, 2.2)}, {"size": 5, "align_corners": True}])
+def test_trilinear_resampling_as_two_bilinear_passes_gives_torchs_values(options):
+    """On the host, the separable trilinear form and the adaptive 3-D average-pooling against torch."""
+    from compiler.frontend.above_autograd import _adaptive_avg_pool3d, _interpolate
+    x = torch.randn(2, 3, 4, 5, 6, generator=torch.Generator().manual_seed(16))
+    torch.testing.assert_close(_interpolate(x, mode="trilinear", **options), F.interpolate(x, mode="trilinear", **options))
+    for size in (2, (3, None, 4), (1, 1, 1)):
+        torch.testing.assert_close(_adaptive_avg_pool3d(x, size), F.adaptive_avg_pool3d(x, size))
