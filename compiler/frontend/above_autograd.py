@@ -19,7 +19,8 @@ in eval mode (a leaky ReLU of slope (lower + upper) / 2; in training mode it is 
 cdist, softshrink and hardshrink (no decomposition of their backward); one_hot with a class
 count, which torch's kernel checks by reading the indices (a captured constant's values); CTC
 loss, whose kernel's shapes depend on the lengths' values; 3-D pooling (and so
-local_response_norm) as two 2-D poolings and 3-D convolution as 2-D ones over the depths,
+local_response_norm) as two 2-D poolings and 3-D convolutions (transposed too) as 2-D ones over
+the depths,
 which the compiler lowers with their gradients.
 """
 
@@ -276,6 +277,33 @@ def _conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)
     return y[0] if unbatched else y
 
 
+def _conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """F.conv_transpose3d as a sum over kernel depths kd of 2-D transposed convolutions: every
+    input depth (folded into the batch) with the weight's slice kd, its results laid at output
+    depths id * stride + kd * dilation - padding (spread `stride` apart, then shifted)."""
+    unbatched = input.dim() == weight.dim() - 1
+    x = input.unsqueeze(0) if unbatched else input
+    (sd, sh, sw), (pd, ph, pw), (od, oh, ow), (dd, dh, dw) = (_triple(v) for v in (stride, padding, output_padding,
+                                                                                   dilation))
+    n, c, depth, h, w = x.shape
+    kernel_depth = weight.shape[2]
+    out_depth = (depth - 1) * sd - 2 * pd + dd * (kernel_depth - 1) + od + 1
+    folded = x.transpose(1, 2).reshape(n * depth, c, h, w)
+    spread = (depth - 1) * sd + 1  # the input depths' span once spread
+    total = None
+    for k in range(kernel_depth):
+        part = F.conv_transpose2d(folded, weight[:, :, k], None, (sh, sw), (ph, pw), (oh, ow), groups, (dh, dw))
+        part = part.reshape(n, depth, *part.shape[1:]).transpose(1, 2)  # (N, Co, D, Ho, Wo)
+        if sd > 1:  # stride - 1 zeros after every depth, the last ones dropped
+            part = F.pad(part.unsqueeze(3), (0, 0, 0, 0, 0, sd - 1)).flatten(2, 3)[:, :, :spread]
+        front = k * dd - pd
+        part = F.pad(part, (0, 0, 0, 0, front, out_depth - spread - front))
+        total = part if total is None else total + part
+    if bias is not None:
+        total = total + bias.reshape(1, -1, 1, 1, 1)
+    return total[0] if unbatched else total
+
+
 def _local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
     """F.local_response_norm as torch defines it, its average over `size` neighbouring channels a
     2-D average-pooling of the squares over (channels, the rest flattened) (torch pools a 5-D
@@ -404,6 +432,7 @@ REPLACED: dict[Callable, Callable] = {
     F.max_pool3d: _max_pool3d,
     F.local_response_norm: _local_response_norm,
     F.conv3d: _conv3d,
+    F.conv_transpose3d: _conv_transpose3d,
     F.grid_sample: _grid_sample,
     F.adaptive_avg_pool3d: _adaptive_avg_pool3d,
     F.interpolate: _interpolate,

@@ -118,6 +118,12 @@ MODELS = {
                                      nn.Conv3d(4, 4, (2, 3, 3), groups=2, dilation=(2, 1, 1), padding="same"),
                                      nn.Flatten(), nn.Linear(180, 10)),
                cross_entropy, (2, 2, 5, 6, 6)),
+    # a 3-D encoder-decoder: transposed 3-D convolutions as 2-D ones laid at their depths
+    "conv_transpose3d": (lambda: nn.Sequential(nn.Conv3d(2, 4, 3, stride=2, padding=1), nn.Tanh(),
+                                               nn.ConvTranspose3d(4, 2, 3, stride=2, padding=1, output_padding=1),
+                                               nn.Tanh(), nn.ConvTranspose3d(2, 2, (2, 1, 3), stride=(1, 2, 1), groups=2),
+                                               nn.Flatten(), nn.Linear(2 * 5 * 11 * 6, 10)),
+                         cross_entropy, (2, 2, 4, 6, 4)),
     # trilinear resampling and adaptive 3-D average-pooling as separable 2-D passes
     "trilinear_adaptive_3d": (lambda: nn.Sequential(nn.Conv3d(2, 3, 3, padding=1), nn.Upsample(scale_factor=(2, 1.5, 2),
                                                                                                mode="trilinear"),
@@ -452,3 +458,18 @@ def test_trilinear_resampling_as_two_bilinear_passes_gives_torchs_values(options
     torch.testing.assert_close(_interpolate(x, mode="trilinear", **options), F.interpolate(x, mode="trilinear", **options))
     for size in (2, (3, None, 4), (1, 1, 1)):
         torch.testing.assert_close(_adaptive_avg_pool3d(x, size), F.adaptive_avg_pool3d(x, size))
+
+
+@pytest.mark.parametrize("w_shape, options", [
+    ((4, 3, 2, 2, 2), {"stride": 2}), ((4, 3, 3, 3, 3), {"stride": (2, 1, 2), "padding": 1, "output_padding": (1, 0, 1)}),
+    ((4, 2, 3, 2, 3), {"groups": 2, "dilation": (2, 1, 1), "padding": (2, 0, 1)})])
+def test_transposed_3d_convolution_as_2d_ones_gives_torchs_values(w_shape, options):
+    """On the host, the 2-D transposed convolutions laid at their output depths against torch."""
+    from compiler.frontend.above_autograd import _conv_transpose3d
+    g = torch.Generator().manual_seed(17)
+    x, w = torch.randn(2, 4, 3, 5, 4, generator=g), torch.randn(*w_shape, generator=g)
+    b = torch.randn(w_shape[1] * options.get("groups", 1), generator=g)
+    torch.testing.assert_close(_conv_transpose3d(x, w, b, **options), F.conv_transpose3d(x, w, b, **options),
+                               rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(_conv_transpose3d(x[0], w, None, **options), F.conv_transpose3d(x[0], w, None, **options),
+                               rtol=1e-5, atol=1e-4)
