@@ -18,10 +18,10 @@ negative variance is clamped to eps like a small one, where torch raises ValueEr
 in eval mode (a leaky ReLU of slope (lower + upper) / 2; in training mode it is random),
 cdist, softshrink and hardshrink (no decomposition of their backward); one_hot with a class
 count, which torch's kernel checks by reading the indices (a captured constant's values); CTC
-loss, whose kernel's shapes depend on the lengths' values; 3-D pooling (and so
-local_response_norm) as two 2-D poolings and 3-D convolutions (transposed too) as 2-D ones over
-the depths,
-which the compiler lowers with their gradients.
+loss, whose kernel's shapes depend on the lengths' values. And ops mnsim lowers through others
+it lowers with their gradients: 3-D pooling (and so local_response_norm), adaptive 3-D average
+pooling and trilinear resampling as two separable 2-D passes, 3-D convolutions (transposed too)
+as 2-D ones per kernel depth, grid_sample on images as torch's decomposition of grid_sampler_2d.
 """
 
 from __future__ import annotations
@@ -257,7 +257,9 @@ def _conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)
     kernel = weight.shape[2:]
     if padding == "valid":
         padding = 0
-    elif padding == "same":  # stride 1 (torch's rule): the extra position of an even span after
+    elif padding == "same":  # the extra position of an even span after, as torch pads
+        if _triple(stride) != (1, 1, 1):
+            raise RuntimeError("padding='same' is not supported for strided convolutions")  # torch's refusal
         span = [d * (k - 1) for d, k in zip(_triple(dilation), kernel)]
         x = F.pad(x, [p for s in reversed(span) for p in (s // 2, s - s // 2)])
         padding = 0

@@ -26,8 +26,8 @@ from ..ir import CONV_RANK, Value
 from .build import Builder
 from .rules import ensure_float, rule
 from .legalize_movement import spaced
-from .legalize_nn import (avg_divisor, nearest_sources, per_dim, pool_geometry, tiling, tile_pads, transposed_convolution,
-                          unpick)
+from .legalize_nn import (avg_divisor, flat_positions, nearest_sources, per_dim, pool_geometry, tiling, tile_pads,
+                          transposed_convolution, unpick)
 
 
 def _placed(b: Builder, g: Value, size: tuple[int, int], stride: tuple[int, int], offset: tuple[int, int]) -> Value:
@@ -101,9 +101,7 @@ def _max_pool_backward(b, out, gy, x, kernel, stride, padding, dilation, ceil_mo
         tiles = (ho, kh, wo, kw)
         r = b.ew("add", b.iota(tiles, 0, "int32", -ph, kh), b.iota(tiles, 1, "int32"))
         c = b.ew("add", b.iota(tiles, 2, "int32", -pw, kw), b.iota(tiles, 3, "int32"))
-        inside = b.ew("and", b.ew("and", b.ew("ge", r, 0), b.ew("lt", r, h)),
-                      b.ew("and", b.ew("ge", c, 0), b.ew("lt", c, w)))
-        where = b.ew("where", inside, b.ew("add", b.ew("mul", r, w), c), -1, dtype="int32")
+        where = flat_positions(b, r, c, (h, w), -1)
         lead = x.shape[:-2]
         hit = b.ew("eq", _on_tiles(b, indices, geometry), b.expand(where, lead + tiles))
         return _from_tiles(b, b.ew("where", hit, _on_tiles(b, gy, geometry), 0.0, dtype=gy.dtype), (h, w), geometry)
@@ -113,9 +111,7 @@ def _max_pool_backward(b, out, gy, x, kernel, stride, padding, dilation, ceil_mo
         for j in range(kw):
             r = b.ew("add", b.ew("mul", rows, sh), i * dh - ph)
             c = b.ew("add", b.ew("mul", cols, sw), j * dw - pw)
-            inside = b.ew("and", b.ew("and", b.ew("ge", r, 0), b.ew("lt", r, h)),
-                          b.ew("and", b.ew("ge", c, 0), b.ew("lt", c, w)))
-            where = b.ew("where", inside, b.ew("add", b.ew("mul", r, w), c), -1, dtype="int32")
+            where = flat_positions(b, r, c, (h, w), -1)
             hit = b.ew("eq", indices, b.expand(where, indices.shape))
             part = b.ew("where", hit, gy, 0.0, dtype=gy.dtype)
             placed = _placed(b, part, (h, w), (sh, sw), (i * dh - ph, j * dw - pw))

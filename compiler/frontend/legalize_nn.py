@@ -135,6 +135,15 @@ def _patches(b: Builder, x: Value, geometry, fill) -> Value:
     return b.window(x, shape, a, [0] * lead + [-ph, -pw], fill)
 
 
+def flat_positions(b: Builder, rows: Value, cols: Value, size: tuple[int, int], outside: int) -> Value:
+    """The flat index (row * W + column) of image positions given as int32 rows and columns,
+    `outside` where they lie outside the (H, W) image (padding)."""
+    h, w = size
+    inside = b.ew("and", b.ew("and", b.ew("ge", rows, 0), b.ew("lt", rows, h)),
+                  b.ew("and", b.ew("ge", cols, 0), b.ew("lt", cols, w)))
+    return b.ew("where", inside, b.ew("add", b.ew("mul", rows, w), cols), outside, dtype="int32")
+
+
 def _patch_positions(b: Builder, size: tuple[int, int], geometry) -> Value:
     """(Ho, Wo, kh, kw): the flat index (row * W + column) of the input position each patch
     element reads, h * w where it reads the padding. Computed from iotas, where gathering a map of
@@ -144,9 +153,7 @@ def _patch_positions(b: Builder, size: tuple[int, int], geometry) -> Value:
     shape = (ho, wo, kh, kw)  # every operand whole (one broadcast along alternating dims cannot be staged)
     rows = b.ew("add", b.iota(shape, 0, "int32", -ph, sh), b.iota(shape, 2, "int32", 0, dh))
     cols = b.ew("add", b.iota(shape, 1, "int32", -pw, sw), b.iota(shape, 3, "int32", 0, dw))
-    inside = b.ew("and", b.ew("and", b.ew("ge", rows, 0), b.ew("lt", rows, h)),
-                  b.ew("and", b.ew("ge", cols, 0), b.ew("lt", cols, w)))
-    return b.ew("where", inside, b.ew("add", b.ew("mul", rows, w), cols), h * w, dtype="int32")
+    return flat_positions(b, rows, cols, size, h * w)
 
 
 @rule("max_pool2d_with_indices", "max_pool2d")
