@@ -21,7 +21,8 @@ count, which torch's kernel checks by reading the indices (a captured constant's
 loss, whose kernel's shapes depend on the lengths' values. And ops mnsim lowers through others
 it lowers with their gradients: 3-D pooling (and so local_response_norm), adaptive 3-D average
 pooling and trilinear resampling as two separable 2-D passes, 3-D convolutions (transposed too)
-as 2-D ones per kernel depth, grid_sample on images as torch's decomposition of grid_sampler_2d.
+as 2-D ones per kernel depth, grid_sample on images as torch's decomposition of grid_sampler_2d;
+matrix inverses, solves and determinants (LAPACK calls in torch) by Gauss-Jordan elimination.
 """
 
 from __future__ import annotations
@@ -367,6 +368,73 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
     return depth.reshape(n, c, depth.shape[2], ho, wo)
 
 
+def _eliminate(a: torch.Tensor, b: torch.Tensor | None = None):
+    """Gauss-Jordan elimination of square matrices (..., n, n) with partial pivoting (each
+    column's pivot the largest magnitude among its remaining rows, as LU factorisation takes it),
+    one column a step: (A^-1 B or None, the pivots (..., n), the sign of the row permutation).
+    Row swaps are sums with one-hot rows, so autograd differentiates every step."""
+    n = a.shape[-1]
+    m = a if b is None else torch.cat([a, b], -1)
+    rows = torch.arange(n)
+    pivots, sign = [], torch.ones(a.shape[:-2], dtype=a.dtype)
+    for k in range(n):
+        candidates = torch.where(rows >= k, m[..., :, k].abs(), -torch.ones_like(m[..., :, k]))
+        chosen = rows == candidates.argmax(-1, keepdim=True)  # (..., n) one-hot of the pivot row
+        at_k = (rows == k).to(m.dtype)
+        pivot_row = (m * chosen.unsqueeze(-1).to(m.dtype)).sum(-2)
+        row_k = m[..., k, :]
+        m = m + at_k.unsqueeze(-1) * (pivot_row - row_k).unsqueeze(-2) \
+            + chosen.unsqueeze(-1).to(m.dtype) * (row_k - pivot_row).unsqueeze(-2)  # rows k and p exchanged
+        sign = torch.where(chosen[..., k], sign, -sign)
+        pivot = m[..., k, k]
+        pivots.append(pivot)
+        unit = m[..., k, :] / pivot.unsqueeze(-1)
+        m = torch.where((rows == k).unsqueeze(-1), unit.unsqueeze(-2), m - m[..., :, k:k + 1] * unit.unsqueeze(-2))
+    return (None if b is None else m[..., n:]), torch.stack(pivots, -1), sign
+
+
+def _inv(A, *, out=None):
+    """torch.linalg.inv by Gauss-Jordan elimination (`_eliminate`): torch's LAPACK call has no
+    decomposition; a singular matrix gives infinities or NaN where torch raises."""
+    if out is not None:
+        return NotImplemented
+    eye = torch.eye(A.shape[-1], dtype=A.dtype).expand(A.shape)
+    return _eliminate(A, eye)[0]
+
+
+def _solve(A, B, *, left=True, out=None):
+    """torch.linalg.solve by Gauss-Jordan elimination of [A | B] (B a matrix, or a vector)."""
+    if not left or out is not None:
+        return NotImplemented
+    vector = B.dim() == 1 or B.dim() == A.dim() - 1 and B.shape == A.shape[:-1]
+    rhs = B.unsqueeze(-1) if vector else B
+    shape = torch.broadcast_shapes(A.shape[:-2], rhs.shape[:-2])
+    x = _eliminate(A.expand(*shape, *A.shape[-2:]), rhs.expand(*shape, *rhs.shape[-2:]))[0]
+    return x.squeeze(-1) if vector else x
+
+
+def _det(A, *, out=None):
+    """torch.linalg.det: the pivots' product, signed by the row exchanges (`_eliminate`)."""
+    if out is not None:
+        return NotImplemented
+    _, pivots, sign = _eliminate(A)
+    return sign * pivots.prod(-1)
+
+
+def _slogdet(A, *, out=None):
+    """torch.linalg.slogdet: (sign, log |det|), the log summed over the pivots."""
+    if out is not None:
+        return NotImplemented
+    _, pivots, sign = _eliminate(A)
+    return torch.return_types.slogdet((sign * torch.sign(pivots).prod(-1), pivots.abs().log().sum(-1)))
+
+
+def _logdet(A):
+    """torch.logdet: log det, NaN for a negative determinant (as torch)."""
+    sign, logabs = _slogdet(A)
+    return torch.where(sign < 0, torch.full_like(logabs, math.nan), logabs)
+
+
 # The log-probability of a state no path reaches: finite, so that the recursion's log-sum-exp never
 # takes -inf - -inf (whose gradient is NaN); a final value at or below half of it is an alignment
 # that cannot happen (an infinite loss, as torch gives it). float32 absorbs any log-probability added.
@@ -438,6 +506,18 @@ REPLACED: dict[Callable, Callable] = {
     F.grid_sample: _grid_sample,
     F.adaptive_avg_pool3d: _adaptive_avg_pool3d,
     F.interpolate: _interpolate,
+    torch.linalg.inv: _inv,
+    torch.inverse: _inv,
+    torch.Tensor.inverse: _inv,
+    torch.linalg.solve: _solve,
+    torch.linalg.det: _det,
+    torch.det: _det,
+    torch.Tensor.det: _det,
+    torch.linalg.slogdet: _slogdet,
+    torch.slogdet: _slogdet,
+    torch.Tensor.slogdet: _slogdet,
+    torch.logdet: _logdet,
+    torch.Tensor.logdet: _logdet,
     F.multilabel_margin_loss: _multilabel_margin,
     F.multi_margin_loss: _multi_margin,
     F.gaussian_nll_loss: _gaussian_nll,

@@ -473,3 +473,53 @@ def test_transposed_3d_convolution_as_2d_ones_gives_torchs_values(w_shape, optio
                                rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(_conv_transpose3d(x[0], w, None, **options), F.conv_transpose3d(x[0], w, None, **options),
                                rtol=1e-5, atol=1e-4)
+
+
+def _pivoting_matrices() -> torch.Tensor:
+    """A batch of invertible 5 x 5 matrices, one with a zero where the first pivot would be and
+    one with its rows permuted: elimination must exchange rows."""
+    a = torch.randn(3, 5, 5, generator=torch.Generator().manual_seed(18)) + 3 * torch.eye(5)
+    a[1, 0, 0] = 0.0
+    a[2] = a[2][[3, 1, 4, 0, 2]]
+    return a
+
+
+def test_linear_algebra_by_elimination_gives_torchs_values():
+    """On the host, Gauss-Jordan elimination with partial pivoting against torch's LAPACK calls:
+    inverse, solve (matrix and vector right-hand sides, broadcast batches), determinant,
+    slogdet and logdet (NaN for a negative determinant), and the gradient autograd takes
+    through the eliminations."""
+    from compiler.frontend.above_autograd import _det, _inv, _logdet, _slogdet, _solve
+    a = _pivoting_matrices()
+    b = torch.randn(3, 5, 2, generator=torch.Generator().manual_seed(19))
+    torch.testing.assert_close(_inv(a), torch.linalg.inv(a), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(_solve(a, b), torch.linalg.solve(a, b), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(_solve(a, b[0, :, 0]), torch.linalg.solve(a, b[0, :, 0]), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(_det(a), torch.linalg.det(a), rtol=1e-5, atol=1e-4)
+    for ours, theirs in zip(_slogdet(a), torch.linalg.slogdet(a)):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(_logdet(a), torch.logdet(a), rtol=1e-5, atol=1e-5, equal_nan=True)
+    x, y = a.clone().requires_grad_(), a.clone().requires_grad_()
+    (ours,) = torch.autograd.grad(_inv(x).sum() + _det(x).sum() + _slogdet(x)[1].sum(), [x])
+    (theirs,) = torch.autograd.grad(torch.linalg.inv(y).sum() + torch.linalg.det(y).sum()
+                                    + torch.linalg.slogdet(y)[1].sum(), [y])
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_linear_algebra_compiles_with_its_gradient(mini):
+    """torch.linalg.inv, det, solve and logdet of a computed matrix, and their gradient, on the
+    device (they were refused: aten.linalg_inv_ex and the other LAPACK calls have no
+    decomposition)."""
+    a = _pivoting_matrices()[1:]
+    w = torch.eye(5) + 0.1 * torch.randn(5, 5, generator=torch.Generator().manual_seed(20))
+    w.requires_grad_()
+    inputs = {"a": a, "b": torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(21))}
+
+    def fn(d):
+        m = d["a"] @ w
+        loss = (torch.linalg.inv(m).sum() + torch.linalg.det(m).sum() + torch.linalg.solve(m, d["b"]).sum()
+                + torch.logdet(m @ m.transpose(-1, -2)).sum())
+        return {"loss": loss, "grad": torch.autograd.grad(loss, [w])[0]}
+    got = Device(mini).execute(compile_function(fn, inputs, mini), inputs)
+    for name, expected in fn(inputs).items():
+        torch.testing.assert_close(got[name], expected.detach(), rtol=1e-4, atol=1e-4 * expected.abs().max().item())
