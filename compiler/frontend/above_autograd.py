@@ -202,16 +202,16 @@ def _rrelu(input, lower=0.125, upper=1.0 / 3, training=False, inplace=False):  #
     return F.leaky_relu_(input, slope) if inplace else F.leaky_relu(input, slope)
 
 
-def _triple(v, default=None) -> tuple[int, int, int]:
-    """A 3-D pooling's size argument as (depth, height, width)."""
+def _triple(v, default=None) -> tuple:
+    """A 3-D op's size or scale argument as (depth, height, width)."""
     if v is None or isinstance(v, (list, tuple)) and len(v) == 0:
         v = default
-    if isinstance(v, int):
+    if isinstance(v, (int, float)):
         return (v, v, v)
     return tuple(v) * 3 if len(v) == 1 else tuple(v)
 
 
-def _pool3d(x, pool2d, kernel, stride, padding, **options):
+def _pool3d(x, pool2d, kernel, stride, padding, plane: dict, depth: dict):
     """A 3-D pooling as two 2-D ones: over (H, W) with every depth as a channel, then over D with
     H * W as the width. Max- and average-pooling over a box are separable, and so are their
     padding and clipping rules (a clipped window's divisor is the product of its clipped extents
@@ -219,11 +219,10 @@ def _pool3d(x, pool2d, kernel, stride, padding, **options):
     unbatched = x.dim() == len(kernel) + 1  # (C, D, H, W)
     x = x.unsqueeze(0) if unbatched else x
     n, c, d, h, w = x.shape
-    plane = pool2d(x.reshape(n, c * d, h, w), kernel[1:], stride[1:], padding[1:], **options["plane"])
-    ho, wo = plane.shape[-2:]
-    depth = pool2d(plane.reshape(n, c, d, ho * wo), (kernel[0], 1), (stride[0], 1), (padding[0], 0),
-                   **options["depth"])
-    y = depth.reshape(n, c, depth.shape[2], ho, wo)
+    pooled = pool2d(x.reshape(n, c * d, h, w), kernel[1:], stride[1:], padding[1:], **plane)
+    ho, wo = pooled.shape[-2:]
+    pooled = pool2d(pooled.reshape(n, c, d, ho * wo), (kernel[0], 1), (stride[0], 1), (padding[0], 0), **depth)
+    y = pooled.reshape(n, c, pooled.shape[2], ho, wo)
     return y[0] if unbatched else y
 
 
@@ -361,7 +360,7 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
         plane = F.interpolate(input.reshape(n, c * d, h, w), size=(ho, wo), **options)
         depth = F.interpolate(plane.reshape(n, c, d, ho * wo), size=(do, ho * wo), **options)
     else:
-        sd, sh, sw = (scale_factor,) * 3 if isinstance(scale_factor, (int, float)) else tuple(scale_factor)
+        sd, sh, sw = _triple(scale_factor)
         plane = F.interpolate(input.reshape(n, c * d, h, w), scale_factor=(sh, sw), **options)
         ho, wo = plane.shape[-2:]
         depth = F.interpolate(plane.reshape(n, c, d, ho * wo), scale_factor=(sd, 1.0), **options)

@@ -154,7 +154,7 @@ def _from_tiles(b: Builder, tiles: Value, size: tuple[int, int], geometry) -> Va
     each offset's share (`_placed`) took kh * kw pads, slices and sums of the image's size (a
     2x2 max-pooling's backward: about 1 M cycles a pooling in a CIFAR-sized training step)."""
     (kh, kw), _, _, _, (ho, wo) = geometry
-    lead = tiles.shape[:tiles.rank - len((ho, kh, wo, kw))]
+    lead = tiles.shape[:tiles.rank - 2 * len(size)]  # two tile dims, (Ho, kh) and (Wo, kw), per image dim
     flat = b.reshape(tiles, lead + (ho * kh, wo * kw))
     return b.pad(flat, [(0, 0)] * len(lead) + [(-before, -after) for before, after in tile_pads(size, geometry)])
 
