@@ -212,17 +212,29 @@ def _multiply(a, b, out):
     """out[e] = a[e] @ b[e], each element summed along K in order (multiply, then add): the same
     words whether products are stacked wide, tall or one by one, which BLAS does not promise (its
     kernels differ with the shape). The innermost loop runs along a row of b and out, so it
-    vectorises (flat unsigned indices, sim.index)."""
+    vectorises (flat unsigned indices, sim.index); it adds four K steps to an output element per
+    pass, in order, so the row is loaded and stored a quarter as often (one step a pass was bound
+    by those loads and stores: 64 x 16 x 128, the 1024^3 product's entries, 9.2 -> 7.2 us)."""
     n_e, rows, k = a.shape
     cols = out.shape[2]
     fa, fb, fo = a.reshape(-1), b.reshape(-1), out.reshape(-1)
+    k4 = k - k % 4
     for e in range(n_e):
         for i in range(rows):
-            o = (e * rows + i) * cols
+            o, ai = (e * rows + i) * cols, (e * rows + i) * k
             for j in range(cols):
                 fo[at(o + j)] = 0
-            for kk in range(k):
-                x = fa[at((e * rows + i) * k + kk)]
+            for kk in range(0, k4, 4):
+                x0, x1, x2, x3 = fa[at(ai + kk)], fa[at(ai + kk + 1)], fa[at(ai + kk + 2)], fa[at(ai + kk + 3)]
+                b0 = (e * k + kk) * cols
+                b1, b2, b3 = b0 + cols, b0 + 2 * cols, b0 + 3 * cols
+                for j in range(cols):
+                    r = fo[at(o + j)] + x0 * fb[at(b0 + j)]
+                    r = r + x1 * fb[at(b1 + j)]
+                    r = r + x2 * fb[at(b2 + j)]
+                    fo[at(o + j)] = r + x3 * fb[at(b3 + j)]
+            for kk in range(k4, k):
+                x = fa[at(ai + kk)]
                 bb = (e * k + kk) * cols
                 for j in range(cols):
                     fo[at(o + j)] += x * fb[at(bb + j)]

@@ -247,3 +247,20 @@ def test_matmul_against_torch(chip, dtype, trans_b, M, K, N, short_slice, form, 
     # the accumulating product reads the C (GRF0) the first one wrote: the YAML's gap between them
     gap = hw.hazards["grf_write_to_read"] * hw.step_cycles
     assert stats.pe_busy == 2 * -(-cycles // hw.step_cycles) * hw.step_cycles + gap
+
+
+@pytest.mark.parametrize("rows, k, cols", [(64, 16, 128), (16, 7, 33), (3, 5, 8), (8, 1, 4), (1, 12, 1)])
+def test_loop_products_sum_each_element_along_k_in_order(rows, k, cols):
+    """The loop form's words are those of multiply-then-add in K order, starting from zero, for
+    every K (its passes of four steps and the remainder): what makes stacked products equal.
+    Values spread over magnitudes, so that another order of the adds rounds otherwise."""
+    rng = np.random.default_rng(7)
+    a = (rng.standard_normal((2, rows, k)) * 10.0 ** rng.integers(-4, 5, (2, rows, k))).astype(np.float32)
+    b = (rng.standard_normal((2, k, cols)) * 10.0 ** rng.integers(-4, 5, (2, k, cols))).astype(np.float32)
+    out = np.empty((2, rows, cols), np.float32)
+    mau._multiply(a, b, out)
+    expect = np.zeros((2, rows, cols), np.float32)
+    for kk in range(k):
+        expect = expect + a[:, :, kk:kk + 1] * b[:, kk:kk + 1, :]  # float32 products and sums, in order
+    np.testing.assert_array_equal(out.view(np.uint32), expect.view(np.uint32))
+    assert k < 4 or not np.array_equal(expect, (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32))
