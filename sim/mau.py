@@ -46,6 +46,7 @@ from .isa import DType
 from .params import MachineParams
 from .replicas import Replicas, Replicated
 
+K_PER_PASS = 4  # K steps `_multiply` adds to an output row per pass (host policy, see there)
 SHORT_SLICE = 16  # longest K-slice per PE that is multiplied in a loop (see the module docstring)
 LOOP, GATHERED, IN_PLACE = "loop", "gathered", "in place"
 # Multiply-adds of a MATMUL from which its products are split between the host's threads (host
@@ -218,13 +219,13 @@ def _multiply(a, b, out):
     n_e, rows, k = a.shape
     cols = out.shape[2]
     fa, fb, fo = a.reshape(-1), b.reshape(-1), out.reshape(-1)
-    k4 = k - k % 4
+    k4 = k - k % K_PER_PASS
     for e in range(n_e):
         for i in range(rows):
             o, ai = (e * rows + i) * cols, (e * rows + i) * k
             for j in range(cols):
                 fo[at(o + j)] = 0
-            for kk in range(0, k4, 4):
+            for kk in range(0, k4, K_PER_PASS):  # the body is written for K_PER_PASS
                 x0, x1, x2, x3 = fa[at(ai + kk)], fa[at(ai + kk + 1)], fa[at(ai + kk + 2)], fa[at(ai + kk + 3)]
                 b0 = (e * k + kk) * cols
                 b1, b2, b3 = b0 + cols, b0 + 2 * cols, b0 + 3 * cols

@@ -49,6 +49,7 @@ ALLOWED = {
     ("runtime/host_images.py", 28): "bytes of host images the device keeps for reuse (1 << 28, host policy)",
     ("sim/mau.py", 16): "longest K-slice per PE the simulator multiplies in its own loop rather than BLAS (host speed)",
     ("sim/mau.py", 5): "dimensions of an operand viewed per unit of MABs ([unit, MAB, PE, rows, columns])",
+    ("sim/mau.py", 4): "K steps the loop's multiply adds to an output row per pass (its body is written for four; host speed)",
     ("compiler/layout/candidates.py", 24): "how many candidates to return (planner budget)",
     ("compiler/layout/candidates.py", 16): "PFN's educational-compiler convention: tensors of <= 16 elements stay in DRAM 0",
     ("compiler/layout/candidates.py", 512): "lru_cache size",
