@@ -98,13 +98,8 @@ def _max_pool_backward(b, out, gy, x, kernel, stride, padding, dilation, ceil_mo
     h, w = x.shape[-2:]
     gy = ensure_float(b, gy)
     if tiling(geometry):  # one comparison over the tiles, laid back onto the image by a view
-        tiles = (ho, kh, wo, kw)
-        r = b.ew("add", b.iota(tiles, 0, "int32", -ph, kh), b.iota(tiles, 1, "int32"))
-        c = b.ew("add", b.iota(tiles, 2, "int32", -pw, kw), b.iota(tiles, 3, "int32"))
-        where = flat_positions(b, r, c, (h, w), -1)
-        lead = x.shape[:-2]
-        hit = b.ew("eq", _on_tiles(b, indices, geometry), b.expand(where, lead + tiles))
-        return _from_tiles(b, b.ew("where", hit, _on_tiles(b, gy, geometry), 0.0, dtype=gy.dtype), (h, w), geometry)
+        return _from_tiles(b, b.ew("where", _hits_on_tiles(b, indices, (h, w), geometry), _on_tiles(b, gy, geometry),
+                                   0.0, dtype=gy.dtype), (h, w), geometry)
     rows, cols = b.iota((ho, wo), 0, "int32"), b.iota((ho, wo), 1, "int32")
     total = None
     for i in range(kh):
@@ -145,6 +140,25 @@ def _on_tiles(b: Builder, v: Value, geometry) -> Value:
     (kh, kw), _, _, _, (ho, wo) = geometry
     lead = v.shape[:-2]
     return b.expand(b.reshape(v, lead + (ho, 1, wo, 1)), lead + (ho, kh, wo, kw))
+
+
+def _hits_on_tiles(b: Builder, indices: Value, size: tuple[int, int], geometry) -> Value:
+    """(..., Ho, kh, Wo, kw) booleans: whether offset (di, dj) of window (i, j) is where the
+    forward's index put the window's maximum. Compared as codes: the index less the flat position
+    of the window's origin (i * kh - ph, j * kw - pw) against di * W + dj, a (kh, kw) table every
+    window shares. Two offsets share a code only when one of them lies outside the image (their
+    columns differ by W or more), which `_from_tiles` drops. The codes are computed at the
+    outputs' shape, so the comparison over the tiles reads no operand that varies along the
+    windows but not along the batch and channels: such an operand stages only in some layouts,
+    and a CNN step's pooling gradient was computed in one that its readers gathered in single
+    long words (131 K MVs)."""
+    (kh, kw), _, (ph, pw), _, (ho, wo) = geometry
+    h, w = size
+    origin = b.ew("add", b.iota((ho, wo), 0, "int32", -ph * w, kh * w), b.iota((ho, wo), 1, "int32", -pw, kw))
+    code = b.ew("sub", indices, b.expand(origin, indices.shape), dtype="int32")
+    offsets = b.ew("add", b.iota((kh, 1, kw), 0, "int32", 0, w), b.iota((kh, 1, kw), 2, "int32"))
+    tiles = _on_tiles(b, code, geometry)
+    return b.ew("eq", tiles, b.expand(offsets, tiles.shape))
 
 
 def _from_tiles(b: Builder, tiles: Value, size: tuple[int, int], geometry) -> Value:

@@ -55,7 +55,9 @@ def test_average_pooling_matches_torch(mini):
 
 @pytest.mark.parametrize("pool, shape", [(lambda x: F.max_pool2d(x, 2), (2, 3, 8, 10)),
                                          (lambda x: F.max_pool2d(x, 2, padding=1, ceil_mode=True), (2, 3, 7, 9)),
-                                         (lambda x: F.avg_pool2d(x, 3, padding=1, count_include_pad=False), (1, 4, 8, 7))])
+                                         (lambda x: F.avg_pool2d(x, 3, padding=1, count_include_pad=False), (1, 4, 8, 7)),
+                                         # a window wider than the image: offsets outside it share codes
+                                         (lambda x: F.max_pool2d(x, (2, 3), padding=1), (2, 3, 5, 1))])
 def test_the_gradient_of_windows_that_tile_the_input_is_one_comparison_laid_back_by_a_view(mini, pool, shape):
     """Windows with stride = kernel cover each input position at most once: the input gradient
     is computed over the tiles (Ho, kh, Wo, kw) at once and read back as the image, padded or
@@ -72,6 +74,29 @@ def test_the_gradient_of_windows_that_tile_the_input_is_one_comparison_laid_back
     assert kinds.count("pad") <= 1 and "slice" not in kinds, kinds
     got = mini.execute(compile_function(fn, {"x": x}, mini.hw), {"x": x})
     torch.testing.assert_close(got["gx"], fn({"x": x.clone()})["gx"], rtol=1e-5, atol=1e-5)
+
+
+def test_the_tiled_max_pooling_gradient_compares_codes_with_one_table_of_offsets():
+    """The comparison over the tiles reads the forward's indices less each window's origin and a
+    (kh, kw) table of offsets that every window shares, not a map of positions per window: that
+    varies along the windows but not along the batch and channels, which stages only in some
+    layouts (a CNN step's pooling gradient was gathered by its readers in single long words)."""
+    x = torch.randn(2, 3, 8, 6, generator=torch.Generator().manual_seed(6))
+
+    def fn(d):
+        xg = d["x"].requires_grad_()
+        (gx,) = torch.autograd.grad(F.max_pool2d(xg, 2).pow(2).sum(), [xg])
+        return {"gx": gx}
+    graph = trace(fn, {"x": x})
+    tiles = (2, 3, 4, 2, 3, 2)
+    [eq] = [n for n in graph.nodes if n.kind == "ew" and n.op == "eq" and n.out.shape == tiles]
+    producers = {n.out: n for n in graph.nodes}
+    sizes = []
+    for operand in eq.inputs:
+        while operand in producers and producers[operand].kind in ("expand", "reshape"):
+            operand = producers[operand].args[0]
+        sizes.append(operand.shape)
+    assert sorted(sizes, key=len) == [(2, 1, 2), (2, 3, 4, 3)], sizes  # the offsets; the codes at the outputs' shape
 
 
 def test_a_pooling_window_copies_the_batch_and_channels():
