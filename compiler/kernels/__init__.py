@@ -13,12 +13,12 @@ from typing import Callable
 from ..errors import CompileError, UnsupportedOpError
 from ..ir import Node, Value
 from ..layout import Layout, Placement
-from . import conv, matmul, movement, reduce
+from . import conv, elementwise, matmul, movement, reduce
 from .base import Kernel
 
 PLANNERS: dict[str, Callable] = {"reduce": reduce.plan, "matmul": matmul.plan, "conv": conv.plan}
 WISHES: dict[str, Callable] = {"reduce": reduce.wishes, "matmul": matmul.wishes, "conv": conv.wishes,
-                               "window": movement.wishes}
+                               "window": movement.wishes, "ew": elementwise.wishes}
 READS_AS_IS: dict[str, Callable] = {"conv": conv.reads_as_is}
 
 
