@@ -86,6 +86,7 @@ def save(compiled: Compiled, directory: str | Path) -> Path:
              "resident": list(compiled.resident), "symbols": list(p.symbols), "labels": [list(x) for x in p.labels],
              "buffers": buffers, "scratch_lw": compiled.scratch_lw, "updates": compiled.updates,
              "donated": sorted(compiled.donated), "phases": [list(x) for x in compiled.phases],
+             "clean_inputs": sorted(compiled.clean_inputs),
              "constraints": {k: s.to_json() for k, s in compiled.constraints.items()}}
     summary = dict(compiled.summary)
     summary.setdefault("estimated_cycles", estimate_cycles(compiled))
@@ -220,7 +221,8 @@ def load(directory: str | Path, hw: HwDesc | None = None) -> Compiled:
                             pytree.treespec_loads(specs["out_spec"]) if specs["out_spec"] else None,
                             summary, scratch_lw=specs["scratch_lw"], updates=specs["updates"],
                             donated=set(specs["donated"]), phases=[tuple(x) for x in specs["phases"]],
-                            constraints={k: IOSpec.from_json(v) for k, v in specs["constraints"].items()})
+                            constraints={k: IOSpec.from_json(v) for k, v in specs["constraints"].items()},
+                            clean_inputs=set(specs.get("clean_inputs", [])))
         compiled.resident = {name: torch.from_numpy(arrays[f"resident_{name}"]) for name in specs["resident"]}
     return compiled
 

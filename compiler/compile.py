@@ -62,6 +62,9 @@ class Compiled:
     """[start, end) instruction ranges of the forward, backward and optimizer parts of the program."""
     constraints: dict[str, IOSpec] = field(default_factory=dict)
     """The io_spec_constraints it was compiled with (what a hand-over's counterfactual drops)."""
+    clean_inputs: set[str] = field(default_factory=set)
+    """Resident inputs the program reads as if their padding held zeros (a weight whose padded
+    channels it reads by view): the runtime binds each a copy whose padding holds zeros."""
 
 
 def compile_function(fn: Callable, inputs: Any, hw: HwDesc, *, options: dict | None = None,
@@ -160,7 +163,8 @@ def _compile_graph(graph: Graph, hw: HwDesc, *, options: dict, constraints: dict
                "layouts": {b.symbol: str(b.placement.layout) for b in buffers.values()}}
     return Compiled(hw, program, buffers, inputs, outputs, plan.input_symbols, plan.output_symbols,
                     {name: graph.outputs[name].shape for name in graph.outputs}, graph.out_spec, summary,
-                    scratch_lw=scratch_lw, updates=updates, donated=donated, phases=emitted.phases)
+                    scratch_lw=scratch_lw, updates=updates, donated=donated, phases=emitted.phases,
+                    clean_inputs=set(plan.clean_inputs))
 
 
 def plan_params(hw: HwDesc):

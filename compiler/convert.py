@@ -33,12 +33,16 @@ class Conversion:
     scratch_lw: int = 0
     offsets: dict[str, int] = field(default_factory=dict)  # scratch buffer symbol -> long words into the region
     constants: dict[str, Buffer] = field(default_factory=dict)  # fill images the program reads (placed at load)
+    zero_pad: bool = False  # the destination's padding is written with zeros
 
     def bases(self, src: int, dst: int, scratch: int = 0) -> dict[str, int]:
         return {"src": src, "dst": dst, **{s: scratch + off for s, off in self.offsets.items()}}
 
 
-def build_conversion(src: IOSpec, dst: IOSpec, hw: HwDesc) -> Conversion:
+def build_conversion(src: IOSpec, dst: IOSpec, hw: HwDesc, zero_pad: bool = False) -> Conversion:
+    """The program that re-lays `src` as `dst`; with `zero_pad`, one that also writes zeros into
+    the destination's padding (between equal specs: a copy of a buffer whose padding a program
+    may have written, for a reader that needs it zero)."""
     if src.shape != dst.shape or src.dtype != dst.dtype:
         raise CompileError(f"cannot convert {src.name} ({src.dtype}{list(src.shape)}) to {dst.name} "
                            f"({dst.dtype}{list(dst.shape)}): shapes and dtypes must match")
@@ -46,8 +50,9 @@ def build_conversion(src: IOSpec, dst: IOSpec, hw: HwDesc) -> Conversion:
     source, target = src.placement(hw, dtype), dst.placement(hw, dtype)
     ctx = EmitContext(hw)
     value = Value(src.name, tuple(src.shape), "bool" if src.dtype == "bool" else dtype, "input")
-    kernel = RelayoutKernel.copy(value, Ref("src", source, src.lm_layout), target)
-    with ctx.label(f"convert {src.name} -> {dst.name}"):  # the LM layouts, where known, guide a transpose
+    kernel = RelayoutKernel(value, None, target=target, zero_pad=zero_pad)
+    what = "zero the padding of" if zero_pad and src.is_memcopyable_to(dst) else "convert"
+    with ctx.label(f"{what} {src.name} -> {dst.name}"):  # the LM layouts, where known, guide a transpose
         kernel.emit(ctx, {value: Ref("src", source, src.lm_layout), kernel.out: Ref("dst", target, dst.lm_layout)})
     program = ctx.b.build()
     extents = symbol_extents(ctx.params, program.code, program.relocs, program.symbols)
@@ -58,4 +63,4 @@ def build_conversion(src: IOSpec, dst: IOSpec, hw: HwDesc) -> Conversion:
     scratch = schedule(temps, [set(temps)], ctx.params, hw.memory_lw(ctx.chain.dram)) if temps else 0
     constants = {s: b for s, b in ctx.buffers.items() if b.role in ("const", "fill") and s in program.symbols}
     return Conversion(program, src, dst, max(target.span_lw, extents.get("dst", (0, 0))[1]), scratch,
-                      {s: b.offset for s, b in temps.items()}, constants)
+                      {s: b.offset for s, b in temps.items()}, constants, zero_pad)

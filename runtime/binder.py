@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from compiler.errors import CompileError, LayoutError
 from compiler.iospec import IOSpec
 
 from .conversions import Conversions
@@ -58,23 +59,28 @@ class Binder:
         return Bound(buf, Binding(consumer, input_name, UPLOAD_PATH, cycles(stats), spec.size_bytes), True)
 
     def bind_value(self, consumer: str, input_name: str, value: DeviceValue, spec: IOSpec, need: int,
-                   mode: str = BOTH) -> Bound:
-        """A device value for an input: relocated when its layout already serves, else converted."""
+                   mode: str = BOTH, zero_pad: bool = False) -> Bound:
+        """A device value for an input: relocated when its layout already serves, else converted.
+        With `zero_pad` always converted (or through the host), into a copy whose padding holds
+        zeros: for a program that reads the input's padding as zeros."""
         producer = value.producer
-        if value.spec.is_memcopyable_to(spec) and value.buffer.lw >= need:
+        if not zero_pad and value.spec.is_memcopyable_to(spec) and value.buffer.lw >= need:
             return Bound(value.buffer, Binding(consumer, input_name, RELOCATION, 0, 0, producer), False)
         where = f"{producer or 'proxy'} -> {consumer}.{input_name}"
-        if self.conversions.conversion_cycles(value.spec, spec) is None:  # no program for the pair
+        try:
+            conversion = self.conversions.program(value.spec, spec, zero_pad)
+        except (CompileError, LayoutError):  # no program for the pair (uploads write zero padding)
             return self._host_round_trip(consumer, input_name, value, spec, need, where, mode)
         with allocating(f"input {input_name!r} of {consumer} ({spec.size_bytes} bytes, converted from "
                         f"{producer or 'a proxy'})"):
-            buf = self.alloc(spec, max(need, self.conversions.dst_lw(value.spec, spec)))
+            buf = self.alloc(spec, max(need, conversion.dst_lw))
         try:
-            stats = self.conversions.run(value.spec, value.buffer, spec, buf, mode)
+            stats = self.conversions.run(value.spec, value.buffer, spec, buf, mode, zero_pad)
         except BaseException:
             self.device.free(buf)
             raise
-        self._record(Run(BINDING, f"convert {where}", stats, self.conversions.program(value.spec, spec).program.labels))
+        what = "zero the padding of" if zero_pad and value.spec.is_memcopyable_to(spec) else "convert"
+        self._record(Run(BINDING, f"{what} {where}", stats, conversion.program.labels))
         return Bound(buf, Binding(consumer, input_name, CONVERSION, cycles(stats), spec.size_bytes, producer), True)
 
     def _host_round_trip(self, consumer: str, input_name: str, value: DeviceValue, spec: IOSpec, need: int,

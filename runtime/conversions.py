@@ -37,24 +37,32 @@ class Conversions:
     def __init__(self, device: Device, record) -> None:
         self.device = device
         self._record = record  # Runtime.record: where the constants' uploads are reported
-        self._programs: dict[tuple[str, str], Conversion] = {}
+        self._programs: dict[tuple, Conversion | CompileError | LayoutError] = {}
         self._constants: dict[tuple[str, str], dict[str, DeviceBuffer]] = {}
         self._timed: dict[tuple, int | None] = {}
 
     def __len__(self) -> int:
         """How many conversion programs were built to run."""
-        return len(self._programs)
+        return sum(not isinstance(p, Exception) for p in self._programs.values())
 
-    def program(self, src: IOSpec, dst: IOSpec) -> Conversion:
-        """The DRAM-to-DRAM program that re-lays `src` as `dst`, built once per layout pair."""
-        key = pair_key(src, dst)
+    def program(self, src: IOSpec, dst: IOSpec, zero_pad: bool = False) -> Conversion:
+        """The DRAM-to-DRAM program that re-lays `src` as `dst` (writing zeros into its padding
+        with `zero_pad`), built once per layout pair."""
+        key = (*pair_key(src, dst), zero_pad)
         if key not in self._programs:
-            self._programs[key] = build_conversion(src, dst, self.device.hw)
-        return self._programs[key]
+            try:
+                self._programs[key] = build_conversion(src, dst, self.device.hw, zero_pad)
+            except (CompileError, LayoutError) as e:  # (a gather too large to list: GatherTooLarge)
+                self._programs[key] = e  # kept: a pair that has none is asked again on every call
+        found = self._programs[key]
+        if isinstance(found, Exception):
+            raise found
+        return found
 
-    def run(self, src: IOSpec, src_buf: DeviceBuffer, dst: IOSpec, dst_buf: DeviceBuffer, mode: str = BOTH):
+    def run(self, src: IOSpec, src_buf: DeviceBuffer, dst: IOSpec, dst_buf: DeviceBuffer, mode: str = BOTH,
+            zero_pad: bool = False):
         """Convert `src_buf` (in `src`) into `dst_buf` (in `dst`); the run's stats."""
-        conv = self.program(src, dst)
+        conv = self.program(src, dst, zero_pad)
         machine = self.device.machine
         with self.device.lock:
             with allocating(f"the scratch region of the conversion {conv.src.name} -> {conv.dst.name}"):
@@ -70,7 +78,7 @@ class Conversions:
 
     def _placed(self, conv: Conversion) -> dict[str, int]:
         """The fill images a conversion reads, placed on the device once per conversion."""
-        key = pair_key(conv.src, conv.dst)
+        key = (*pair_key(conv.src, conv.dst), conv.zero_pad)
         if key not in self._constants:
             placed = {}
             for symbol, buffer in conv.constants.items():
@@ -82,8 +90,8 @@ class Conversions:
             self._constants[key] = placed
         return {symbol: buf.address for symbol, buf in self._constants[key].items()}
 
-    def dst_lw(self, src: IOSpec, dst: IOSpec) -> int:
-        return self.program(src, dst).dst_lw
+    def dst_lw(self, src: IOSpec, dst: IOSpec, zero_pad: bool = False) -> int:
+        return self.program(src, dst, zero_pad).dst_lw
 
     # ---- what-if timing -----------------------------------------------------------------------
 

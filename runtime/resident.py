@@ -6,6 +6,11 @@ and kept, so functions that disagree on a weight's layout do not convert it on e
 Writing a tensor makes the written copy the only one and drops the others: a training step
 leaving its new parameters and optimizer state (`replace`), or a handle's `load_from`
 (`written`). Written tensors are the ones `Context.synchronize()` downloads.
+
+A copy uploaded from the host holds zeros in its layout's padding; one a program wrote or a
+conversion made may hold anything there. A program that reads a tensor's padding as zeros (a
+registered weight whose padded channels a convolution reads by view, `Compiled.clean_inputs`)
+is bound a copy whose padding was zeroed on the device when it may not be, once per write.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class ResidentTensors:
         self._copies: dict[str, dict[str, tuple[DeviceBuffer, IOSpec]]] = {}  # name -> layout key -> copy
         self._handles: dict[str, "weakref.WeakSet[DeviceValue]"] = {}
         self._dirty: set[str] = set()
+        self._unclean: set[tuple[str, str]] = set()  # (name, layout key) of copies whose padding may not be zero
 
     # ---- the host tensors ---------------------------------------------------------------------
 
@@ -105,22 +111,29 @@ class ResidentTensors:
         self._handles.setdefault(name, weakref.WeakSet()).add(value)
         return value
 
-    def bind(self, consumer: str, input_name: str, name: str, spec: IOSpec, need: int, mode: str = BOTH) -> Bound:
+    def bind(self, consumer: str, input_name: str, name: str, spec: IOSpec, need: int, mode: str = BOTH,
+             clean: bool = False) -> Bound:
         """The copy of `name` in `spec`'s layout for a call: relocated if it exists, else made from
-        another copy by a conversion (recorded as this binding), else uploaded from the host."""
+        another copy by a conversion (recorded as this binding), else uploaded from the host. With
+        `clean`, a copy whose padding holds zeros: one whose padding may not is copied on the
+        device with its padding zeroed first (recorded as this binding), and kept instead."""
         copies = self._copies.get(name)
         if not copies:
             self._upload(name, spec, need)
             copies = self._copies[name]
         key = layout_key(spec)
-        if key in copies and copies[key][0].lw >= need:
+        if key in copies and copies[key][0].lw >= need and not (clean and (name, key) in self._unclean):
             return Bound(copies[key][0], Binding(consumer, input_name, RELOCATION, 0, 0, f"registered {name}"), False)
-        buf, stored = self.any_copy(name)
+        buf, stored = copies[key] if key in copies and clean else self.any_copy(name)
         source = DeviceValue(buf, stored, tuple(stored.shape), f"registered {name}")
         with allocating(f"a copy of registered tensor {name!r} in the layout {consumer} reads ({spec.size_bytes} "
                         "bytes)"):
-            bound = self._binder.bind_value(consumer, input_name, source, spec, need, mode)
-        if key in copies:  # too small for this program: replace it (handles on it follow)
+            bound = self._binder.bind_value(consumer, input_name, source, spec, need, mode, zero_pad=clean)
+        if clean:
+            self._unclean.discard((name, key))
+        else:
+            self._unclean.add((name, key))  # (a conversion writes no padding of its own)
+        if key in copies:  # too small for this program, or its padding not zero: replace it (handles follow)
             old = copies[key][0]
             for handle in self._handles.get(name, ()):
                 if handle.buffer is old:
@@ -129,9 +142,12 @@ class ResidentTensors:
         copies[key] = (bound.buffer, spec)
         return Bound(bound.buffer, bound.binding, False)  # kept as a copy, not freed after the call
 
-    def written(self, value: DeviceValue) -> None:
-        """`value`'s copy was overwritten: it is now the only one, and every handle shows it."""
+    def written(self, value: DeviceValue, uploaded: bool = False) -> None:
+        """`value`'s copy was overwritten (`uploaded`: from the host, its padding zero): it is now
+        the only one, and every handle shows it."""
         self.replace(value.registered, value.buffer, value.spec)
+        if uploaded:
+            self._unclean.discard((value.registered, layout_key(value.spec)))
 
     def replace(self, name: str, buf: DeviceBuffer, spec: IOSpec) -> None:
         """`buf` (in `spec`'s layout) holds the new value of `name`: the only copy from now on,
@@ -141,6 +157,7 @@ class ResidentTensors:
                 self._device.free(old)
         self._copies[name] = {layout_key(spec): (buf, spec)}
         self._dirty.add(name)
+        self._unclean = {u for u in self._unclean if u[0] != name} | {(name, layout_key(spec))}
         for handle in self._handles.get(name, ()):
             handle.show(buf, spec)
 
@@ -151,6 +168,7 @@ class ResidentTensors:
         self._record(Run(UPLOAD, f"registered {name}", stats))
         self.replace(name, buf, spec)
         self._dirty.discard(name)
+        self._unclean.discard((name, layout_key(spec)))
 
     def download_written(self) -> None:
         """Write the device values of tensors that programs or handles changed into the host tensors."""
@@ -178,3 +196,4 @@ class ResidentTensors:
             raise
         self._record(Run(UPLOAD, f"registered {name}", stats))
         self._copies[name] = {layout_key(spec): (buf, spec)}
+        self._unclean = {u for u in self._unclean if u[0] != name}

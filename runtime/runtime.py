@@ -186,7 +186,8 @@ class Runtime:
             for name, registered in exe.resident.items():
                 spec = compiled.inputs[name]
                 fresh = not self.resident.has_copy(registered)
-                b = self.resident.bind(exe.name, name, registered, spec, exe.need(name), exe.mode)
+                b = self.resident.bind(exe.name, name, registered, spec, exe.need(name), exe.mode,
+                                       clean=name in compiled.clean_inputs)
                 bound[name] = b.buffer
                 bindings.append(b.binding)
                 sources[name] = Source(RESIDENT, spec, cycles=b.binding.cycles, fresh=fresh)
@@ -339,7 +340,7 @@ class Runtime:
             self.record(Run(UPLOAD, value.producer or "proxy", stats))
             value.version += 1
             if value.registered is not None:
-                self.resident.written(value)
+                self.resident.written(value, uploaded=True)
 
     # ---- registered tensors -------------------------------------------------------------------
 

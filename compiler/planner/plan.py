@@ -43,6 +43,7 @@ class Plan:
     input_symbols: dict[str, str]
     output_symbols: dict[str, str]
     owner: dict[str, Value] = field(default_factory=dict)  # buffer symbol -> the value that owns it
+    clean_inputs: frozenset[str] = frozenset()  # resident inputs read as if their padding held zeros
 
     @property
     def cycles(self) -> int:

@@ -95,12 +95,17 @@ class Planner:
         self.users = graph.users()
         self.outputs = set(graph.outputs.values())
         self.updated_state = {graph.outputs[out]: graph.inputs[n] for n, out in graph.update_outputs().items()}
+        self.updated_inputs = set(graph.update_outputs())
         self.constraints = constraints
         self.output_wishes: dict[Value, Layout] = {}
         self.costs: dict[object, int] = {}
         self.wish_cache: dict[Value, list[tuple[Node, list[Layout]]]] = {}
         self.window_cache: dict[tuple[Node, str], float] = {}  # (convolution, x's layout) -> extra MVs
         self.clean: set[str] = set()  # buffers whose padding is known to hold zeros
+        # resident inputs the program reads as if their padding held zeros (the runtime keeps the
+        # copies it binds so: `Compiled.clean_inputs`), and those each candidate would (by kernel)
+        self.relied_clean: set[str] = set()
+        self.relying: dict[int, set[str]] = {}
         self.provisional: dict[Value, Ref] = {}  # what the candidate being prepared has placed so far
 
     # ---- the whole graph ----------------------------------------------------------------------
@@ -112,7 +117,7 @@ class Planner:
         in_symbols = {name: self.place_default(v).symbol for name, v in self.graph.inputs.items()}
         out_symbols = self._finish_outputs(set(in_symbols.values()))
         return Plan(self.graph, self.hw, self.options, self.refs, self.buffers, self.steps, in_symbols, out_symbols,
-                    self.owner)
+                    self.owner, frozenset(self.relied_clean))
 
     def plan_unit(self, unit: object) -> None:
         if isinstance(unit, Group):
@@ -141,10 +146,24 @@ class Planner:
         return symbol
 
     def uploaded_clean(self, v: Value, role: str | None = None) -> bool:
-        """Whether `v`'s buffer is uploaded by the host, so its padding is zero: a constant or a
-        call's input (a resident tensor may have been written by a program)."""
+        """Whether `v`'s buffer holds zeros in its padding when the program starts: a constant or a
+        call's input, which the host uploads so, or a resident tensor the program does not update:
+        another program may have written it, but a program that reads it as clean says so
+        (`relied_clean`), and the runtime binds it a copy whose padding it zeroed if need be
+        (runtime.resident). A tensor the program updates is written by this very program."""
         role = role or ROLE[v.kind]
-        return role == "const" or role == "input" and v.name not in self.graph.resident
+        return role == "const" or role == "input" and (v.name not in self.graph.resident or self.clean_resident(v))
+
+    def clean_resident(self, v: Value) -> bool:
+        """Whether `v` is a resident input this program reads and never writes."""
+        return v.kind == "input" and v.name in self.graph.resident and v.name not in self.updated_inputs
+
+    def residents_behind(self, ref: Ref, placed: list[tuple[Value, Ref]]) -> set[str]:
+        """The resident inputs (read, never written) whose buffer `ref` reads."""
+        owners = [w for w, r in placed if r.symbol == ref.symbol]
+        if ref.symbol in self.owner:
+            owners.append(self.owner[ref.symbol])
+        return {w.name for w in owners if self.clean_resident(w)}
 
     def known_clean(self, ref: Ref, placed: list[tuple[Value, Ref]]) -> bool:
         """Whether `ref`'s padding is known to hold zeros: a buffer marked so, or one the candidate
@@ -307,6 +326,7 @@ class Planner:
         refs: dict[Value, Ref] = {}
         pre: list[Step] = []
         placed: list[tuple[Value, Ref]] = []
+        relying = self.relying[id(kernel)] = set()
 
         def relay(v: Value, ref: Ref, layout: Layout | None, target: Placement, zero_pad: bool = False) -> Ref:
             if not allow_relay:
@@ -325,7 +345,10 @@ class Planner:
             wanted = stage(self.ctx.lm_placement(layout, device_dtype(v))).dram
             index = kernel.gather_index(v) if hasattr(kernel, "gather_index") else None
             clean = self.known_clean(ref, more)
-            if hasattr(kernel, "sums_lane_padding") and kernel.sums_lane_padding(v, layout) and not clean:
+            sums_padding = hasattr(kernel, "sums_lane_padding") and kernel.sums_lane_padding(v, layout)
+            if sums_padding and clean:
+                relying |= self.residents_behind(ref, more)
+            if sums_padding and not clean:
                 refs[v] = relay(v, ref, layout, wanted, zero_pad=True)  # (see MatmulKernel.sums_lane_padding)
             elif ref.placement.same_placement(wanted) or lane_compatible(wanted, ref.placement, index):
                 refs[v] = ref
@@ -340,6 +363,8 @@ class Planner:
             clean = self.known_clean(ref, more)
             if hasattr(kernel, "source_ok") and not kernel.source_ok(v, ref, self.ctx, clean):
                 ref = relay(v, ref, None, want, zero_pad=True)
+            elif clean and hasattr(kernel, "source_ok") and not kernel.source_ok(v, ref, self.ctx, False):
+                relying |= self.residents_behind(ref, more)
             refs[v] = ref
         symbols = {v: self.symbol_for(v) for v in kernel.outputs()}
         refs.update(kernel.output_refs(self.ctx, symbols))
@@ -646,6 +671,8 @@ class Planner:
 
     def commit(self, kernel: Kernel, refs: dict[Value, Ref], pre: list[Step], placed: list[tuple[Value, Ref]],
                cycles: int) -> None:
+        self.relied_clean |= self.relying.get(id(kernel), set())
+        self.relying.clear()  # (by the id of kernels that may not live on)
         self.commit_steps(pre)
         self.commit_placed(placed)
         for v in kernel.outputs():

@@ -313,19 +313,23 @@ def test_a_layer_after_a_direct_one_reads_its_input_copied(mini_device):
     assert "temp:relu_nhwc" in compiled.summary["layouts"]  # the copy ConvKernel.im2col writes first
 
 
-def test_a_registered_weight_is_copied_with_zero_padding_by_the_data_engines(mncore2):
-    """A registered weight's padding is not known to be zero (a program may have written it), so
-    the thin-channel direct form reads a copy whose padded channels are zeros. Those channels fill
-    long words of their own (the lanes hold output channels): the Data Engines copy the weight
-    alone and write them from the zero buffer. Through the PEs, element by element, the copy of
-    ResNet's stem weight took 625,076 cycles and im2col won (663,274 at 224x224, now 147,060).
-    Here the registered weight arrives with NaN in every padding word."""
+def test_a_registered_weight_is_copied_with_zero_padding_by_the_data_engines(mncore2, monkeypatch):
+    """A registered weight whose padding is not known to be zero (one the program writes, as a
+    training step does) is read by the thin-channel direct form from a copy whose padded channels
+    are zeros. Those channels fill long words of their own (the lanes hold output channels): the
+    Data Engines copy the weight alone and write them from the zero buffer. Through the PEs,
+    element by element, the copy of ResNet's stem weight took 625,076 cycles and im2col won
+    (663,274 at 224x224, now 147,060). Here the registered weight arrives with NaN in every
+    padding word."""
+    from compiler.planner import search
     from runtime.device import spec_placement
+    monkeypatch.setattr(search.Planner, "clean_resident", lambda self, v: False)
     torch.manual_seed(7)
     layer = torch.nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
     names = {id(layer.weight): "w"}
     x = torch.randn(1, 3, 32, 32)
     compiled = compile_function(lambda d: {"y": layer(d["x"])}, {"x": x}, mncore2, resident=lambda t: names.get(id(t)))
+    assert compiled.clean_inputs == set()
     relaid = [(start, end) for start, end, name in compiled.program.labels if name.startswith("relayout")]
     assert len(relaid) == 1
     start, end = relaid[0]
@@ -336,3 +340,29 @@ def test_a_registered_weight_is_copied_with_zero_padding_by_the_data_engines(mnc
     got = device.execute(compiled, {"x": x, "w": layer.weight.detach()})["y"]
     with torch.no_grad():
         torch.testing.assert_close(got, layer(x), rtol=1e-5, atol=1e-5 * layer(x).abs().max().item())
+
+
+def test_a_registered_weight_the_program_does_not_write_is_read_by_view(mncore2):
+    """The same layer reading a registered weight it does not write: the program reads the
+    weight's padding as zeros where it lies (no copy), and says so (`clean_inputs`): the runtime
+    binds it a copy whose padding is zero (tests/mlsdk/test_clean_padding.py)."""
+    torch.manual_seed(7)
+    layer = torch.nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
+    names = {id(layer.weight): "w"}
+    x = torch.randn(1, 3, 32, 32)
+    compiled = compile_function(lambda d: {"y": layer(d["x"])}, {"x": x}, mncore2, resident=lambda t: names.get(id(t)))
+    assert compiled.clean_inputs == {"w"}
+    assert not [name for _, _, name in compiled.program.labels if name.startswith("relayout")]
+    got = Device(mncore2).execute(compiled, {"x": x, "w": layer.weight.detach()})["y"]
+    with torch.no_grad():
+        torch.testing.assert_close(got, layer(x), rtol=1e-5, atol=1e-5 * layer(x).abs().max().item())
+
+
+def test_a_codegen_dir_keeps_which_inputs_are_read_with_zero_padding(mncore2, tmp_path):
+    """A program loaded from a codegen_dir is bound as the one compiled: its clean inputs too."""
+    from compiler import artifact
+    layer = torch.nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
+    names = {id(layer.weight): "w"}
+    compiled = compile_function(lambda d: {"y": layer(d["x"])}, {"x": torch.randn(1, 3, 32, 32)}, mncore2,
+                                resident=lambda t: names.get(id(t)))
+    assert artifact.load(artifact.save(compiled, tmp_path / "stem"), mncore2).clean_inputs == {"w"}
