@@ -352,6 +352,7 @@ class ConvKernel(Kernel):
         self.pads = {}
         self.windows: dict[str, tuple[Placement, DimTerms]] = {}  # x's layout -> (what A is gathered from, window)
         self.weight_bounds: dict[str, float] = {}  # w's layout -> least_cycles (asked by the planner and estimate)
+        self.viewable: dict[str, bool] = {}  # w's LM layout -> whether B is a view of its image
 
     def b_view(self, ref: Ref) -> Ref | None:
         """w's ref read as B = w.permute(2, 3, 1, 0).reshape(K, Co) (its padded channels
@@ -366,8 +367,21 @@ class ConvKernel(Kernel):
     def sums_lane_padding(self, v: Value, layout: Layout) -> bool:
         """Whether w, read in `layout`, brings padded channels into K: the MAU sums them, so they
         must hold zeros (the planner relays a w whose padding is not known to be zero, as for a
-        product's operand: MatmulKernel.sums_lane_padding)."""
-        return v is self.w and self.c_pad != self.w.shape[1]
+        product's operand: MatmulKernel.sums_lane_padding). Not when B is no view of `layout`'s
+        image: B is then gathered from w with zeros in its padding (`emit`)."""
+        if v is not self.w or self.c_pad == self.w.shape[1]:
+            return False
+        key = str(layout)
+        if key not in self.viewable:
+            image = stage(self.ctx.lm_placement(layout, device_dtype(v))).dram
+            self.viewable[key] = self.b_view(Ref(v.name, image, layout)) is not None
+        return self.viewable[key]
+
+    def reads_padding(self, v: Value, ref: Ref) -> bool:
+        """Whether the program reads w's padding where `ref` holds it (B a view of it): what a
+        registered weight's copy must then hold zeros in (`Compiled.clean_inputs`)."""
+        return v is self.w and self.c_pad != self.w.shape[1] and self.w_layout is not None \
+            and self.b_view(ref) is not None
 
     def x_placement(self, ctx: EmitContext) -> Placement:
         """x in NHWC, its channels padded as K's (a direct form's pixel then comes in one run)."""

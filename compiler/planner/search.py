@@ -346,7 +346,7 @@ class Planner:
             index = kernel.gather_index(v) if hasattr(kernel, "gather_index") else None
             clean = self.known_clean(ref, more)
             sums_padding = hasattr(kernel, "sums_lane_padding") and kernel.sums_lane_padding(v, layout)
-            if sums_padding and clean:
+            if sums_padding and clean and getattr(kernel, "reads_padding", lambda v, r: True)(v, ref):
                 relying |= self.residents_behind(ref, more)
             if sums_padding and not clean:
                 refs[v] = relay(v, ref, layout, wanted, zero_pad=True)  # (see MatmulKernel.sums_lane_padding)
