@@ -259,11 +259,18 @@ def weight_index(w_shape, c_pad: int) -> np.ndarray:
     return np.where(cc >= c, -1, flat).ravel()
 
 
-def weight_read(dst: Placement, w: Placement, c_pad: int) -> tuple[Placement | DimTerms, np.ndarray | None]:
+def weight_read(dst: Placement, w: Placement, c_pad: int, padding_zero: bool = False
+                ) -> tuple[Placement | DimTerms, np.ndarray | None]:
     """How B's image `dst` reads the weight w (Co, C, kh, kw) placed as `w`: as w's per-dimension
-    terms regrouped into B's (K, Co) when no channel is padded and they separate (the gather
-    follows from them, run by run), else through the element map `weight_index` (matched
-    element by element: 0.2 s for a 256-channel 3x3 weight, asked for by every candidate)."""
+    terms regrouped into B's (K, Co) when no channel is padded, or w's layout pads the channels
+    to K's and that padding holds zeros (`padding_zero`), and they separate (the gather follows
+    from them, run by run), else through the element map `weight_index` (matched element by
+    element: 0.2 s for a 256-channel 3x3 weight, asked for by every candidate; its padded
+    channels come from the zero buffer, each a run of its own)."""
+    weight = w
+    if c_pad != w.layout.shape[1] and padding_zero and w.layout.extents[1] == c_pad:
+        shape = (w.layout.shape[0], c_pad, *w.layout.shape[2:])
+        w = Placement(w.layout.with_shape(shape), w.hw, w.memory, w.dtype)  # the padded channels as channels
     if c_pad == w.layout.shape[1]:
         terms = DimTerms.of(w)
         if terms is not None:
@@ -275,7 +282,7 @@ def weight_read(dst: Placement, w: Placement, c_pad: int) -> tuple[Placement | D
                 return terms, None  # no block gather either way
             except LayoutError:
                 pass  # the terms do not separate, or too many runs to list
-    return w, weight_index(w.layout.shape, c_pad)
+    return weight, weight_index(weight.layout.shape, c_pad)
 
 
 def _as_nchw(ref_layout: Layout, nhwc: tuple[int, ...]) -> Layout | None:
@@ -353,6 +360,7 @@ class ConvKernel(Kernel):
         self.windows: dict[str, tuple[Placement, DimTerms]] = {}  # x's layout -> (what A is gathered from, window)
         self.weight_bounds: dict[str, float] = {}  # w's layout -> least_cycles (asked by the planner and estimate)
         self.viewable: dict[str, bool] = {}  # w's LM layout -> whether B is a view of its image
+        self.w_padding_zero = False  # whether w's padding is known to hold zeros (`padding_known`)
 
     def b_view(self, ref: Ref) -> Ref | None:
         """w's ref read as B = w.permute(2, 3, 1, 0).reshape(K, Co) (its padded channels
@@ -378,10 +386,23 @@ class ConvKernel(Kernel):
         return self.viewable[key]
 
     def reads_padding(self, v: Value, ref: Ref) -> bool:
-        """Whether the program reads w's padding where `ref` holds it (B a view of it): what a
-        registered weight's copy must then hold zeros in (`Compiled.clean_inputs`)."""
-        return v is self.w and self.c_pad != self.w.shape[1] and self.w_layout is not None \
-            and self.b_view(ref) is not None
+        """Whether the program reads w's padding where `ref` holds it (B a view of it, or gathered
+        from it padded channels included): what a registered weight's copy must then hold zeros
+        in (`Compiled.clean_inputs`)."""
+        if v is not self.w or self.c_pad == self.w.shape[1]:
+            return False
+        if self.w_layout is not None and self.b_view(ref) is not None:
+            return True
+        return self.w_padding_zero and isinstance(self._weight_read(ref.placement)[0], DimTerms)
+
+    def padding_known(self, v: Value, zero: bool) -> None:
+        """The planner says whether `v`'s padding holds zeros: B is then gathered from w's padded
+        channels too, in runs, where it had the zero buffer fill them one long word at a time."""
+        if v is self.w:
+            self.w_padding_zero = zero
+
+    def _weight_read(self, w: Placement) -> tuple[Placement | DimTerms, np.ndarray | None]:
+        return weight_read(self.b_image(self.ctx), w, self.c_pad, self.w_padding_zero)
 
     def x_placement(self, ctx: EmitContext) -> Placement:
         """x in NHWC, its channels padded as K's (a direct form's pixel then comes in one run)."""
@@ -495,7 +516,7 @@ class ConvKernel(Kernel):
             runs = None
             if self.w_layout is None or self.b_view(refs[self.w]) is None:
                 destination = self.b_image(ctx)
-                read, index = weight_read(destination, refs[self.w].placement, self.c_pad)
+                read, index = self._weight_read(refs[self.w].placement)
                 runs = gather_runs(destination, read) if index is None else None
             self.weight_bounds[key] = (runs or 0) * ctx.gather_mv_cycles()
         return self.weight_bounds[key]
@@ -509,7 +530,7 @@ class ConvKernel(Kernel):
             if view is not None:
                 b_source = Source(view)
             else:
-                read, index = weight_read(self.b_image(ctx), refs[self.w].placement, self.c_pad)
+                read, index = self._weight_read(refs[self.w].placement)
                 b_source = Source(refs[self.w], index) if index is not None else Source(refs[self.w], window=read)
         image = stage(ctx.lm_placement(self.lc_out, self.out_dtype)).dram
         if self.view is not None:

@@ -345,8 +345,10 @@ class Planner:
             wanted = stage(self.ctx.lm_placement(layout, device_dtype(v))).dram
             index = kernel.gather_index(v) if hasattr(kernel, "gather_index") else None
             clean = self.known_clean(ref, more)
+            if hasattr(kernel, "padding_known"):
+                kernel.padding_known(v, clean)
             sums_padding = hasattr(kernel, "sums_lane_padding") and kernel.sums_lane_padding(v, layout)
-            if sums_padding and clean and getattr(kernel, "reads_padding", lambda v, r: True)(v, ref):
+            if clean and (kernel.reads_padding(v, ref) if hasattr(kernel, "reads_padding") else sums_padding):
                 relying |= self.residents_behind(ref, more)
             if sums_padding and not clean:
                 refs[v] = relay(v, ref, layout, wanted, zero_pad=True)  # (see MatmulKernel.sums_lane_padding)
@@ -361,9 +363,12 @@ class Planner:
             self.provisional.update(more)
             pre += made
             clean = self.known_clean(ref, more)
+            if hasattr(kernel, "padding_known"):
+                kernel.padding_known(v, clean)
             if hasattr(kernel, "source_ok") and not kernel.source_ok(v, ref, self.ctx, clean):
                 ref = relay(v, ref, None, want, zero_pad=True)
-            elif clean and hasattr(kernel, "source_ok") and not kernel.source_ok(v, ref, self.ctx, False):
+            elif clean and ((hasattr(kernel, "reads_padding") and kernel.reads_padding(v, ref)) or
+                            (hasattr(kernel, "source_ok") and not kernel.source_ok(v, ref, self.ctx, False))):
                 relying |= self.residents_behind(ref, more)
             refs[v] = ref
         symbols = {v: self.symbol_for(v) for v in kernel.outputs()}
