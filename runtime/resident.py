@@ -9,7 +9,7 @@ leaving its new parameters and optimizer state (`replace`), or a handle's `load_
 
 A copy uploaded from the host holds zeros in its layout's padding; one a program wrote or a
 conversion made may hold anything there. A program that reads a tensor's padding as zeros (a
-registered weight whose padded channels a convolution reads by view, `Compiled.clean_inputs`)
+registered weight whose padded channels a convolution sums, `Compiled.clean_inputs`)
 is bound a copy whose padding was zeroed on the device when it may not be, once per write.
 """
 

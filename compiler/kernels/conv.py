@@ -351,8 +351,8 @@ class ConvKernel(Kernel):
             # channels are w's padding, which must hold zeros (`sums_lane_padding`: a registered
             # weight the program does not write is bound with zero padding by the runtime, others
             # relaid); im2col's gather their zeros instead (an element map), or, with
-            # `read_padding`, read them too (ViT's patch embedding with a registered weight:
-            # 2,336,170 -> 538,666 cycles)
+            # `read_padding`, read them too: a view, or w placed as its image, from which B is
+            # gathered padded channels included where they are zero (`padding_known`)
             if self.c_pad == c or direct or read_padding:
                 hwio = reshape_layout(self.lb, (kh, kw, self.c_pad, co))
                 self.w_layout = hwio.with_shape((kh, kw, c, co)).permute((3, 2, 0, 1)) if hwio is not None else None
