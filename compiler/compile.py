@@ -64,7 +64,8 @@ class Compiled:
     """The io_spec_constraints it was compiled with (what a hand-over's counterfactual drops)."""
     clean_inputs: set[str] = field(default_factory=set)
     """Resident inputs the program reads as if their padding held zeros (a weight whose padded
-    channels it reads by view): the runtime binds each a copy whose padding holds zeros."""
+    channels a product sums, read by view or gathered with them): the runtime binds each a copy
+    whose padding holds zeros."""
 
 
 def compile_function(fn: Callable, inputs: Any, hw: HwDesc, *, options: dict | None = None,

@@ -38,7 +38,7 @@ class Conversions:
         self.device = device
         self._record = record  # Runtime.record: where the constants' uploads are reported
         self._programs: dict[tuple, Conversion | CompileError | LayoutError] = {}
-        self._constants: dict[tuple[str, str], dict[str, DeviceBuffer]] = {}
+        self._constants: dict[tuple, dict[str, DeviceBuffer]] = {}  # (pair_key..., zero_pad) -> placed fills
         self._timed: dict[tuple, int | None] = {}
 
     def __len__(self) -> int:
