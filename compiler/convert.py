@@ -35,6 +35,11 @@ class Conversion:
     constants: dict[str, Buffer] = field(default_factory=dict)  # fill images the program reads (placed at load)
     zero_pad: bool = False  # the destination's padding is written with zeros
 
+    @property
+    def action(self) -> str:
+        """What it does, as its label and the runtime's record name it."""
+        return action(self.src, self.dst, self.zero_pad)
+
     def bases(self, src: int, dst: int, scratch: int = 0) -> dict[str, int]:
         return {"src": src, "dst": dst, **{s: scratch + off for s, off in self.offsets.items()}}
 
@@ -51,8 +56,7 @@ def build_conversion(src: IOSpec, dst: IOSpec, hw: HwDesc, zero_pad: bool = Fals
     ctx = EmitContext(hw)
     value = Value(src.name, tuple(src.shape), "bool" if src.dtype == "bool" else dtype, "input")
     kernel = RelayoutKernel(value, None, target=target, zero_pad=zero_pad)
-    what = "zero the padding of" if zero_pad and src.is_memcopyable_to(dst) else "convert"
-    with ctx.label(f"{what} {src.name} -> {dst.name}"):  # the LM layouts, where known, guide a transpose
+    with ctx.label(f"{action(src, dst, zero_pad)} {src.name} -> {dst.name}"):  # the LM layouts, where known, guide a transpose
         kernel.emit(ctx, {value: Ref("src", source, src.lm_layout), kernel.out: Ref("dst", target, dst.lm_layout)})
     program = ctx.b.build()
     extents = symbol_extents(ctx.params, program.code, program.relocs, program.symbols)
@@ -64,3 +68,9 @@ def build_conversion(src: IOSpec, dst: IOSpec, hw: HwDesc, zero_pad: bool = Fals
     constants = {s: b for s, b in ctx.buffers.items() if b.role in ("const", "fill") and s in program.symbols}
     return Conversion(program, src, dst, max(target.span_lw, extents.get("dst", (0, 0))[1]), scratch,
                       {s: b.offset for s, b in temps.items()}, constants, zero_pad)
+
+
+def action(src: IOSpec, dst: IOSpec, zero_pad: bool) -> str:
+    """A conversion's name: a copy into the same layout that zeroes its padding is "zero the
+    padding of", any other "convert"."""
+    return "zero the padding of" if zero_pad and src.is_memcopyable_to(dst) else "convert"

@@ -79,8 +79,7 @@ class Binder:
         except BaseException:
             self.device.free(buf)
             raise
-        what = "zero the padding of" if zero_pad and value.spec.is_memcopyable_to(spec) else "convert"
-        self._record(Run(BINDING, f"{what} {where}", stats, conversion.program.labels))
+        self._record(Run(BINDING, f"{conversion.action} {where}", stats, conversion.program.labels))
         return Bound(buf, Binding(consumer, input_name, CONVERSION, cycles(stats), spec.size_bytes, producer), True)
 
     def _host_round_trip(self, consumer: str, input_name: str, value: DeviceValue, spec: IOSpec, need: int,
