@@ -43,7 +43,7 @@ def reduction_layout(shape: tuple[int, ...], dims: tuple[int, ...], dtype: str, 
     """A layout of the input with the reduced dims inside each PE: kept dims spread over the axes
     (from `spread`, time-sliced when their share is too large), reduced dims as the innermost
     address digits (lanes on the last reduced dim when `pack_reduced` and it fills them, else on
-    kept dim `lanes_on`, by default the last kept dim when it fills them). When one
+    kept dim `lanes_on`, by default the last kept dim that fills them). When one
     kept element's reduced block alone exceeds the budget, the reduced dims are time-sliced
     instead, and the kept part is cut into slices of one long word per PE (with `even`, into
     slices that divide a dim where a few more than the fewest do: `_slice_count`). None when
@@ -55,10 +55,11 @@ def reduction_layout(shape: tuple[int, ...], dims: tuple[int, ...], dtype: str, 
         return None
     kept_shape = tuple(shape[d] for d in kept) or (1,)
     pack = None
+    filling = [k for k, d in enumerate(kept) if shape[d] >= epl]  # (a size-1 kept dim fills no lanes)
     if not pack_reduced and lanes_on is not None:
         pack = kept.index(lanes_on)
-    elif not pack_reduced and kept and shape[kept[-1]] >= epl:
-        pack = len(kept) - 1
+    elif not pack_reduced and filling:
+        pack = filling[-1]
     block = prod(shape[d] for d in dims)
     reduced_lw = block // (epl if pack_reduced else 1)
     slice_reduced = 2 * reduced_lw > budget_lw
