@@ -246,7 +246,7 @@ def plan(node: Node, planner) -> list[Kernel]:
         if layout is not None and layout not in found:
             found.append(layout)
     ref = planner.refs.get(x)
-    if ref is not None and ref.lm is not None and _in_pe(ref.lm, dims):
+    if ref is not None and ref.lm is not None and in_pe(ref.lm, dims):
         found.insert(0, ref.lm)
     return [ReduceKernel(node, layout) for layout in found]
 
@@ -269,12 +269,27 @@ def _window_lanes(node: Node, dims: tuple[int, ...], planner) -> int | None:
     return copied[0] if len(lanes) == 1 and copied else None
 
 
-def _in_pe(layout: Layout, dims) -> bool:
+def in_pe(layout: Layout, dims) -> bool:
     """Whether `layout` keeps the reduced dims inside each PE, none of them padded in the lanes:
     a long word holding elements and padding of a reduced dim arrives whole, and its padding
     (whatever the producer computed there) would join the reduction."""
     lanes_padded = any(f.axis == W_AXIS for d, f in layout.factors if d in dims and layout.extents[d] != layout.shape[d])
     return not lanes_padded and all(f.axis in (None, W_AXIS) or f.size == 1 for d, f in layout.factors if d in dims)
+
+
+def local_runs(layout: Layout, dim: int) -> list[int]:
+    """Lengths of the runs of consecutive elements of `dim` that `layout` keeps together in each PE
+    at once, shortest first: the products of the dim's innermost factors that are address digits
+    or lanes (a product's columns lie in runs of its tile's columns per PE, in long words of
+    consecutive columns). A reduction reads such runs where they lie (`in_pe`)."""
+    runs, run = [], 1
+    for f in reversed(layout.dims[dim]):
+        if f.axis not in (None, W_AXIS):
+            break
+        run *= f.size
+        if f.size > 1:
+            runs.append(run)
+    return runs
 
 
 def wishes(user: Node, v: Value, planner) -> list[Layout]:

@@ -6,7 +6,9 @@ pick of the target's logit): the rows must lie inside PEs, so the product's outp
   does, rather than on none: with no such candidate it gathered its input in single long words
   (a linear layer's cross-entropy step on mncore2, 256 x 512 logits: 461,230 cycles for the pick
   against 136,738 + 17,630 relaid).
-* Readers that want one value in one layout share one relay of it (Planner.copy_of)."""
+* Readers that want one value in one layout share one relay of it (Planner.copy_of).
+* A reduction whose input lies in runs of the reduced dim inside the PEs may go in two steps,
+  over the runs where they lie, then over their results (Planner.plan_reduce)."""
 
 from __future__ import annotations
 
@@ -74,7 +76,9 @@ def _three_reductions(d):
 
 def test_readers_of_a_value_in_one_layout_share_its_relay(monkeypatch):
     """The maximum and the sum both read the product row by row: one relayout of it (10,588
-    cycles on mini), not one each (46,106 against 56,694 cycles in all when written)."""
+    cycles on mini), not one each (46,106 against 56,694 cycles in all when written). (Each
+    reduction whole: in two steps, over the rows' runs first, neither relays the product.)"""
+    monkeypatch.setattr(search.Planner, "_reduced_runs", lambda self, node: (0, []))
     g = torch.Generator().manual_seed(0)
     inputs = {"a": torch.randn(64, 32, generator=g), "b": torch.randn(32, 128, generator=g)}
 
@@ -91,3 +95,37 @@ def test_readers_of_a_value_in_one_layout_share_its_relay(monkeypatch):
     each, each_cycles = compiled_and_cycles()
     assert (shared, each) == (1, 2)
     assert shared_cycles < each_cycles, (shared_cycles, each_cycles)
+
+
+def _bias_gradient(d):
+    return {"g": (d["x"] @ d["w"] * d["dy"]).sum(0)}
+
+
+def test_a_sum_over_rows_held_in_runs_goes_over_the_runs_first(monkeypatch):
+    """A bias gradient on mini: the product's rows lie in runs of 16 per PE; summed over those
+    where they lie, then over the runs' sums, 11,972 cycles when written, against 35,588 with the
+    rows gathered into the PEs. The same values as torch either way."""
+    g = torch.Generator().manual_seed(0)
+    inputs = {"x": torch.randn(64, 32, generator=g), "w": torch.randn(32, 128, generator=g),
+              "dy": torch.randn(64, 128, generator=g)}
+
+    def compiled_cycles() -> tuple[int, int]:
+        compiled = compile_function(_bias_gradient, inputs, MINI)
+        got = Device(MINI).execute(compiled, inputs)
+        torch.testing.assert_close(got["g"], _bias_gradient(inputs)["g"], rtol=1e-4, atol=1e-3)
+        sums = [label for *_, label in compiled.program.labels if "(sum)" in label]
+        return len(sums), Machine(MINI).time(compiled.program.code).total_cycles
+
+    in_runs, in_runs_cycles = compiled_cycles()
+    monkeypatch.setattr(search.Planner, "_reduced_runs", lambda self, node: (0, []))
+    whole, whole_cycles = compiled_cycles()
+    assert (in_runs, whole) == (2, 1)
+    assert in_runs_cycles < whole_cycles / 2, (in_runs_cycles, whole_cycles)
+
+
+def test_local_runs_are_the_innermost_digits_and_lanes_of_a_dim():
+    from compiler.kernels.reduce import local_runs
+    from compiler.layout import parse
+    layout = parse("(64, 128)/((2_MAB:1, 2_Time:1, 16:8), (2_L1B:1, 4_PE:1, 8:1, 2_W:1))")
+    assert local_runs(layout, 0) == [16]  # the time slices are not together in a PE at once
+    assert local_runs(layout, 1) == [2, 16]
