@@ -314,6 +314,13 @@ class _TrainingTrace(torch.overrides.TorchFunctionMode):
                                      "its output shape depends on the data (one index tensor per dim, as long as the "
                                      "condition holds true values): keep the shape with torch.where(mask, x, y), "
                                      "or count with mask.sum()")
+        if func is _PACK_PADDED:
+            shapes = [list(a.shape) for a in args[:2] if isinstance(a, torch.Tensor)]
+            raise UnsupportedOpError("pack_padded_sequence", shapes, _user_line(traceback.extract_stack()),
+                                     "a packed sequence's batch sizes are data (how many sequences are still running "
+                                     "at each step), which a program of static shapes cannot follow: run the RNN on "
+                                     "the padded batch and mask its outputs (or pick each sequence's last step with "
+                                     "torch.gather at its length - 1)")
         if func in self.GRADIENTS:
             with torch.autograd.profiler.record_function(_PHASE_MARK + BACKWARD):
                 return func(*args, **kwargs)
@@ -351,6 +358,9 @@ class _TrainingTrace(torch.overrides.TorchFunctionMode):
                     t.data = data
                 t.copy_(value)
         self.saved.clear()
+
+
+_PACK_PADDED = torch._VF._pack_padded_sequence  # what torch.nn.utils.rnn.pack_padded_sequence calls
 
 
 def _indices_of_true(func: Any, args: tuple, kwargs: dict) -> bool:

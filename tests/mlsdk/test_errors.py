@@ -230,3 +230,18 @@ def test_an_unknown_optimizer_keyword_is_a_type_error_as_in_torch():
     for cls in (mlsdk.MNCoreAdam, mlsdk.MNCoreAdamW):
         with pytest.raises(TypeError, match=f"{cls.__name__}: unexpected keyword arguments no_such_arg"):
             cls(params, lr=0.1, no_such_arg=1)
+
+
+def test_a_packed_sequence_is_refused_by_name_with_what_to_do_instead():
+    """pack_padded_sequence failed deep inside torch's RNN (zeros() got a FakeTensor for a size):
+    its batch sizes are data. Refused where the user packs, the Context usable after."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+    gru = torch.nn.GRU(4, 4, batch_first=True)
+    ctx = Context(MNDevice("mini"))
+    x, lengths = torch.randn(2, 8, 4), torch.tensor([8, 5])
+    with pytest.raises(mlsdk.UnsupportedOpError, match=r"pack_padded_sequence with shapes \[\[2, 8, 4\], \[2\]\]: "
+                       "a packed sequence's batch sizes are data .* run the RNN on the padded batch") as caught:
+        ctx.compile(lambda d: {"o": gru(pack_padded_sequence(d["x"], lengths, batch_first=True))[1]}, {"x": x}, None)
+    assert "test_errors.py" in str(caught.value)
+    fn = ctx.compile(lambda d: {"y": d["x"] * 2}, {"x": x}, None)
+    assert torch.equal(fn({"x": x})["y"].cpu(), x * 2)
