@@ -979,7 +979,7 @@ class Planner:
             try:
                 self._plan_reduce_in_runs(node, dim, run)
                 tried.append((self._snapshot(), (out.producer, out.index)))
-            except CompileError:  # (unsupported or no layout: the other ways)
+            except (CompileError, LayoutError):  # (unsupported or no layout: the other ways)
                 pass
             self._restore(before)
             out.producer, out.index = made_by

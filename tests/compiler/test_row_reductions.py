@@ -18,6 +18,7 @@ import hwdesc
 import compiler.planner.search as search
 from compiler.compile import compile_function
 from compiler.kernels.reduce import reduction_layout
+from compiler.errors import LayoutError
 from compiler.layout import W_AXIS
 from mlsdk.report import op_cycles
 from runtime import Device
@@ -129,3 +130,24 @@ def test_local_runs_are_the_innermost_digits_and_lanes_of_a_dim():
     layout = parse("(64, 128)/((2_MAB:1, 2_Time:1, 16:8), (2_L1B:1, 4_PE:1, 8:1, 2_W:1))")
     assert local_runs(layout, 0) == [16]  # the time slices are not together in a PE at once
     assert local_runs(layout, 1) == [2, 16]
+
+
+def test_a_two_step_plan_that_fails_midway_leaves_the_reduction_as_it_is(monkeypatch):
+    """A layout error in the two-step plan, after it placed its first step, is undone: the
+    reduction is planned whole, with torch's values and the whole plan's cycles."""
+    g = torch.Generator().manual_seed(0)
+    inputs = {"x": torch.randn(64, 32, generator=g), "w": torch.randn(32, 128, generator=g),
+              "dy": torch.randn(64, 128, generator=g)}
+    monkeypatch.setattr(search.Planner, "_reduced_runs", lambda self, node: (0, []))
+    whole = Machine(MINI).time(compile_function(_bias_gradient, inputs, MINI).program.code).total_cycles
+    monkeypatch.undo()
+    two_steps = search.Planner._plan_reduce_in_runs
+
+    def failing(self, node, dim, run):
+        two_steps(self, node, dim, run)
+        raise LayoutError("no layout")
+    monkeypatch.setattr(search.Planner, "_plan_reduce_in_runs", failing)
+    compiled = compile_function(_bias_gradient, inputs, MINI)
+    torch.testing.assert_close(Device(MINI).execute(compiled, inputs)["g"], _bias_gradient(inputs)["g"],
+                               rtol=1e-4, atol=1e-3)
+    assert Machine(MINI).time(compiled.program.code).total_cycles == whole
