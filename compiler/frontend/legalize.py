@@ -162,6 +162,8 @@ def _fmod(b, out, x, y):
 def _pow(b, out, x, y):
     dtype = out_dtype(out)
     if not isinstance(x, Value):  # scalar ** tensor
+        if dtype == "int32":
+            return _int_power(b, int(x), y)
         if x <= 0:
             raise UnsupportedOpError(b.aten, [list(y.shape)], b.source, f"{x} ** tensor (the base must be > 0)")
         return b.ew("exp", b.ew("mul", b.cast(y, dtype), math.log(x)))
@@ -176,6 +178,31 @@ def _pow(b, out, x, y):
     if dtype == "int32":
         raise UnsupportedOpError(b.aten, [list(x.shape)], b.source, f"integer power {y}")
     return b.ew("pow", x, float(y))
+
+
+def _int_power(b: Builder, base: int, y: Value) -> Value:
+    """base ** y for an integer tensor y, exactly: the product, over the bits k set in y, of
+    base ** (2 ** k), each a constant of the program (as the device's int32 products wrap, so do
+    the constants: a product modulo 2 ** 32 is the product of the factors modulo 2 ** 32). A
+    negative exponent gives 0, as torch's integer power does, unless the base is 1 or -1. (The
+    float form, exp(y ln base), was refused: an int32 exponent times ln base.)"""
+    e = b.cast(y, "int32")
+    result = b.full(y.shape, 1, "int32")
+    factor = _wrapped(base)
+    for k in range(INT32_BITS - 1):  # (bit 31 is the sign: negative exponents below)
+        bit = b.ew("ne", b.ew("bitand", b.ew("shr", e, k), 1), 0)
+        result = b.ew("where", bit, b.ew("mul", result, factor), result, dtype="int32")
+        factor = _wrapped(factor * factor)
+    if base == -1:
+        below = b.ew("where", b.ew("ne", b.ew("bitand", e, 1), 0), -1, 1, dtype="int32")
+    else:
+        below = b.full(y.shape, 1 if base == 1 else 0, "int32")
+    return b.ew("where", b.ew("lt", e, 0), below, result, dtype="int32")
+
+
+def _wrapped(v: int) -> int:
+    """v as a two's-complement int32 word holds it."""
+    return (v + (1 << (INT32_BITS - 1))) % (1 << INT32_BITS) - (1 << (INT32_BITS - 1))
 
 
 @rule("atan2", "arctan2", "hypot")
