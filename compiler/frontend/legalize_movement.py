@@ -489,6 +489,34 @@ def _as_strided(b, out, x, size, stride, storage_offset=0):
     return b.window(flat, size, [list(stride)], [offset])
 
 
+@rule("as_strided_scatter")
+def _as_strided_scatter(b, out, x, src, size, stride, storage_offset=0):
+    """x with the elements of its storage at offset + sum(o * stride) replaced by src[o], when
+    those positions are one run of the storage, each once (the strides a row-major layout of the
+    dims in some order): src's dims put in that order fill the run. (Functionalization writes a
+    channels-last tensor's restriding this way: a channels-last model's global average pooling
+    gradient.) x is contiguous, as `_as_strided` takes it."""
+    size, offset = tuple(size), storage_offset or 0
+    placed = [d for d in range(len(size)) if size[d] > 1]
+    order = sorted(placed, key=lambda d: -stride[d])
+    n = prod(size)
+    run = 1
+    for d in reversed(order):
+        if stride[d] != run:
+            break
+        run *= size[d]
+    if run != n or offset + n > x.numel:
+        raise UnsupportedOpError(b.aten, [list(x.shape), list(src.shape)], b.source,
+                                 f"a strided write (size {list(size)}, stride {list(stride)}, offset {offset}) that "
+                                 "does not cover one run of the tensor's storage once")
+    moved = b.reshape(b.cast(src, x.dtype), tuple(size[d] for d in placed) or (1,))
+    moved = b.reshape(b.permute(moved, [placed.index(d) for d in order]), (n,))
+    flat = b.reshape(x, (x.numel,))
+    parts = [p for p in (b.slice(flat, 0, 0, offset) if offset else None, moved,
+                         b.slice(flat, 0, offset + n, x.numel) if offset + n < x.numel else None) if p is not None]
+    return b.reshape(parts[0] if len(parts) == 1 else b.cat(parts, 0), x.shape)
+
+
 EMBEDDING_BAG_MODES = ("sum", "mean", "max")
 
 

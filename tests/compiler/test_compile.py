@@ -1126,3 +1126,53 @@ def test_kthvalue_matches_torch(device):
     for name, expected in want.items():
         assert got[name].dtype == expected.dtype and torch.allclose(got[name].double(), expected.double(),
                                                                     equal_nan=True), name
+
+
+def test_a_strided_write_over_one_run_of_the_storage_is_the_source_permuted_into_it():
+    """torch.as_strided_scatter where the strided positions are one run of x's storage, each once:
+    torch's values; one with gaps is refused by name. (A channels-last model's global average
+    pooling gradient is such a write: its training step failed with the op unsupported.)"""
+    device = Device(hwdesc.load("mini"))
+    g = torch.Generator().manual_seed(0)
+    x, s = torch.randn(10, generator=g), torch.randn(2, 3, generator=g)
+    check(device, lambda d: {"y": torch.as_strided_scatter(d["x"], d["s"], (2, 3), (1, 2), 1) * 2},
+          {"x": x, "s": s})
+    check(device, lambda d: {"y": torch.as_strided_scatter(d["x"], d["s"], (2, 3), (3, 1), 0) + 1},
+          {"x": x.reshape(2, 5)[:, :3].contiguous().reshape(6), "s": s})
+    with pytest.raises(UnsupportedOpError, match=r"a strided write \(size \[2, 3\], stride \[1, 3\], offset 0\) that "
+                                                 "does not cover one run"):
+        compile_function(lambda d: {"y": torch.as_strided_scatter(d["x"], d["s"], (2, 3), (1, 3), 0)},
+                         {"x": x, "s": s}, device.hw)
+
+
+def test_a_channels_last_models_global_pooling_trains_as_in_torch():
+    from mlsdk import Context, MNCoreSGD, MNDevice, set_buffer_name_in_optimizer, set_tensor_name_in_module
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.AdaptiveAvgPool2d(1))
+    model = model.to(memory_format=torch.channels_last)
+    ref = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.AdaptiveAvgPool2d(1))
+    ref.load_state_dict(model.state_dict())
+    ctx = Context(MNDevice("mini"))
+    opt = MNCoreSGD(model.parameters(), 0.1)
+    set_tensor_name_in_module(model, "model")
+    for p in model.parameters():
+        ctx.register_param(p)
+    set_buffer_name_in_optimizer(opt, "opt")
+    ctx.register_optimizer_buffers(opt)
+
+    def step(d):
+        opt.zero_grad()
+        loss = model(d["x"]).square().mean()
+        loss.backward()
+        opt.step()
+        return {"loss": loss}
+    x = torch.randn(2, 4, 8, 8)
+    loss = ctx.compile(step, {"x": x}, None)({"x": x})["loss"].item()
+    ref_opt = torch.optim.SGD(ref.parameters(), 0.1)
+    want = ref(x).square().mean()
+    want.backward()
+    ref_opt.step()
+    ctx.synchronize()
+    assert loss == pytest.approx(want.item(), rel=1e-5)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6, msg=name)
