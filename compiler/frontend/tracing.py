@@ -314,6 +314,10 @@ class _TrainingTrace(torch.overrides.TorchFunctionMode):
                                      "its output shape depends on the data (one index tensor per dim, as long as the "
                                      "condition holds true values): keep the shape with torch.where(mask, x, y), "
                                      "or count with mask.sum()")
+        if func is torch.nn.functional.one_hot and (args[1] if len(args) > 1 else kwargs.get("num_classes", -1)) < 0:
+            raise UnsupportedOpError("one_hot", [list(args[0].shape)], _user_line(traceback.extract_stack()),
+                                     "without num_classes its width is the largest index plus one, a value of the "
+                                     "data; give num_classes")
         if func is _PACK_PADDED:
             shapes = [list(a.shape) for a in args[:2] if isinstance(a, torch.Tensor)]
             raise UnsupportedOpError("pack_padded_sequence", shapes, _user_line(traceback.extract_stack()),
@@ -593,6 +597,21 @@ def _static_shape(val: Any) -> bool:
     return all(not isinstance(v, torch.Tensor) or all(isinstance(s, int) for s in v.shape) for v in vals)
 
 
+# Why ops without a rule have none, where a user can do something about it (by _op_key).
+_FACTORIZATION = ("matrix factorizations and eigenproblems are not simulated (the device has no such "
+                  "kernel); compute them on the host and pass the factors in as inputs")
+WHY_NOT = {
+    "embedding_renorm": "nn.Embedding(max_norm=...) rescales the rows it looks up in the table itself, in place, "
+                        "before reading them; leave max_norm out, or scale the rows you read: "
+                        "w * torch.clamp(max_norm / w.norm(dim=-1, keepdim=True), max=1)",
+    "_fft_r2c": "FFTs are not simulated", "_fft_c2r": "FFTs are not simulated", "_fft_c2c": "FFTs are not simulated",
+    "linalg_cholesky_ex": _FACTORIZATION, "linalg_qr": _FACTORIZATION, "_linalg_eigh": _FACTORIZATION,
+    "_linalg_svd": _FACTORIZATION, "linalg_eig": _FACTORIZATION,
+    "histc": "histc is not simulated; count each bin with ((x >= low) & (x < high)).sum()",
+    "_pdist_forward": "pdist is not simulated; torch.cdist(x, x) is, and holds pdist's values above its diagonal",
+}
+
+
 def _op_key(target: Any) -> str:
     schema = getattr(target, "_schema", None)
     if schema is not None:
@@ -693,8 +712,9 @@ def _call(b: Builder, fx_node: torch.fx.Node, val: Any, convert: Callable[[Any],
         return _write_back(b, args, aten, shapes, source)
     fn = RULES.get(key)
     if fn is None:
-        raise UnsupportedOpError(aten, shapes, source, "sparse tensors are not simulated (a sparse gradient: "
-                                 "nn.Embedding(sparse=True); use sparse=False)" if "sparse" in key else "")
+        why = "sparse tensors are not simulated (a sparse gradient: nn.Embedding(sparse=True); use sparse=False)" \
+            if "sparse" in key else WHY_NOT.get(key, "")
+        raise UnsupportedOpError(aten, shapes, source, why)
     b.source, b.aten, b.stem = source, aten, fx_node.name
     b.phase = fx_node.meta.get("custom", {}).get("mnsim_phase", FORWARD)
     b.used = {u.args[1] for u in fx_node.users if u.target is operator.getitem and u.users}  # read by something

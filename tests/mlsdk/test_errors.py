@@ -245,3 +245,20 @@ def test_a_packed_sequence_is_refused_by_name_with_what_to_do_instead():
     assert "test_errors.py" in str(caught.value)
     fn = ctx.compile(lambda d: {"y": d["x"] * 2}, {"x": x}, None)
     assert torch.equal(fn({"x": x})["y"].cpu(), x * 2)
+
+
+@pytest.mark.parametrize("fn, why", [
+    (lambda d: {"y": torch.nn.functional.one_hot(d["t"])}, r"one_hot with shapes \[\[3\]\]: without num_classes .* "
+                                                           "give num_classes"),
+    (lambda d: {"y": torch.nn.functional.embedding(d["t"], d["w"], max_norm=1.0)},
+     r"embedding_renorm.* rescales the rows it looks up .* leave max_norm out"),
+    (lambda d: {"y": torch.histc(d["w"], 4)}, r"histc is not simulated; count each bin with"),
+    (lambda d: {"y": torch.nn.functional.pdist(d["w"])}, r"torch.cdist\(x, x\) is"),
+    (lambda d: {"y": torch.linalg.cholesky(d["w"] @ d["w"].T)}, r"matrix factorizations .* compute them on the host"),
+], ids=["one_hot", "embedding_max_norm", "histc", "pdist", "cholesky"])
+def test_unsupported_ops_users_meet_say_why_and_what_to_do(fn, why):
+    ctx = Context(MNDevice("mini"))
+    inputs = {"t": torch.tensor([0, 3, 1]), "w": torch.randn(4, 4)}
+    with pytest.raises(mlsdk.UnsupportedOpError, match=why) as caught:
+        ctx.compile(fn, inputs, None)
+    assert "test_errors.py" in str(caught.value)
