@@ -630,14 +630,15 @@ def test_a_value_read_on_the_host_is_refused_saying_so():
 
 
 def test_a_python_branch_on_values_inside_torch_is_refused_with_a_hint():
-    """torch's own code reading a tensor's value in Python (one_hot's class count from the
-    indices' max without num_classes, nn.Transformer's causal-mask test) fails under tracing with
-    torch's internal guard message; the refusal adds what it means and the user's line."""
+    """torch's own code reading a tensor's value in Python (a distribution validating its
+    arguments, nn.Transformer's causal-mask test) fails under tracing with torch's internal guard
+    message; the refusal adds what it means and the user's line. (one_hot without num_classes has
+    a refusal of its own: tests/mlsdk/test_errors.py.)"""
     def fn(d):
-        return {"y": torch.nn.functional.one_hot(d["i"]).float()}  # the line
+        return {"y": torch.distributions.Normal(d["m"], d["s"]).log_prob(d["m"])}  # the line
     with pytest.raises(CompileError, match="reads a tensor's value as a Python number.*a branch on it") as info:
-        compile_function(fn, {"i": torch.tensor([0, 2, 1])}, hwdesc.load("mini"))
-    assert "one_hot(d[\"i\"]).float()" in str(info.value)
+        compile_function(fn, {"m": torch.randn(4), "s": torch.rand(4) + 0.5}, hwdesc.load("mini"))
+    assert "Normal(d[\"m\"], d[\"s\"]).log_prob" in str(info.value)
     with pytest.raises(CompileError, match=r"an index `x\[i\]` with a 0-d tensor i \(write x.index_select"):
         compile_function(lambda d: {"y": d["x"][d["i"]]}, {"x": torch.randn(5, 3), "i": torch.tensor(2)},
                          hwdesc.load("mini"))
