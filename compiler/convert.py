@@ -56,7 +56,8 @@ def build_conversion(src: IOSpec, dst: IOSpec, hw: HwDesc, zero_pad: bool = Fals
     ctx = EmitContext(hw)
     value = Value(src.name, tuple(src.shape), "bool" if src.dtype == "bool" else dtype, "input")
     kernel = RelayoutKernel(value, None, target=target, zero_pad=zero_pad)
-    with ctx.label(f"{action(src, dst, zero_pad)} {src.name} -> {dst.name}"):  # the LM layouts, where known, guide a transpose
+    # (the LM layouts, where known, guide a transpose)
+    with ctx.label(f"{action(src, dst, zero_pad)} {src.name} -> {dst.name}"):
         kernel.emit(ctx, {value: Ref("src", source, src.lm_layout), kernel.out: Ref("dst", target, dst.lm_layout)})
     program = ctx.b.build()
     extents = symbol_extents(ctx.params, program.code, program.relocs, program.symbols)

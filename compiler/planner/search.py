@@ -968,48 +968,48 @@ class Planner:
         A bias gradient (the sum of a 256 x 512 product's rows, in runs of 8 rows per PE) took
         59,810 cycles on mncore2 for its rows gathered into the PEs, against 3,112 + 7,930 in two
         steps. Each way is planned, and all but the fastest undone (`_snapshot`)."""
-        dim, runs = self._reduced_runs(node)
-        if not runs:
+        found = self._reduced_run(node)
+        if found is None:
             self.choose(plan_kernels(node, self), node)
             return
         out = node.out
         before, made_by = self._snapshot(), (out.producer, out.index)
-        tried: list[tuple[PlannerState, tuple]] = []  # (the plan, the node that makes the output there)
-        for run in runs:
-            try:
-                self._plan_reduce_in_runs(node, dim, run)
-                tried.append((self._snapshot(), (out.producer, out.index)))
-            except (CompileError, LayoutError):  # (unsupported or no layout: the other ways)
-                pass
-            self._restore(before)
-            out.producer, out.index = made_by
+        in_runs = None  # (the plan, the node that makes the output there)
+        try:
+            self._plan_reduce_in_runs(node, *found)
+            in_runs = (self._snapshot(), (out.producer, out.index))
+        except (CompileError, LayoutError):  # (unsupported or no layout: the reduction whole)
+            pass
+        self._restore(before)
+        out.producer, out.index = made_by
         try:
             self.choose(plan_kernels(node, self), node)
-            tried.append((self._snapshot(), made_by))
         except CompileError:
-            if not tried:
+            if in_runs is None:
                 raise
-        # (on a tie, the reduction as it is: one step fewer)
-        state, (out.producer, out.index) = min(tried, key=lambda t: (t[0].cycles_since(before), t[1] != made_by))
+        else:  # (on a tie, the reduction whole: one step fewer)
+            if in_runs is None or self._snapshot().cycles_since(before) <= in_runs[0].cycles_since(before):
+                return
+        state, (out.producer, out.index) = in_runs
         self._restore(state)
 
-    def _reduced_runs(self, node: Node) -> tuple[int, list[int]]:
-        """(dim, [run]) when a reduction reads a placed input whose layout keeps runs of a reduced
+    def _reduced_run(self, node: Node) -> tuple[int, int] | None:
+        """(dim, run) when a reduction reads a placed input whose layout keeps runs of a reduced
         dim's elements in each PE but not all it reduces (`reduce.local_runs`: the innermost such
-        dim, its longest run); else no runs. (Every run length, and the total in runs again, cost
-        the test suite's training steps a fifth more compile time, and GPT-2's step came out
-        12,283,604 cycles that way against 12,199,640.)"""
+        dim, its longest run). (Every run length, and the total in runs again, cost the test
+        suite's training steps a fifth more compile time, and GPT-2's step came out 12,283,604
+        cycles that way against 12,199,640.)"""
         x = node.args[0]
         ref = self.refs.get(x)
         dims = tuple(node.attrs["dims"] or range(x.rank))
         if node.attrs.get("split") or ref is None or ref.lm is None or not x.shape or in_pe(ref.lm, dims):
-            return 0, []
+            return None
         for d in reversed(dims):
             n = x.shape[d]
             runs = [run for run in local_runs(ref.lm, d) if run < n and n % run == 0]
             if runs and ref.lm.extents[d] == n:
-                return d, runs[-1:]  # the longest: shorter runs leave more partial results to move
-        return 0, []
+                return d, runs[-1]  # the longest: shorter runs leave more partial results to move
+        return None
 
     def _plan_reduce_in_runs(self, node: Node, dim: int, run: int) -> None:
         """The reduction in two steps: over runs of `run` elements of `dim`, then over the runs'

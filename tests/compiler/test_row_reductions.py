@@ -79,7 +79,7 @@ def test_readers_of_a_value_in_one_layout_share_its_relay(monkeypatch):
     """The maximum and the sum both read the product row by row: one relayout of it (10,588
     cycles on mini), not one each (46,106 against 56,694 cycles in all when written). (Each
     reduction whole: in two steps, over the rows' runs first, neither relays the product.)"""
-    monkeypatch.setattr(search.Planner, "_reduced_runs", lambda self, node: (0, []))
+    monkeypatch.setattr(search.Planner, "_reduced_run", lambda self, node: None)
     g = torch.Generator().manual_seed(0)
     inputs = {"a": torch.randn(64, 32, generator=g), "b": torch.randn(32, 128, generator=g)}
 
@@ -118,7 +118,7 @@ def test_a_sum_over_rows_held_in_runs_goes_over_the_runs_first(monkeypatch):
         return len(sums), Machine(MINI).time(compiled.program.code).total_cycles
 
     in_runs, in_runs_cycles = compiled_cycles()
-    monkeypatch.setattr(search.Planner, "_reduced_runs", lambda self, node: (0, []))
+    monkeypatch.setattr(search.Planner, "_reduced_run", lambda self, node: None)
     whole, whole_cycles = compiled_cycles()
     assert (in_runs, whole) == (2, 1)
     assert in_runs_cycles < whole_cycles / 2, (in_runs_cycles, whole_cycles)
@@ -138,7 +138,7 @@ def test_a_two_step_plan_that_fails_midway_leaves_the_reduction_as_it_is(monkeyp
     g = torch.Generator().manual_seed(0)
     inputs = {"x": torch.randn(64, 32, generator=g), "w": torch.randn(32, 128, generator=g),
               "dy": torch.randn(64, 128, generator=g)}
-    monkeypatch.setattr(search.Planner, "_reduced_runs", lambda self, node: (0, []))
+    monkeypatch.setattr(search.Planner, "_reduced_run", lambda self, node: None)
     whole = Machine(MINI).time(compile_function(_bias_gradient, inputs, MINI).program.code).total_cycles
     monkeypatch.undo()
     two_steps = search.Planner._plan_reduce_in_runs
