@@ -28,7 +28,7 @@ from .isa import Dir, DType, Mode, Op
 from .fusion import fused_products
 from .hostpool import run_shares
 from .mau import matmul
-from .moves import execute_moves, group_local, is_move, mab_broadcast, transpose
+from .moves import LW_ITEM, execute_moves, group_local, is_move, long_word_aligned, mab_broadcast, transpose
 from .params import FMT_WPL, MachineParams
 from .reduce import mv_reduce, xfer_reduce
 from .replicas import Replicas, Touches, written_range
@@ -80,6 +80,19 @@ def execute(p: MachineParams, memories: list[np.ndarray], code: np.ndarray, hand
         foreign, words = derived[key]
         return p.n_groups > 1 and foreign[end] == foreign[start] and words[end] - words[start] >= SHARED_WORDS
 
+    def move_items(start: int, end: int) -> tuple[tuple, int]:
+        """The memories moves [start, end) run on, and the words of each item: one item per long
+        word when the chip's long word is one machine word and the moves' addresses allow."""
+        key = ("misaligned moves", p.hw.fingerprint)
+        if key not in derived:
+            derived[key] = np.concatenate([[0], np.cumsum(~long_word_aligned(code, p.mem_lw_addressed, wpl))])
+        wide = LW_ITEM.get(wpl)
+        if wpl > 1 and wide is not None and derived[key][end] == derived[key][start]:
+            items = view(wide)
+            if all(m is not None for m in items):
+                return tuple(items), wpl
+        return mems, 1
+
     def touches() -> Touches:
         key = ("touches", p.hw.fingerprint)
         if key not in derived:
@@ -96,7 +109,7 @@ def execute(p: MachineParams, memories: list[np.ndarray], code: np.ndarray, hand
         for i in [*(stepped_rows(code) if stepped is None else stepped), len(code)]:
             if i > start:
                 replicas.touch(touches, start, i)
-                _moves(p, code, start, i, mems, wpl, shareable(start, i))
+                _moves(p, code, start, i, *move_items(start, i), wpl, shareable(start, i))
             if i < len(code):
                 row = code[i]
                 op = Op(int(row[0]))
@@ -116,11 +129,13 @@ def execute(p: MachineParams, memories: list[np.ndarray], code: np.ndarray, hand
             replicas.materialize_all()
 
 
-def _moves(p: MachineParams, code: np.ndarray, start: int, end: int, mems: tuple, wpl: int, shared: bool) -> None:
-    """Moves [start, end): on the calling thread, or each host thread for its own Groups."""
+def _moves(p: MachineParams, code: np.ndarray, start: int, end: int, mems: tuple, item_words: int, wpl: int,
+           shared: bool) -> None:
+    """Moves [start, end) on `mems`, arrays of `item_words`-word items: on the calling thread, or
+    each host thread for its own Groups."""
     def groups(first: int, last: int) -> None:
         execute_moves(code, start, end, mems, p.mem_instances, p.mem_lw_addressed, p.n_groups, p.path_of,
-                      p.path_group, p.mode_chunk, wpl, first, last)
+                      p.path_group, p.mode_chunk, wpl, item_words, first, last)
     if shared:
         run_shares(groups, p.n_groups)
     else:
