@@ -32,6 +32,7 @@ from compiler.transfer.host import host_transfer
 
 from .errors import DeviceError, InputError
 from .host_images import HostImages
+from .host_outputs import HostOutputs
 from .memory import allocating
 
 # Simulation modes (sim.RunMode): timing only, data and timing, data only (a run returns no RunStats)
@@ -127,6 +128,7 @@ class Device:
         # calls from several threads (or Contexts sharing a device) run one after another.
         self.lock = threading.RLock()
         self.images = HostImages(self.params.words_per_lw)
+        self.outputs = HostOutputs()
         # Regions of buffers collected without being freed (a Context dropped without
         # invalidate(), with its functions and values): returned to the allocator at the next
         # allocation, under the lock, not from the collector, which may run in the middle of one.
@@ -214,7 +216,7 @@ class Device:
         image = self.host_image(placement, upload=False)
         program = self.transfer_program(placement, upload=False)
         stats = self.machine.run(program, host=[image], bases={"tensor": buf.address}, mode=mode)
-        bits = gather(placement, image)  # a new array, which the tensor may keep
+        bits = gather(placement, image, into=self.outputs.array)  # an array nothing else holds: the tensor's
         return from_bits(np.ascontiguousarray(bits), dtype, self.hw, owned=True).reshape(shape), stats
 
     # ---- programs ---------------------------------------------------------------------------

@@ -47,6 +47,8 @@ ALLOWED = {
     ("sim/strided.py", 18): "elements a host copy has before it is shared between threads (1 << 18, host policy)",
     ("sim/strided.py", 13): "elements of one thread's block of a host copy (1 << 13, host cache policy)",
     ("runtime/host_images.py", 28): "bytes of host images the device keeps for reuse (1 << 28, host policy)",
+    ("runtime/host_outputs.py", 20): "bytes from which a downloaded tensor's array is recycled (1 << 20, host policy)",
+    ("runtime/host_outputs.py", 28): "bytes of downloaded tensors' arrays the device keeps for reuse (1 << 28, host policy)",
     ("sim/mau.py", 16): "longest K-slice per PE the simulator multiplies in its own loop rather than BLAS (host speed)",
     ("sim/mau.py", 5): "dimensions of an operand viewed per unit of MABs ([unit, MAB, PE, rows, columns])",
     ("sim/mau.py", 4): "K steps the loop's multiply adds to an output row per pass (its body is written for four; host speed)",

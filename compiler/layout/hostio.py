@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -181,14 +182,16 @@ def scatter(p: Placement, values: np.ndarray, mem: np.ndarray, base_lw: int = 0)
 
 
 def gather(p: Placement, mem: np.ndarray, base_lw: int = 0, *, out_dtype: np.dtype | None = None,
-           check_replicas: bool = False) -> np.ndarray:
-    """Read the tensor back from the first copy; optionally check that every copy agrees."""
+           check_replicas: bool = False, into: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.empty
+           ) -> np.ndarray:
+    """Read the tensor back from the first copy; optionally check that every copy agrees.
+    `into(shape, dtype)` makes the array it returns (a recycled one: runtime.host_outputs)."""
     bits = p.hw.formats[p.dtype].bits
     rows = slot_rows(mem, bits)
     _check_fits(p, rows, base_lw)
     view = _strided_view(p, rows, base_lw)
     if view is not None:
-        out = np.empty(p.layout.shape, dtype=rows.dtype)
+        out = into(p.layout.shape, rows.dtype)
         first_copy, every_copy = (0,) * len(p.copy_dims), (slice(None),) * len(p.copy_dims)
         out_flat, rows_flat = out.reshape(-1), rows.reshape(-1)
         for at, part, shape in _blocks(p):
@@ -200,7 +203,7 @@ def gather(p: Placement, mem: np.ndarray, base_lw: int = 0, *, out_dtype: np.dty
     else:
         element, offset = _offsets(p, rows, base_lw, first_copy_only=not check_replicas)
         flat = rows.reshape(-1)
-        out = np.empty(p.layout.numel, dtype=rows.dtype)
+        out = into((p.layout.numel,), rows.dtype)
         stride = 1 if not check_replicas else p.copies
         out[element[::stride]] = flat[offset[::stride]]
         if check_replicas and not np.array_equal(flat[offset], np.repeat(out[element[::stride]], stride)):
