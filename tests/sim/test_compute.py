@@ -249,7 +249,7 @@ def test_matmul_against_torch(chip, dtype, trans_b, M, K, N, short_slice, form, 
     assert stats.pe_busy == 2 * -(-cycles // hw.step_cycles) * hw.step_cycles + gap
 
 
-@pytest.mark.parametrize("rows, k, cols", [(64, 16, 128), (16, 7, 33), (3, 5, 8), (8, 1, 4), (1, 12, 1)])
+@pytest.mark.parametrize("rows, k, cols", [(64, 16, 128), (16, 7, 33), (3, 5, 8), (8, 1, 4), (1, 12, 1), (6, 9, 8), (7, 4, 3)])
 def test_loop_products_sum_each_element_along_k_in_order(rows, k, cols):
     """The loop form's words are those of multiply-then-add in K order, starting from zero, for
     every K (its passes of four steps and the remainder): what makes stacked products equal.
