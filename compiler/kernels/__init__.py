@@ -13,10 +13,11 @@ from typing import Callable
 from ..errors import CompileError, UnsupportedOpError
 from ..ir import Node, Value
 from ..layout import Layout, Placement
-from . import conv, elementwise, matmul, movement, reduce
+from . import across_pes, conv, elementwise, matmul, movement, reduce
 from .base import Kernel
 
-PLANNERS: dict[str, Callable] = {"reduce": reduce.plan, "matmul": matmul.plan, "conv": conv.plan}
+# a reduction's candidates: reduce.plan's inside the PEs, and across them where its input lies so
+PLANNERS: dict[str, Callable] = {"reduce": across_pes.plan, "matmul": matmul.plan, "conv": conv.plan}
 WISHES: dict[str, Callable] = {"reduce": reduce.wishes, "matmul": matmul.wishes, "conv": conv.wishes,
                                "window": movement.wishes, "ew": elementwise.wishes}
 READS_AS_IS: dict[str, Callable] = {"conv": conv.reads_as_is}

@@ -1,0 +1,112 @@
+"""A reduction over the PEs of each L1B, by the PE stream's reducing transfer.
+
+The second step of a two-step reduction (compiler.planner.search `plan_reduce`: a partial
+over the runs each PE holds, then a total over the partials) finds its input spread over the
+PEs: a product's output keeps its columns in the tiles of the MABs and PEs, so the partial row
+maxima and sums of a softmax or a cross-entropy over them lie one per PE of an L1B, at the same
+address. Reduced inside the PEs, they first had to be relaid so that a row's partials share a
+PE: a lane-moving relayout through the Data Engines (a linear layer's cross-entropy step, 256
+rows of 64 partials: 116,754 cycles per reduction, four of them).
+
+The chip reduces across PEs on the way up instead (transfers.pe_to_l1bm.modes.reduce, SDM
+`l1bmr`): L1BM long word q receives the reduction over the L1B's MABs of long word q div P of
+PE q mod P of each MAB (P PEs a MAB). So each PE sends its span, the L1BM holds P partial
+results per long word of the span, a broadcast brings them back to every PE, and P - 1 VOPs fold
+them. The result is in every PE of the L1B; its layout places it on the first MAB and PE
+(`reduce._placed`), from which the upload reads it.
+
+Taken when the reduced dims lie exactly on the MAB and PE axes (every MAB and PE of an L1B, no
+padding), the kept dims on the others, in one time slice, for sum, max and min of float32 (the
+ops and dtypes the reducing transfer has).
+"""
+
+from __future__ import annotations
+
+from sim.isa import DType
+
+from ..ir import Node, Value
+from ..layout import TIME_AXIS, Layout
+from .base import Operand, device_dtype
+from .context import Arena, EmitContext, Ref
+from .loops import Operand as LoopOperand
+from .loops import emit_vops, nest
+from .operands import flat_factors, restrict
+from . import reduce
+from .reduce import VOP, ReduceKernel
+
+REDUCING = {"sum": "add", "max": "max", "min": "min"}  # reduction -> the transfer's op
+
+
+def across_pes(layout: Layout, dims: tuple[int, ...], chain, op: str, dtype: str) -> bool:
+    """Whether a reduction of `op` over `dims` of a tensor in LM `layout` can run as one reducing
+    transfer per L1B (see the module docstring)."""
+    if op not in REDUCING or dtype != "float32":
+        return False
+    mabs = chain.pes_per_l1 // chain.pes_per_unit
+    reduced = sorted((str(f.axis), f.size) for d, f in layout.factors if d in dims and f.size > 1)
+    if reduced != sorted([(chain.unit_axis, mabs), (chain.pe_axis, chain.pes_per_unit)]):
+        return False
+    kept_on_pes = any(f.axis in (chain.unit_axis, chain.pe_axis) and f.size > 1
+                      for d, f in layout.factors if d not in dims)
+    padded = any(layout.extents[d] != layout.shape[d] for d in dims)
+    sliced = any(f.axis == TIME_AXIS and f.size > 1 for _, f in layout.factors)
+    kept_shape = tuple(1 if d in dims else n for d, n in enumerate(layout.shape))
+    return not (kept_on_pes or padded or sliced) and _address_digits(restrict(layout, kept_shape).layout) == \
+        _address_digits(layout)  # long word r of a PE's span is the result's long word r
+
+
+def _address_digits(layout: Layout) -> list[tuple[int, int]]:
+    return [(f.size, f.stride) for _, f in flat_factors(layout) if f.axis is None and f.size > 1]
+
+
+class AcrossPesReduceKernel(ReduceKernel):
+    """The reduction of a tensor laid out with the reduced dims over the MABs and PEs of each L1B,
+    read where it lies."""
+
+    def key(self, refs: dict[Value, Ref]) -> tuple:
+        return ("across PEs", *super().key(refs))
+
+    def emit(self, ctx: EmitContext, refs: dict[Value, Ref]) -> None:
+        x, out = self.x, self.node.out
+        dtype = device_dtype(x)
+        chain, hw, b = ctx.chain, ctx.hw, ctx.b
+        pes, epl, wpl = chain.pes_per_unit, hw.elements_per_lw(dtype), ctx.params.words_per_lw
+        src = Operand(x, restrict(self.layout, x.shape or (1,)), dtype)
+        res = Operand(out, self.result, dtype)
+        span = src.placement(ctx).slice_span  # long words each PE holds (the result's too)
+        arena = Arena(hw)
+        src.memory, src.word = arena.alloc(src.words(ctx))
+        gathered, at = arena.alloc(pes * span * wpl, avoid={src.memory})
+        res.memory, res.word = arena.alloc(res.words(ctx), avoid={gathered}, strict=True)
+        ctx.download(refs[x], src.placement(ctx), memory=src.memory, word=src.word, pad=self.pads[x])
+        lm_hazard = hw.hazards["lm_write_to_read"]
+        b.nop(lm_hazard)
+        l1 = ctx.transit.l1[0]  # the download is over and the upload not begun: the transit's L1BM is free
+        b.xfer("reduce", "up", chain.l1, l1, src.memory, src.word, pes * span, red=REDUCING[self.node.op], dtype=dtype)
+        b.nop(hw.hazards["l1bm_reduce_to_read"])
+        b.xfer("broadcast", "down", chain.l1, l1, gathered, at, pes * span)
+        b.nop(lm_hazard)
+        per_word = ctx.params.elements_per_word(DType[dtype])
+        loops, (out_st, in_st) = nest([span, epl], [epl, 1], [pes * epl, 1])
+        dst = LoopOperand(res.memory, res.word * per_word, out_st)
+        for pe in range(pes):  # long word q of the gathered: the reduction of PE q mod P's long word q div P
+            part = LoopOperand(gathered, at * per_word + pe * epl, in_st)
+            if pe == 0:
+                emit_vops(b, "copy", dtype, loops, dst, part)
+            else:
+                emit_vops(b, VOP[self.node.op], dtype, loops, dst, dst, part)
+            b.nop(lm_hazard)
+        ctx.upload(ctx.lm_placement(self.out_layout, device_dtype(out)), refs[out], memory=res.memory, word=res.word)
+
+
+def plan(node: Node, planner) -> list[ReduceKernel]:
+    """A reduction's candidates (`reduce.plan`), led by the one across the PEs where its input,
+    placed already, lies so."""
+    kernels = reduce.plan(node, planner)
+    x = node.args[0]
+    ref = planner.refs.get(x)
+    dims = tuple(node.attrs["dims"] or range(max(1, x.rank)))
+    if ref is not None and ref.lm is not None and across_pes(ref.lm, dims, planner.ctx.chain, node.op,
+                                                             device_dtype(x)):
+        kernels.insert(0, AcrossPesReduceKernel(node, ref.lm))
+    return kernels
