@@ -1,4 +1,4 @@
-"""A reduction over the PEs of each L1B, by the PE stream's reducing transfer.
+"""A reduction over the PEs of each L1B (or L2B), by the PE stream's reducing transfers.
 
 The second step of a two-step reduction (compiler.planner.search `plan_reduce`: a partial
 over the runs each PE holds, then a total over the partials) finds its input spread over the
@@ -12,12 +12,14 @@ The chip reduces across PEs on the way up instead (transfers.pe_to_l1bm.modes.re
 `l1bmr`): L1BM long word q receives the reduction over the L1B's MABs of long word q div P of
 PE q mod P of each MAB (P PEs a MAB). So each PE sends its span, the L1BM holds P partial
 results per long word of the span, a broadcast brings them back to every PE, and P - 1 VOPs fold
-them. The result is in every PE of the L1B; its layout places it on the first MAB and PE
-(`reduce._placed`), from which the upload reads it.
+them. Partials over the L1Bs of an L2B too (a wider product, or a smaller chip's) go one hop
+further, reduced over the L1Bs into L2BM (transfers.l1bm_to_l2bm.modes.reduce, `l2bmr`) and
+broadcast back down both hops. The result is in every PE the partials were spread over; its
+layout places it on the first of them (`reduce._placed`), from which the upload reads it.
 
-Taken when the reduced dims lie exactly on the MAB and PE axes (every MAB and PE of an L1B, no
-padding), the kept dims on the others, in one time slice, for sum, max and min of float32 (the
-ops and dtypes the reducing transfer has).
+Taken when the reduced dims lie exactly on the MAB and PE axes, or the L1B, MAB and PE axes
+(every one of them under an L1B or L2B, no padding), the kept dims on the others, in one time
+slice, for sum, max and min of float32 (the ops and dtypes the reducing transfers have).
 """
 
 from __future__ import annotations
@@ -42,12 +44,11 @@ def across_pes(layout: Layout, dims: tuple[int, ...], chain, op: str, dtype: str
     transfer per L1B (see the module docstring)."""
     if op not in REDUCING or dtype != "float32":
         return False
-    mabs = chain.pes_per_l1 // chain.pes_per_unit
+    in_l1 = [(chain.unit_axis, chain.pes_per_l1 // chain.pes_per_unit), (chain.pe_axis, chain.pes_per_unit)]
     reduced = sorted((str(f.axis), f.size) for d, f in layout.factors if d in dims and f.size > 1)
-    if reduced != sorted([(chain.unit_axis, mabs), (chain.pe_axis, chain.pes_per_unit)]):
+    if reduced not in (sorted(in_l1), sorted([*in_l1, (chain.l1_axis, chain.l1_per_l2)])):
         return False
-    kept_on_pes = any(f.axis in (chain.unit_axis, chain.pe_axis) and f.size > 1
-                      for d, f in layout.factors if d not in dims)
+    kept_on_pes = any(str(f.axis) in dict(reduced) and f.size > 1 for d, f in layout.factors if d not in dims)
     padded = any(layout.extents[d] != layout.shape[d] for d in dims)
     sliced = any(f.axis == TIME_AXIS and f.size > 1 for _, f in layout.factors)
     kept_shape = tuple(1 if d in dims else n for d, n in enumerate(layout.shape))
@@ -60,8 +61,8 @@ def _address_digits(layout: Layout) -> list[tuple[int, int]]:
 
 
 class AcrossPesReduceKernel(ReduceKernel):
-    """The reduction of a tensor laid out with the reduced dims over the MABs and PEs of each L1B,
-    read where it lies."""
+    """The reduction of a tensor laid out with the reduced dims over the MABs and PEs of each L1B
+    (and the L1Bs of each L2B), read where it lies."""
 
     def key(self, refs: dict[Value, Ref]) -> tuple:
         return ("across PEs", *super().key(refs))
@@ -81,10 +82,18 @@ class AcrossPesReduceKernel(ReduceKernel):
         ctx.download(refs[x], src.placement(ctx), memory=src.memory, word=src.word, pad=self.pads[x])
         lm_hazard = hw.hazards["lm_write_to_read"]
         b.nop(lm_hazard)
-        l1 = ctx.transit.l1[0]  # the download is over and the upload not begun: the transit's L1BM is free
-        b.xfer("reduce", "up", chain.l1, l1, src.memory, src.word, pes * span, red=REDUCING[self.node.op], dtype=dtype)
+        # the download is over (its transfers waited for) and the upload not begun: the transit's
+        # L1BM and L2BM buffers are free
+        l1, l2, n, red = ctx.transit.l1[0], ctx.transit.l2[0], pes * span, REDUCING[self.node.op]
+        b.xfer("reduce", "up", chain.l1, l1, src.memory, src.word, n, red=red, dtype=dtype)
         b.nop(hw.hazards["l1bm_reduce_to_read"])
-        b.xfer("broadcast", "down", chain.l1, l1, gathered, at, pes * span)
+        if any(f.axis == chain.l1_axis and f.size > 1 for d, f in self.layout.factors if d in self.dims):
+            b.nop(max(0, hw.hazards["l1bm_write_to_l2bm_read"] - hw.hazards["l1bm_reduce_to_read"]))
+            b.xfer("reduce", "up", chain.l2, l2, chain.l1, l1, n, red=red, dtype=dtype)
+            b.nop(hw.hazards["l2bm_to_l1bm_read"])
+            b.xfer("broadcast", "down", chain.l2, l2, chain.l1, l1, n)
+            b.nop(hw.hazards["l2bm_to_l1bm_read"])
+        b.xfer("broadcast", "down", chain.l1, l1, gathered, at, n)
         b.nop(lm_hazard)
         per_word = ctx.params.elements_per_word(DType[dtype])
         loops, (out_st, in_st) = nest([span, epl], [epl, 1], [pes * epl, 1])

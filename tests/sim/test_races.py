@@ -57,6 +57,10 @@ PROGRAMS = {  # name: (function, inputs(on mncore2)); every kernel kind: fetches
     "element-wise and a sum": (lambda d: {"y": torch.relu(d["a"] * 2 + 1).sum(0)},
                                lambda big: {"a": torch.randn(700, 300)}),
     "softmax over rows": (lambda d: {"y": torch.softmax(d["a"], -1)}, lambda big: {"a": torch.randn(128, 1000)}),
+    "row reductions of a product across PEs": (
+        lambda d: {"m": (d["a"] @ d["b"]).amax(-1), "s": (d["a"] @ d["b"]).sum(-1)},
+        lambda big: {"a": torch.randn(256, 128), "b": torch.randn(128, 512)} if big else
+        {"a": torch.randn(8, 16), "b": torch.randn(16, 256)}),
 }
 
 
