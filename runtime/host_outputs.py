@@ -31,17 +31,28 @@ POOL_BYTES = 1 << 28
 _ONLY_THE_POOL = 2
 
 
+def _counts_as_expected() -> bool:
+    """Whether this interpreter counts an array in a list as `_ONLY_THE_POOL` references (CPython
+    3.11 does; an interpreter that defers or elides counts gets no recycling rather than a reuse
+    of an array still in use)."""
+    held = [np.empty(1)]
+    alias = held[0]
+    alone = sys.getrefcount(held[0])
+    del alias
+    return alone == _ONLY_THE_POOL + 1 and sys.getrefcount(held[0]) == _ONLY_THE_POOL
+
+
 class HostOutputs:
     """Large arrays handed to downloaded tensors, by shape and dtype."""
 
     def __init__(self, budget: int = POOL_BYTES) -> None:
-        self.budget = budget
+        self.budget = budget if _counts_as_expected() else 0
         self._arrays: OrderedDict[tuple, list[np.ndarray]] = OrderedDict()
 
     def array(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An array of `shape` and `dtype` that nothing else refers to (contents undefined)."""
         dtype = np.dtype(dtype)
-        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize < MIN_BYTES:
+        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize < MIN_BYTES or not self.budget:
             return np.empty(shape, dtype)
         key = (tuple(shape), dtype.str)
         arrays = self._arrays.setdefault(key, [])

@@ -40,8 +40,8 @@ REDUCING = {"sum": "add", "max": "max", "min": "min"}  # reduction -> the transf
 
 
 def across_pes(layout: Layout, dims: tuple[int, ...], chain, op: str, dtype: str) -> bool:
-    """Whether a reduction of `op` over `dims` of a tensor in LM `layout` can run as one reducing
-    transfer per L1B (see the module docstring)."""
+    """Whether a reduction of `op` over `dims` of a tensor in LM `layout` can run as reducing
+    transfers over the PEs of each L1B (and the L1Bs of each L2B; see the module docstring)."""
     if op not in REDUCING or dtype != "float32":
         return False
     in_l1 = [(chain.unit_axis, chain.pes_per_l1 // chain.pes_per_unit), (chain.pe_axis, chain.pes_per_unit)]

@@ -71,3 +71,14 @@ def test_small_arrays_are_not_kept_and_the_pool_keeps_to_its_budget():
     assert pool.array(big, np.float32).ctypes.data == a_address
     pool.array((MIN_BYTES // 2,), np.float32)  # three arrays over a budget of two: the oldest goes
     assert sum(x.nbytes for xs in pool._arrays.values() for x in xs) <= 2 * MIN_BYTES
+
+
+def test_an_interpreter_that_counts_references_otherwise_gets_no_recycling(monkeypatch):
+    import runtime.host_outputs as outputs
+    monkeypatch.setattr(outputs, "_counts_as_expected", lambda: False)
+    pool = outputs.HostOutputs()
+    big = (MIN_BYTES // 4,)
+    first = pool.array(big, np.float32)
+    del first
+    pool.array(big, np.float32)
+    assert pool.budget == 0 and not pool._arrays  # nothing kept, so nothing handed out twice
