@@ -184,12 +184,18 @@ def _int_power(b: Builder, base: int, y: Value) -> Value:
     """base ** y for an integer tensor y, exactly: the product, over the bits k set in y, of
     base ** (2 ** k), each a constant of the program (as the device's int32 products wrap, so do
     the constants: a product modulo 2 ** 32 is the product of the factors modulo 2 ** 32). A
-    negative exponent gives 0, as torch's integer power does, unless the base is 1 or -1. (The
-    float form, exp(y ln base), was refused: an int32 exponent times ln base.)"""
+    negative exponent gives 0, as torch's integer power does, unless the base is 1 or -1. Once the
+    squared base wraps to 0 or 1, so do all the higher ones: the bits above take one test
+    (`2 ** i` is 5 bit steps, not 31). (The float form, exp(y ln base), was refused: an int32
+    exponent times ln base.)"""
     e = b.cast(y, "int32")
     result = b.full(y.shape, 1, "int32")
     factor = _wrapped(base)
     for k in range(INT32_BITS - 1):  # (bit 31 is the sign: negative exponents below)
+        if factor in (0, 1):  # every higher power is too (an even base's from 2 ** 5 on): one test for them all
+            if factor == 0:
+                result = b.ew("where", b.ew("ne", b.ew("shr", e, k), 0), 0, result, dtype="int32")
+            break
         bit = b.ew("ne", b.ew("bitand", b.ew("shr", e, k), 1), 0)
         result = b.ew("where", bit, b.ew("mul", result, factor), result, dtype="int32")
         factor = _wrapped(factor * factor)
