@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from sim.isa import DType
 
+from ..errors import CompileError
 from ..ir import Node, Value
 from ..layout import TIME_AXIS, Layout
 from .base import Operand, device_dtype
@@ -56,6 +57,11 @@ def across_pes(layout: Layout, dims: tuple[int, ...], chain, op: str, dtype: str
         _address_digits(layout)  # long word r of a PE's span is the result's long word r
 
 
+def transit_room(ctx: EmitContext, over_l1bs: bool) -> int:
+    """Long words of L1BM (and L2BM, when the partials span the L1Bs) a piece may take."""
+    return min(ctx.transit.l1_room, ctx.transit.l2_room) if over_l1bs else ctx.transit.l1_room
+
+
 def _address_digits(layout: Layout) -> list[tuple[int, int]]:
     return [(f.size, f.stride) for _, f in flat_factors(layout) if f.axis is None and f.size > 1]
 
@@ -75,36 +81,44 @@ class AcrossPesReduceKernel(ReduceKernel):
         src = Operand(x, restrict(self.layout, x.shape or (1,)), dtype)
         res = Operand(out, self.result, dtype)
         span = src.placement(ctx).slice_span  # long words each PE holds (the result's too)
+        over_l1bs = any(f.axis == chain.l1_axis and f.size > 1 for d, f in self.layout.factors if d in self.dims)
+        # the download is over (its transfers waited for) and the upload not begun: the transit's
+        # L1BM and L2BM buffers are free; the span goes through them in pieces they hold
+        room = transit_room(ctx, over_l1bs) // pes
+        if room < 1:
+            raise CompileError(f"internal: the transit buffers hold no piece of a reduction across {pes} PEs")
+        piece = min(span, room)
         arena = Arena(hw)
         src.memory, src.word = arena.alloc(src.words(ctx))
-        gathered, at = arena.alloc(pes * span * wpl, avoid={src.memory})
+        gathered, at = arena.alloc(pes * piece * wpl, avoid={src.memory})
         res.memory, res.word = arena.alloc(res.words(ctx), avoid={gathered}, strict=True)
         ctx.download(refs[x], src.placement(ctx), memory=src.memory, word=src.word, pad=self.pads[x])
         lm_hazard = hw.hazards["lm_write_to_read"]
         b.nop(lm_hazard)
-        # the download is over (its transfers waited for) and the upload not begun: the transit's
-        # L1BM and L2BM buffers are free
-        l1, l2, n, red = ctx.transit.l1[0], ctx.transit.l2[0], pes * span, REDUCING[self.node.op]
-        b.xfer("reduce", "up", chain.l1, l1, src.memory, src.word, n, red=red, dtype=dtype)
-        b.nop(hw.hazards["l1bm_reduce_to_read"])
-        if any(f.axis == chain.l1_axis and f.size > 1 for d, f in self.layout.factors if d in self.dims):
-            b.nop(max(0, hw.hazards["l1bm_write_to_l2bm_read"] - hw.hazards["l1bm_reduce_to_read"]))
-            b.xfer("reduce", "up", chain.l2, l2, chain.l1, l1, n, red=red, dtype=dtype)
-            b.nop(hw.hazards["l2bm_to_l1bm_read"])
-            b.xfer("broadcast", "down", chain.l2, l2, chain.l1, l1, n)
-            b.nop(hw.hazards["l2bm_to_l1bm_read"])
-        b.xfer("broadcast", "down", chain.l1, l1, gathered, at, n)
-        b.nop(lm_hazard)
+        l1, l2, red = ctx.transit.l1[0], ctx.transit.l2[0], REDUCING[self.node.op]
         per_word = ctx.params.elements_per_word(DType[dtype])
-        loops, (out_st, in_st) = nest([span, epl], [epl, 1], [pes * epl, 1])
-        dst = LoopOperand(res.memory, res.word * per_word, out_st)
-        for pe in range(pes):  # long word q of the gathered: the reduction of PE q mod P's long word q div P
-            part = LoopOperand(gathered, at * per_word + pe * epl, in_st)
-            if pe == 0:
-                emit_vops(b, "copy", dtype, loops, dst, part)
-            else:
-                emit_vops(b, VOP[self.node.op], dtype, loops, dst, dst, part)
+        for first in range(0, span, piece):
+            count = min(piece, span - first)
+            n = pes * count
+            b.xfer("reduce", "up", chain.l1, l1, src.memory, src.word + first * wpl, n, red=red, dtype=dtype)
+            b.nop(hw.hazards["l1bm_reduce_to_read"])
+            if over_l1bs:
+                b.nop(max(0, hw.hazards["l1bm_write_to_l2bm_read"] - hw.hazards["l1bm_reduce_to_read"]))
+                b.xfer("reduce", "up", chain.l2, l2, chain.l1, l1, n, red=red, dtype=dtype)
+                b.nop(hw.hazards["l2bm_to_l1bm_read"])
+                b.xfer("broadcast", "down", chain.l2, l2, chain.l1, l1, n)
+                b.nop(hw.hazards["l2bm_to_l1bm_read"])
+            b.xfer("broadcast", "down", chain.l1, l1, gathered, at, n)
             b.nop(lm_hazard)
+            loops, (out_st, in_st) = nest([count, epl], [epl, 1], [pes * epl, 1])
+            dst = LoopOperand(res.memory, (res.word + first * wpl) * per_word, out_st)
+            for pe in range(pes):  # long word q of the gathered: the reduction of PE q mod P's long word q div P
+                part = LoopOperand(gathered, at * per_word + pe * epl, in_st)
+                if pe == 0:
+                    emit_vops(b, "copy", dtype, loops, dst, part)
+                else:
+                    emit_vops(b, VOP[self.node.op], dtype, loops, dst, dst, part)
+                b.nop(lm_hazard)
         ctx.upload(ctx.lm_placement(self.out_layout, device_dtype(out)), refs[out], memory=res.memory, word=res.word)
 
 
