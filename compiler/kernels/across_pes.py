@@ -29,12 +29,12 @@ from sim.isa import DType
 from ..errors import CompileError
 from ..ir import Node, Value
 from ..layout import TIME_AXIS, Layout
+from . import reduce
 from .base import Operand, device_dtype
 from .context import Arena, EmitContext, Ref
 from .loops import Operand as LoopOperand
 from .loops import emit_vops, nest
 from .operands import flat_factors, restrict
-from . import reduce
 from .reduce import VOP, ReduceKernel
 
 REDUCING = {"sum": "add", "max": "max", "min": "min"}  # reduction -> the transfer's op
