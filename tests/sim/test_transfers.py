@@ -267,9 +267,10 @@ def test_moves_on_long_word_items_equal_moves_on_words(chip):
     """`execute_moves` runs on uint64 views (one long word an item) when the addresses allow: the
     copying MV and XFER modes, both directions, leave every memory as they do on 32-bit words."""
     from sim.functional import stepped_rows
-    from sim.moves import execute_moves, long_word_aligned
+    from sim.moves import LW_ITEM, execute_moves, long_word_aligned
     m = machine(chip)
     p = m.params
+    wpl, fan = p.words_per_lw, m.hw.fanout("L1B", "PE")  # PEs a long word of L1BM is dealt over
     rng = np.random.default_rng(11)
     m.grow("DRAM", 4096)
     for name in ("DRAM", "L2BM", "L1BM", "LM0"):
@@ -282,20 +283,18 @@ def test_moves_on_long_word_items_equal_moves_on_words(chip):
     b.wait(1)
     b.xfer("distribute", "down", "L2BM", 0, "L1BM", 64, 64)
     b.xfer("broadcast", "down", "L2BM", 512, "L1BM", 256, 16)
-    b.xfer("distribute", "down", "L1BM", 0, "LM0", 6, 4 * p.mem_instances[p.memory_names.index("LM0")]
-           // p.mem_instances[p.memory_names.index("L1BM")])
-    b.xfer("collect", "up", "L1BM", 512, "LM0", 2, 2 * p.mem_instances[p.memory_names.index("LM0")]
-           // p.mem_instances[p.memory_names.index("L1BM")])
+    b.xfer("distribute", "down", "L1BM", 0, "LM0", 6, 4 * fan)
+    b.xfer("collect", "up", "L1BM", 512, "LM0", 2, 2 * fan)
     b.wait(2)
     b.wait(3)
     b.wait(4)
     code = b.build().code
-    assert not stepped_rows(code) and long_word_aligned(code, p.mem_lw_addressed, 2).all()
+    assert not stepped_rows(code) and long_word_aligned(code, p.mem_lw_addressed, wpl).all()
     words = [r.copy() for r in m._rows]
     items = [r.copy() for r in m._rows]
-    args = (p.mem_instances, p.mem_lw_addressed, p.n_groups, p.path_of, p.path_group, p.mode_chunk, 2)
+    args = (p.mem_instances, p.mem_lw_addressed, p.n_groups, p.path_of, p.path_group, p.mode_chunk, wpl)
     execute_moves(code, 0, len(code), tuple(words), *args, 1, 0, p.n_groups)
-    execute_moves(code, 0, len(code), tuple(r.view(np.uint64) for r in items), *args, 2, 0, p.n_groups)
+    execute_moves(code, 0, len(code), tuple(r.view(LW_ITEM[wpl]) for r in items), *args, wpl, 0, p.n_groups)
     for name, w, i in zip(p.memory_names, words, items):
         np.testing.assert_array_equal(w, i, err_msg=name)
     assert any(not np.array_equal(w, r) for w, r in zip(words, m._rows))  # the moves moved something
