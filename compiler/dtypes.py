@@ -22,3 +22,8 @@ DEVICE_DTYPE = {"float32": "float32", "float16": "float16", "bool": "float32", "
                 "float64": "float32", **{name: "int32" for name in NARROW_INTS.values()}}
 INT32_BITS = 32
 INT32_MIN, INT32_MAX = -(2 ** (INT32_BITS - 1)), 2 ** (INT32_BITS - 1) - 1  # the range of torch's (and the IR's) int32
+
+
+def wrap_int32(v: int) -> int:
+    """v as a two's-complement int32 word holds it (the device's int32 arithmetic wraps so)."""
+    return (v - INT32_MIN) % (1 << INT32_BITS) + INT32_MIN

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..dtypes import INT32_BITS
+from ..dtypes import INT32_BITS, wrap_int32
 from ..errors import UnsupportedOpError
 from ..ir import FLOAT_DTYPES, Value
 from .build import Builder, norm_dim
@@ -190,7 +190,7 @@ def _int_power(b: Builder, base: int, y: Value) -> Value:
     exponent times ln base.)"""
     e = b.cast(y, "int32")
     result = b.full(y.shape, 1, "int32")
-    factor = _wrapped(base)
+    factor = wrap_int32(base)
     for k in range(INT32_BITS - 1):  # (bit 31 is the sign: negative exponents below)
         if factor in (0, 1):  # every higher power is too (an even base's from 2 ** 5 on): one test for them all
             if factor == 0:
@@ -198,17 +198,12 @@ def _int_power(b: Builder, base: int, y: Value) -> Value:
             break
         bit = b.ew("ne", b.ew("bitand", b.ew("shr", e, k), 1), 0)
         result = b.ew("where", bit, b.ew("mul", result, factor), result, dtype="int32")
-        factor = _wrapped(factor * factor)
+        factor = wrap_int32(factor * factor)
     if base == -1:
         below = b.ew("where", b.ew("ne", b.ew("bitand", e, 1), 0), -1, 1, dtype="int32")
     else:
         below = b.full(y.shape, 1 if base == 1 else 0, "int32")
     return b.ew("where", b.ew("lt", e, 0), below, result, dtype="int32")
-
-
-def _wrapped(v: int) -> int:
-    """v as a two's-complement int32 word holds it."""
-    return (v + (1 << (INT32_BITS - 1))) % (1 << INT32_BITS) - (1 << (INT32_BITS - 1))
 
 
 @rule("atan2", "arctan2", "hypot")

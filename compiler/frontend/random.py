@@ -35,6 +35,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..dtypes import wrap_int32
+
 ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)  # Threefry-2x32's rotation constants (Random123)
 PARITY = 0x1BD11BDA  # Threefry's key-schedule constant
 ROUNDS = 13
@@ -71,7 +73,7 @@ class DeviceGenerator:
         if self.key is None:  # the first draw of this trace: read the state and count the call
             self.key = self.state.clone()
             self.state.add_(torch.tensor([0, 1], dtype=torch.int32))
-        index = torch.full((), (self.drawn + 2 ** 31) % 2 ** 32 - 2 ** 31, dtype=torch.int32)  # wraps as int32
+        index = torch.full((), wrap_int32(self.drawn), dtype=torch.int32)
         stride = 1
         for dim in reversed(range(len(shape))):
             size = shape[dim]
