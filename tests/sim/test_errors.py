@@ -152,6 +152,30 @@ def test_relocatable_buffers_are_checked_at_every_binding(mini):
         m.run(program, bases={})
 
 
+def test_each_buffer_reaches_its_farthest_long_word_and_stays_in_one_memory(mini):
+    """symbol_extents over buffers whose relocations interleave: each buffer's reach is the end of
+    its farthest MV, whichever comes first; a buffer named in two memories is refused at the first
+    instruction that names it in the second."""
+    from sim.validate import symbol_extents
+    m = sim.Machine(mini)
+    b = builder(m)
+    b.mv("individual", "DRAM", sim.Sym("x") + 64, "L2BM", 0, 64, tag=1)
+    b.mv("individual", "DRAM", sim.Sym("y"), "L2BM", 64, 32, tag=1)
+    b.mv("individual", "L2BM", 0, "DRAM", sim.Sym("x"), 16, tag=2)
+    b.mv("individual", "DRAM", sim.Sym("y") + 8, "L2BM", 128, 8, tag=2)
+    b.wait(1)
+    b.wait(2)
+    program = b.build()
+    dram = m.params.memory_id("DRAM")
+    assert symbol_extents(m.params, program.code, program.relocs, program.symbols) == {"x": (dram, 128),
+                                                                                       "y": (dram, 32)}
+    relocs = program.relocs.copy()
+    relocs[relocs[:, 0] == 3, 1] = sim.isa.MV_DST_ADDR  # y's second MV as if it wrote L2BM at y
+    with pytest.raises(SimError, match="buffer y is addressed in both DRAM and L2BM") as info:
+        symbol_extents(m.params, program.code, relocs, program.symbols)
+    assert info.value.index == 3
+
+
 def test_bulk_checked_mvs_report_the_first_bad_instruction(mini):
     """Plain MVs are validated all at once; the error must still be the first bad instruction."""
     m = sim.Machine(mini)
