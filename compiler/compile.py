@@ -26,7 +26,7 @@ from sim import DeviceMemoryError, Program
 from .emit import emit
 from .errors import CompileError, UnsupportedOpError
 from .frontend.tracing import trace
-from .donate import can_write_in_place
+from .donate import can_write_in_place, mv_ranges
 from .iospec import IOSpec
 from .ir import Graph, Value
 from .kernels.base import device_dtype
@@ -157,8 +157,9 @@ def _compile_graph(graph: Graph, hw: HwDesc, *, options: dict, constraints: dict
     inputs = {name: _spec(name, graph.inputs[name], buffers[sym]) for name, sym in plan.input_symbols.items()}
     outputs = {name: _spec(name, graph.outputs[name], buffers[sym]) for name, sym in plan.output_symbols.items()}
     updates = graph.update_outputs()
+    ranges = mv_ranges(program)
     donated = {out for name, out in updates.items()
-               if can_write_in_place(program, plan.input_symbols[name], plan.output_symbols[out])}
+               if can_write_in_place(program, plan.input_symbols[name], plan.output_symbols[out], ranges)}
     summary = {"chip": hw.name, "ops": [n.label for n in graph.nodes], "instructions": len(program),
                "steps": plan.describe(), "planned_cycles": plan.cycles,
                "layouts": {b.symbol: str(b.placement.layout) for b in buffers.values()}}

@@ -9,6 +9,7 @@ program's transfers reach.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import islice
 
 from sim import Program
 from sim.builder import InstructionLimit
@@ -48,7 +49,7 @@ def emit(plan: Plan) -> Emitted:
     phases: list[tuple[int, int, str]] = []
     phase = "forward"
     for number, step in enumerate(plan.steps, 1):
-        before, first = set(ctx.buffers), ctx.b.count
+        before, first = len(ctx.buffers), ctx.b.count
         try:
             with ctx.label(step.label):
                 step.kernel.emit(ctx, step.refs)
@@ -58,7 +59,10 @@ def emit(plan: Plan) -> Emitted:
                 f"{len(plan.steps)}): building and simulating it would take more than the "
                 f"{budget * HOST_BYTES_PER_INSTRUCTION / 2 ** 30:.1f} GiB of host memory free; compile a smaller "
                 f"batch or image, or split the model into several compiled functions") from None
-        touched.append({r.symbol for r in step.refs.values()} | (set(ctx.buffers) - before))
+        # the buffers the step made: ctx.buffers only grows, so they are its last entries (a set of
+        # every buffer per step made a training step of thousands of buffers and steps take seconds)
+        made = islice(reversed(ctx.buffers), len(ctx.buffers) - before)
+        touched.append({r.symbol for r in step.refs.values()} | set(made))
         phase = step.kernel.nodes[0].phase if step.kernel.nodes else phase  # a copy belongs with its source
         if ctx.b.count > first:
             if phases and phases[-1][2] == phase and phases[-1][1] == first:

@@ -25,14 +25,17 @@ def schedule(buffers: dict[str, Buffer], touched: list[set[str]], params: Machin
             last[s] = i
     align = params.dram_align
     region = Allocator("scratch", capacity_lw, "long words", align=align)
-    order = sorted(first, key=lambda s: (first[s], s))
-    live: list[str] = []
+    # the temporaries born and dying at each step, in order of birth (scanning every temporary at
+    # every step took seconds for a training step of thousands of both)
+    born: dict[int, list[str]] = {}
+    dying: dict[int, list[str]] = {}
+    for s in sorted(first, key=lambda s: (first[s], s)):
+        born.setdefault(first[s], []).append(s)
+        dying.setdefault(last[s], []).append(s)
     for i in range(len(touched)):
-        for s in [s for s in order if first[s] == i]:
+        for s in born.get(i, ()):
             size = -(-buffers[s].lw // align) * align
             buffers[s].offset = region.alloc(size)
-            live.append(s)
-        for s in [s for s in live if last[s] == i]:
+        for s in dying.get(i, ()):
             region.free(buffers[s].offset)
-            live.remove(s)
     return region.high_water
