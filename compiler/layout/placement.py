@@ -82,9 +82,10 @@ class Placement:
     _cache: "OrderedDict[tuple, Placement]" = OrderedDict()
 
     def __new__(cls, layout: Layout, hw: HwDesc, memory: str, dtype: str, *, check_capacity: bool = True):
-        found = cls._cache.get((layout.key(), hw.fingerprint, memory, dtype, check_capacity))
+        key = (layout, hw.fingerprint, memory, dtype, check_capacity)  # layouts compare and hash canonically
+        found = cls._cache.get(key)
         if found is not None:
-            cls._cache.move_to_end((layout.key(), hw.fingerprint, memory, dtype, check_capacity))
+            cls._cache.move_to_end(key)
             return found
         return super().__new__(cls)
 
@@ -94,7 +95,7 @@ class Placement:
         self._build(layout, hw, memory, dtype, check_capacity)
         self._built = True
         cache = type(self)._cache
-        cache[(layout.key(), hw.fingerprint, memory, dtype, check_capacity)] = self
+        cache[(layout, hw.fingerprint, memory, dtype, check_capacity)] = self
         if len(cache) > CACHED_PLACEMENTS:
             cache.popitem(last=False)
 
