@@ -9,15 +9,11 @@ gives each factor's element stride inside a PE, which the VOP loops walk.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from math import prod
 
 from ..errors import CompileError, LayoutError
 from ..layout import ADDRESS, TIME_AXIS, W_AXIS, Broadcast, Factor, Layout
 from ..layout.layout import spread
-
-
-CACHED_RESTRICTIONS = 8192  # compile-time cache of `restrict` (each entry is small)
 
 
 @dataclass(frozen=True)
@@ -32,7 +28,6 @@ def flat_factors(layout: Layout) -> list[tuple[int, Factor]]:
     return [(d, f) for d, dim in enumerate(layout.dims) for f in dim]
 
 
-@lru_cache(maxsize=CACHED_RESTRICTIONS)
 def restrict(layout: Layout, in_shape: tuple[int, ...]) -> Restricted:
     """The layout of an operand of shape `in_shape` broadcast (torch rules) to `layout.shape`.
 
@@ -40,8 +35,7 @@ def restrict(layout: Layout, in_shape: tuple[int, ...]) -> Restricted:
     factor becomes `B@[W]` (the value in every lane), their address and Time factors vanish; the
     remaining address factors are renumbered densely, keeping their order, and so are the Time
     factors (slices numbered 0, 2 of 3 were staged as if dense: adaptive max pooling's indices
-    on mini read another channel's slice). Kept: planning asks for the same ones for every
-    candidate and slice (a MobileViT training step's compile: 374 k calls, 13 s)."""
+    on mini read another channel's slice)."""
     out_shape = layout.shape
     offset = len(out_shape) - len(in_shape)
     if offset < 0:
