@@ -4,7 +4,8 @@ Programs: the seed's producer (x * 2 on 32x64), the model suite's pre-LN transfo
 (2x16x64, causal; mlsdk/sweep/suite.py), ResNet-50 conv2_x's 3x3 layer (64 channels, 56x56)
 at batch 16, Hugging Face GPT-2's language-model forward (1 layer, 128 wide, a vocabulary of
 1,000, 64 tokens: its embedding and tied LM head are one-hot and transposed products), and a
-16M-element add. The baseline, in the same process, is torch tracing the same
+16M-element add; and a whole training step, the same GPT-2's language-model loss, backward and
+MNCoreSGD step (a vocabulary of 512, 4 x 64 tokens), compiled once. The baseline, in the same process, is torch tracing the same
 function to ATen (`make_fx`), which any compiler of torch functions does first: the ratio is what
 planning and emission add on top. Each figure also goes to `benchmark.extra_info` in seconds.
 
@@ -65,6 +66,45 @@ def test_compile_time_warm(benchmark, name):
                          planned_cycles=compiled.compiled.summary["planned_cycles"])
     print(f"\ncompile {name} on mncore2: {benchmark.stats.stats.median:.2f} s, {ratio:.0f}x torch's make_fx "
           f"trace of it ({baseline * 1e3:.0f} ms)")
+
+
+def test_training_step_compile_time(benchmark):
+    """A Hugging Face GPT-2 training step compiled once in a warm process; the baseline is make_fx
+    tracing the same step (forward, backward and torch.optim.SGD on a copy of the model)."""
+    transformers = pytest.importorskip("transformers")
+    from mlsdk import MNCoreSGD, set_buffer_name_in_optimizer, set_tensor_name_in_module
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_head=4, n_embd=128, vocab_size=512, n_positions=128,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    ids = {"ids": torch.randint(0, 512, (4, 64))}
+
+    def training_step(model, optimizer):
+        def step(d):
+            optimizer.zero_grad()
+            loss = model(input_ids=d["ids"], labels=d["ids"]).loss
+            loss.backward()
+            optimizer.step()
+            return {"loss": loss}
+        return step
+    host_model = transformers.GPT2LMHeadModel(config).train()
+    baseline = baseline_seconds(lambda: make_fx(training_step(host_model, torch.optim.SGD(host_model.parameters(), 0.1,
+                                                                                          0.9)))(ids),
+                                rounds=1, warmup=1)
+    model = transformers.GPT2LMHeadModel(config).train()
+    context = Context(MNDevice("mncore2:auto"))
+    set_tensor_name_in_module(model, "model")
+    for p in model.parameters():
+        context.register_param(p)
+    optimizer = MNCoreSGD(model.parameters(), 0.1, 0.9)
+    set_buffer_name_in_optimizer(optimizer, "optimizer")
+    context.register_optimizer_buffers(optimizer)
+    compiled = benchmark.pedantic(lambda: context.compile(training_step(model, optimizer), ids, None), rounds=1,
+                                  iterations=1)
+    ratio = record_ratio(benchmark, "ratio_vs_make_fx", baseline, compile_s=round(benchmark.stats.stats.median, 2),
+                         instructions=len(compiled.compiled.program))
+    print(f"\ncompile of GPT-2's training step on mncore2: {benchmark.stats.stats.median:.1f} s, "
+          f"{len(compiled.compiled.program):,} instructions, {ratio:.0f}x torch's make_fx trace of it "
+          f"({baseline:.1f} s)")
 
 
 PEAK_SCRIPT = textwrap.dedent("""
