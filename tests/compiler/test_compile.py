@@ -660,6 +660,19 @@ def test_broadcast_operand_keeps_copies_where_its_axis_is_still_placed():
     assert set(rows.broadcast) == {Broadcast("L2B", 2, 1), Broadcast("W")}
 
 
+def test_an_operand_layout_numbers_the_factors_as_the_op_lists_them():
+    """restrict's `source` indexes the op layout's factors as written, so two layouts that are
+    equal as layouts (one 4:1 run, or 2:2 then 2:1) restrict differently: a cache keyed by layout
+    equality handed one's answer to the other (MobileViT's training step failed to compile)."""
+    from compiler.layout import Factor, Layout
+    from compiler.kernels.operands import restrict
+    whole = Layout.of([[Factor(4, None, 1)]], (4,))
+    halves = Layout.of([[Factor(2, None, 2), Factor(2, None, 1)]], (4,))
+    assert whole == halves
+    assert restrict(whole, (4,)).source == (0,)
+    assert restrict(halves, (4,)).source == (0, 1)
+
+
 def test_a_reduction_keeps_the_level_its_reduced_rows_were_held_in():
     """Rows held in one L2B (1_L2B) summed beside columns over MABs and PEs: the sum is in that
     L2B only, kept or squeezed. Dropped with the reduced dim, the result read as replicated over
