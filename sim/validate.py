@@ -448,17 +448,17 @@ def symbol_extents(params: MachineParams, code: np.ndarray, relocs: np.ndarray,
     # by symbol, each symbol's relocations in program order (one sort: a mask per symbol made a
     # training step of thousands of buffers and 10^5 relocations take 20 s here)
     order = np.argsort(sym, kind="stable")
-    starts = np.flatnonzero(np.r_[True, sym[order][1:] != sym[order][:-1]])
-    counts = np.diff(np.r_[starts, len(order)])
-    first_mem = mem[order][starts]
-    other = np.flatnonzero(mem[order] != np.repeat(first_mem, counts))
+    sym_s, mem_s = sym[order], mem[order]
+    starts = np.flatnonzero(np.r_[True, sym_s[1:] != sym_s[:-1]])
+    first_mem = mem_s[starts]
+    other = np.flatnonzero(mem_s != np.repeat(first_mem, np.diff(np.r_[starts, len(order)])))
     if len(other):
         at, group = int(order[other[0]]), np.searchsorted(starts, other[0], side="right") - 1
         raise SimError(f"buffer {symbols[sym[at]]} is addressed in both {params.memory_names[int(first_mem[group])]} "
                        f"and {params.memory_names[int(mem[at])]}", index=int(instr[at]),
                        instruction=disassemble(code[instr[at]], params))
     reach = np.maximum.reduceat(end[order], starts)
-    return {symbols[int(s)]: (int(m), int(r)) for s, m, r in zip(sym[order][starts], first_mem, reach)}
+    return {symbols[int(s)]: (int(m), int(r)) for s, m, r in zip(sym_s[starts], first_mem, reach)}
 
 
 def max_addresses(params: MachineParams, code: np.ndarray) -> dict[int, int]:
