@@ -464,10 +464,13 @@ def symbol_extents(params: MachineParams, code: np.ndarray, relocs: np.ndarray,
 def max_addresses(params: MachineParams, code: np.ndarray) -> dict[int, int]:
     """The highest word each LW-addressed memory is touched at (to grow DRAM before a run)."""
     out: dict[int, int] = {}
-    mv = code[code[:, 0] == Op.MV]
+    # the fields taken column by column (a copy of the MVs' whole rows took 44 ms of a training
+    # step's 1.8 M instructions)
+    mv = code[:, 0] == Op.MV
+    n = code[mv, isa.MV_N]
     for mem_f, addr_f in ((isa.MV_SRC_MEM, isa.MV_SRC_ADDR), (isa.MV_DST_MEM, isa.MV_DST_ADDR)):
-        for m in np.unique(mv[:, mem_f]) if len(mv) else []:
-            rows = mv[mv[:, mem_f] == m]
-            top = int(params.words_per_lw * (rows[:, addr_f] + rows[:, isa.MV_N]).max())
+        mem, end = code[mv, mem_f], code[mv, addr_f] + n
+        for m in np.unique(mem):
+            top = int(params.words_per_lw * end[mem == m].max())
             out[int(m)] = max(out.get(int(m), 0), top)
     return out

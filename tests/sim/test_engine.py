@@ -109,3 +109,21 @@ def test_the_digest_covers_every_sim_source(tmp_path):
     before = jitcache.sources_digest(tmp_path)
     (tmp_path / "b.py").write_text("x = 2\n")
     assert jitcache.sources_digest(tmp_path) != before
+
+
+def test_a_run_grows_dram_to_the_farthest_word_its_mvs_reach(mini):
+    """max_addresses: per memory, the end of the farthest MV reading or writing it, in words; the
+    run grows DRAM to it (and no further than it must)."""
+    from sim.validate import max_addresses
+    machine = sim.Machine(mini)
+    b = sim.ProgramBuilder(machine.params)
+    b.mv("individual", "DRAM", 64, "L2BM", 0, 64, tag=1)
+    b.mv("individual", "L2BM", 0, "DRAM", 1000, 8, tag=2)
+    b.mv("individual", "DRAM", 512, "L2BM", 64, 16, tag=1)
+    b.wait(1)
+    b.wait(2)
+    program = b.build()
+    p, wpl = machine.params, machine.params.words_per_lw
+    assert max_addresses(p, program.code) == {p.memory_id("DRAM"): wpl * 1008, p.memory_id("L2BM"): wpl * 80}
+    machine.run(program)
+    assert machine.memory("DRAM").shape[1] >= wpl * 1008
