@@ -112,8 +112,8 @@ def test_the_digest_covers_every_sim_source(tmp_path):
 
 
 def test_a_run_grows_dram_to_the_farthest_word_its_mvs_reach(mini):
-    """max_addresses: per memory, the end of the farthest MV reading or writing it, in words; the
-    run grows DRAM to it (and no further than it must)."""
+    """max_addresses: per memory, the end of the farthest MV reading or writing it, in words; a run
+    grows DRAM to hold it."""
     from sim.validate import max_addresses
     machine = sim.Machine(mini)
     b = sim.ProgramBuilder(machine.params)
