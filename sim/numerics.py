@@ -26,7 +26,7 @@ How mnsim deviates from the hardware, exactly:
   float64 kernels may differ in the last bit, its sqrt on this machine's CPU too).
 * A NaN encoded to half becomes +inf (the format has no NaN).
 * exp, expm1, log, log1p, sin, cos, tan, their inverses (asin, acos, atan, atan2), sinh, cosh,
-  tanh, theirs (asinh, acosh, atanh), sigmoid, erf, erfinv, lgamma, digamma, hypot, reciprocal,
+  tanh, theirs (asinh, acosh, atanh), sigmoid, erf, erfc, erfinv, lgamma, digamma, hypot, reciprocal,
   rsqrt, sqrt, pow, floor_div and rem are computed to float32 accuracy (floor_div and rem exactly
   as torch computes them); the hardware runs them as instruction sequences (their step counts
   come from the YAML), whose rounding may differ in the last bits. Their special values are
@@ -415,6 +415,8 @@ def _apply_inverse(op: int, a, b, T):
         return T(math.atan2(x, float(b)))
     if op == VOp.hypot:
         return T(math.hypot(x, float(b)))
+    if op == VOp.erfc:
+        return T(math.erfc(x))
     return T(np.nan)
 
 

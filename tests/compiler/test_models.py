@@ -107,7 +107,7 @@ def test_transformer_encoder_with_masks_traces_through_the_composite_path():
 
 
 def test_trigonometric_hyperbolic_and_gamma_functions_compile():
-    """torch's tan, the inverse and hyperbolic functions, atan2, hypot, erfinv, lgamma and digamma,
+    """torch's tan, the inverse and hyperbolic functions, atan2, hypot, erfinv, erfc, lgamma and digamma,
     compiled (an int tensor is promoted to float first, as torch does), and the gradient of a
     loss through them (torch's own derivative formulas: atan2's, asinh's, lgamma's digamma)."""
     g = torch.Generator().manual_seed(3)
@@ -119,12 +119,14 @@ def test_trigonometric_hyperbolic_and_gamma_functions_compile():
         return {"tan": torch.tan(x), "asin": torch.asin(x), "acos": torch.acos(x), "atan": torch.atan(y),
                 "sinh": torch.sinh(y), "cosh": torch.cosh(y), "asinh": torch.asinh(y), "acosh": torch.acosh(1 + y.abs()),
                 "atanh": torch.atanh(x), "erfinv": torch.erfinv(x), "lgamma": torch.lgamma(y), "digamma": torch.digamma(y),
+                "erfc": torch.erfc(y * 3),
                 "atan2": torch.atan2(y, x), "hypot": torch.hypot(x, y), "of_int": torch.atan(d["k"])}
     check(Device(hwdesc.load("mini")), fn, {"x": x, "y": y, "k": k}, 1e-5, {"float_dtype": "float"})
 
     def grad(d):
         with torch.enable_grad():  # `check` runs the reference under no_grad
             x = d["x"].detach().requires_grad_()
-            loss = (torch.atan2(d["y"], x) + torch.asinh(x) * torch.lgamma(d["y"].abs() + 1) + torch.atanh(x)).sum()
+            loss = (torch.atan2(d["y"], x) + torch.asinh(x) * torch.lgamma(d["y"].abs() + 1) + torch.atanh(x)
+                    + torch.erfc(x)).sum()
             return {"dx": torch.autograd.grad(loss, x)[0]}
     check(Device(hwdesc.load("mini")), grad, {"x": x, "y": y}, 1e-5, {"float_dtype": "float"})

@@ -47,7 +47,7 @@ OPS = {
     "nan_to_num": lambda x, y: torch.nan_to_num(x * y, nan=0.5, posinf=9.0, neginf=-9.0),
     "atan2": torch.atan2, "hypot": torch.hypot,
     **{name: (lambda f: lambda x, y: f(x))(getattr(torch, name)) for name in (
-        "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfinv", "lgamma", "digamma")},
+        "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfinv", "lgamma", "digamma", "erfc")},
     "acosh_above_one": lambda x, y: torch.acosh(x.abs() + 1), "erfinv_inside": lambda x, y: torch.erfinv(x / 4),
 }
 

@@ -52,7 +52,7 @@ UNARY = {"neg": torch.neg, "reciprocal": torch.reciprocal, "rsqrt": torch.rsqrt,
          "exp": torch.exp, "expm1": torch.expm1, "log": torch.log, "log1p": torch.log1p, "tanh": torch.tanh,
          "sigmoid": torch.sigmoid, "erf": torch.erf, "sin": torch.sin, "cos": torch.cos, "round": torch.round,
          **{name: getattr(torch, name) for name in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
-                                                    "atanh", "erfinv", "lgamma", "digamma")}}
+                                                    "atanh", "erfinv", "lgamma", "digamma", "erfc")}}
 BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
           "floor_div": lambda a, b: torch.div(a, b, rounding_mode="floor"), "rem": torch.remainder,
           "pow": torch.pow, "atan2": torch.atan2, "hypot": torch.hypot}

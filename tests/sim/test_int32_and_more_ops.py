@@ -377,6 +377,7 @@ INVERSE_UNARY = {
     "acosh": (torch.acosh, lambda r: 1 + np.abs(r.standard_normal((16, N))) * 50, 1e-6),
     "atanh": (torch.atanh, lambda r: r.uniform(-1, 1, (16, N)), 1e-6),
     "erfinv": (torch.erfinv, lambda r: r.uniform(-1, 1, (16, N)), 1e-5),
+    "erfc": (torch.erfc, lambda r: r.standard_normal((16, N)) * 3, 1e-6),
     "lgamma": (torch.lgamma, lambda r: r.standard_normal((16, N)) * 8, 1e-5),
     "digamma": (torch.digamma, lambda r: r.standard_normal((16, N)) * 8, 1e-4),
 }
@@ -396,3 +397,16 @@ def test_atan2_and_hypot_match_torch(mini, op, ref):
     a[:, 8:12], b[:, 8:12] = [3e38, -1e-30, 0.0, -0.0], [3e38, 1e-30, -0.0, -1.0]  # no overflow; signed zeros
     got = run(sim.Machine(mini), op, "float32", a, b, out=np.float32)
     np.testing.assert_allclose(got, ref(T(a), T(b)).numpy(), rtol=1e-6, atol=0)
+
+
+def test_erfc_keeps_its_tail_where_one_minus_erf_is_zero(mini):
+    """erfc is an op of its own: 1 - erf(x) in float32 is 0 from x = 4, erfc(9) is 4.1e-37. Checked
+    relative to torch's (no absolute slack), over the whole float32 range of the tail."""
+    x = np.linspace(-4, 9, 16 * N, dtype=np.float32).reshape(16, N)
+    x[0, :4] = [np.inf, -np.inf, np.nan, -0.0]
+    got = run(sim.Machine(mini), "erfc", "float32", x, out=np.float32)
+    want = torch.special.erfc(T(x)).numpy()
+    assert got[0, 0] == 0 and got[0, 1] == 2 and np.isnan(got[0, 2]) and got[0, 3] == 1
+    tail = np.isfinite(x) & (x > 4)
+    assert (want[tail] > 0).all() and (got[tail] > 0).all()
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=0)
