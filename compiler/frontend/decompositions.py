@@ -32,7 +32,7 @@ FURTHER = (
     aten.nll_loss_forward.default, aten.mse_loss.default, aten.l1_loss.default, aten.smooth_l1_loss.default,
     aten.huber_loss.default, aten.binary_cross_entropy.default, aten.binary_cross_entropy_with_logits.default,
     aten.glu.default, aten.silu.default, aten.prod.default, aten.prod.dim_int, aten.new_empty_strided.default,
-    aten.unfold.default,
+    aten.unfold.default, aten.ldexp.Tensor,
 )
 
 KEEP = (  # lowered as primitives: never decomposed, even where core ATen would

@@ -1127,6 +1127,17 @@ def test_gradients_through_unfold_and_copysign_match_torch(mini):
         torch.testing.assert_close(got[name], want[name].detach(), rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_ldexp_matches_torch(mini):
+    """torch.ldexp was refused (aten.ldexp has no core-ATen form); torch's decomposition makes it
+    x * 2^e, exact for integer exponents: powers of two scale without rounding."""
+    inputs = {"x": torch.tensor([[1.5, -3.0, 0.0, 7.25], [-0.0, 1e-3, 2.0, -5.5]]),
+              "e": torch.tensor([[2, -1, 5, 0], [3, 10, -4, 1]])}
+    fn = lambda d: {"y": torch.ldexp(d["x"], d["e"]), "scalar_e": torch.ldexp(d["x"], torch.tensor(3))}  # noqa: E731
+    got, want = Device(mini).execute(compile_function(fn, inputs, mini), inputs), fn(inputs)
+    for name, expected in want.items():
+        assert torch.equal(got[name], expected) and torch.equal(torch.signbit(got[name]), torch.signbit(expected)), name
+
+
 def test_kthvalue_matches_torch(device):
     """kthvalue was refused: place k - 1 of the stable sort (a NaN sorts last, as torch's)."""
     torch.manual_seed(0)
