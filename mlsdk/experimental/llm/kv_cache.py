@@ -22,7 +22,7 @@ CACHE_DIMS = ("layers", "key/value", "batch", "kv heads", "sequence", "head dim"
 def kv_cache_to_tensor(past_key_values: Any) -> torch.Tensor:
     """(layers, 2, batch, kv heads, sequence, head dim) from a `Cache` (its layers' `keys` and
     `values`) or the legacy tuple of (key, value) pairs per layer."""
-    pairs = _pairs(past_key_values)
+    pairs = cache_pairs(past_key_values)
     if not pairs:
         raise ArgumentError("kv_cache_to_tensor: the cache holds no layers (run the model with use_cache=True)")
     return torch.stack([torch.stack([key, value]) for key, value in pairs])
@@ -51,11 +51,14 @@ def kv_cache_to_plamo(cache: torch.Tensor) -> Any:
                              "kv_cache_to_legacy serves models with transformers' own cache classes")
 
 
-def _pairs(past_key_values: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def cache_pairs(past_key_values: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The (key, value) pairs of a cache, layer by layer: a `Cache` (its layers' keys and values)
+    or the legacy tuple of pairs."""
     layers = getattr(past_key_values, "layers", None)
     if layers is not None:
         return [(layer.keys, layer.values) for layer in layers]
     if isinstance(past_key_values, (tuple, list)) and all(len(p) >= KEY_VALUE for p in past_key_values):
         return [(p[0], p[1]) for p in past_key_values]
-    raise ArgumentError(f"kv_cache_to_tensor takes a transformers Cache or a tuple of (key, value) pairs, "
+    raise ArgumentError(f"a KV cache (kv_cache_to_tensor's argument, a decoder stage's past_key_values) is a "
+                        "transformers Cache or a tuple of (key, value) pairs, "
                         f"got {type(past_key_values).__name__}")
