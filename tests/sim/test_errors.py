@@ -243,3 +243,29 @@ def test_an_allocator_fits_only_where_the_aligned_block_does():
     with pytest.raises(DeviceMemoryError):
         a.alloc(13)
     assert a.alloc(12) == 4
+
+
+@pytest.mark.parametrize("order, message", [
+    (("vop", "xfer"), r"instruction #2 \(VOP exp.float32 .*\): lacking has no cost for PE op exp \(pe_ops.exp is missing\)"),
+    (("xfer", "vop"), r"instruction #2 \(XFER broadcast down .*\): path l1bm_to_pe does not offer mode broadcast"),
+])
+def test_what_a_candidate_uses_and_the_chip_lacks_is_named_at_its_first_instruction(tmp_path, order, message):
+    """`check_offered`, which the planner runs on every candidate it times: among MVs the chip
+    offers, the first of a VOP it does not cost and an XFER mode its path does not offer is named
+    (validate's message for it), whichever kind comes first."""
+    from sim.validate import check_offered
+    path = tmp_path / "lacking.yaml"
+    path.write_text("extends: mini\nname: lacking\npe_ops:\n  exp: ~\ntransfers:\n  l1bm_to_pe:\n    modes:\n"
+                    "      broadcast: ~\n")
+    hw = hwdesc.load(path)
+    b = sim.ProgramBuilder(sim.Machine(hw).params)
+    b.mv("individual", "DRAM", 0, "L2BM", 0, 64, tag=1)
+    b.mv("individual", "DRAM", 64, "L2BM", 64, 64, tag=1)
+    emit = {"vop": lambda: b.vop("exp", "float32", 1, 2, ("LM0", 0, 0, 1), ("LM0", 0, 0, 1)),
+            "xfer": lambda: b.xfer("broadcast", "down", "L1BM", 0, "LM0", 0, 2)}
+    for kind in order:
+        emit[kind]()
+    b.mv("individual", "DRAM", 128, "L2BM", 128, 64, tag=1)
+    with pytest.raises(SimError, match=message) as info:
+        check_offered(sim.Machine(hw).params, b.build(hazards=False).code)
+    assert info.value.index == 2
