@@ -453,7 +453,7 @@ class Planner:
             kernel.emit(ctx, refs)
         except InstructionLimit as e:
             raise OverBudget(str(e)) from None
-        cycles = cycles_of(ctx.params, ctx.b.build().code)
+        cycles = cycles_of(ctx.params, ctx.b.build_code())
         if key is not None:
             self.costs[key] = cycles
         return cycles

@@ -120,6 +120,7 @@ def test_labels_and_relocations_follow_the_instructions(mini):
     assert program.labels == [(0, 1, "first"), (1, 4, "second")]
     assert program.relocs[:, 0].tolist() == [2]
     assert program.code[2, 0] == sim.Op.MV
+    assert np.array_equal(b.build_code(), program.code)  # what the planner times: the same rows, nops included
 
 
 def test_the_gaps_come_from_the_yaml(tmp_path):
