@@ -42,6 +42,13 @@ def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]], *,
     return t
 
 
+def short_mvs_line(r: Report) -> str:
+    """What MVs shorter than their mode's unit (a gather's runs) cost the Data Engines."""
+    busy = r.engine_busy_cycles
+    return (f"{r.short_mvs:,} MVs shorter than their mode's unit (each charged a whole unit) took "
+            f"{r.short_mv_cycles:,} of the Data Engines' {busy:,} busy cycles ({_pct(r.short_mv_cycles / busy)})")
+
+
 def text(report: Report, console: Console) -> None:
     console.print(Group(*tables(report)))
 
@@ -65,6 +72,8 @@ def tables(report: Report) -> list:
         caption=f"the {len(shown)} longest of {len(r.runs)} runs" if len(shown) < len(r.runs) else None))
     out.append(_table("units", ("unit", "busy cycles", "utilisation"),
                       [(u.unit, _n(u.busy_cycles), _pct(u.utilisation)) for u in r.units], text=("unit",)))
+    if r.short_mvs:
+        out.append(Text(short_mvs_line(r)))
     out.append(_table("bytes per path", ("path", "bytes"), [(p, _n(n)) for p, n in r.paths.items()], text=("path",)))
 
     if r.ops:
@@ -132,6 +141,9 @@ def csv_text(report: Report) -> str:
     for u in r.units:
         w.writerow(["units", u.unit, "busy_cycles", u.busy_cycles])
         w.writerow(["units", u.unit, "utilisation", round(u.utilisation, 6)])
+    if r.short_mvs:
+        w.writerow(["summary", "", "short_mvs", r.short_mvs])
+        w.writerow(["summary", "", "short_mv_engine_cycles", r.short_mv_cycles])
     for p, n in r.paths.items():
         w.writerow(["paths", p, "bytes", n])
     for o in r.ops:

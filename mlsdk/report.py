@@ -5,7 +5,9 @@ timed without data). Every number comes from the simulator's `RunStats`:
 
 * runs: each device program in order (calls, input bindings, transfers), placed one after
   another on the device timeline; their cycles add up to the total;
-* units: busy cycles and utilisation of the PE stream, each Group's Data Engine and the host link;
+* units: busy cycles and utilisation of the PE stream, each Group's Data Engine and the host link,
+  and how many of the engines' busy cycles went to MVs shorter than their mode's unit (a gather's
+  runs of single long words: each is charged a whole unit, as the hardware moves whole units);
 * paths: bytes moved per transfer path of the hardware description;
 * ops: per compiled function and op label, the cycles the op adds to its calls (the advance of
   the latest finishing instruction, so the ops of a call sum to the call) and its span (first
@@ -149,6 +151,13 @@ class Report:
     chains: list[ChainRow] = field(default_factory=list)
     handovers: list[HandoverRow] = field(default_factory=list)
     untimed_calls: dict[str, int] = field(default_factory=dict)  # function -> calls in functional mode (not counted)
+    short_mvs: int = 0  # MVs of fewer long words than their mode's unit (RunStats.short_mvs), all runs
+    short_mv_cycles: int = 0  # the Data Engine cycles they took, summed over the engines
+
+    @property
+    def engine_busy_cycles(self) -> int:
+        """Busy cycles of all the Data Engines together."""
+        return sum(u.busy_cycles for u in self.units if u.unit.startswith("Data Engine"))
 
     @property
     def time_us(self) -> float:
@@ -180,7 +189,7 @@ class Report:
                       d["timeline_slice_cycles"], {k: list(v) for k, v in d["timeline"].items()}, d.get("source", ""),
                       [PhaseRow(**p) for p in d.get("phases", [])], d.get("resident_bytes", 0),
                       [ChainRow(**c) for c in d.get("chains", [])], [HandoverRow(**h) for h in d.get("handovers", [])],
-                      dict(d.get("untimed_calls", {})))
+                      dict(d.get("untimed_calls", {})), d.get("short_mvs", 0), d.get("short_mv_cycles", 0))
 
     def save(self, path: str | os.PathLike) -> None:
         with open(path, "w") as f:
@@ -217,6 +226,8 @@ def build(sessions: Iterable[Session], source: str = "") -> Report:
             report.runs.append(RunRow(r.kind, r.what, start, r.stats.total_cycles, s.label))
             start += r.stats.total_cycles
     report.units = _units(runs, report.total_cycles)
+    report.short_mvs = sum(r.stats.short_mvs for r in runs)
+    report.short_mv_cycles = sum(r.stats.short_mv_cycles for r in runs)
     report.paths = _paths(runs)
     name = _qualifier(sessions)
     report.ops = _ops([(name(s, c.function), c.stats, c.labels) for s in sessions for c in s.calls])

@@ -35,6 +35,10 @@ class RunStats:
     end: np.ndarray = field(repr=False)
     unit: np.ndarray = field(repr=False)  # -1 stream waiting, 0 PE stream, 1 host link, 2 + g Data Engine g
     engine_mask: np.ndarray = field(repr=False)
+    # MVs of fewer long words than their mode's unit (a gather's runs), and the Data Engine cycles
+    # they took, summed over the engines each ran on: each is charged a whole unit
+    short_mvs: int = 0
+    short_mv_cycles: int = 0
 
     @property
     def seconds(self) -> float:

@@ -263,9 +263,12 @@ def time_code(p: MachineParams, code: np.ndarray) -> RunStats:
                              p.mm_load_rows, p.host_path_in, p.host_path_out, p.lw_bytes)
     per_path = np.bincount(path[path >= 0], weights=nbytes[path >= 0], minlength=len(p.path_names))
     ops = np.bincount(code[:, 0], minlength=len(Op))
+    mv = np.flatnonzero(code[:, 0] == Op.MV)
+    short = mv[code[mv, isa.MV_N] < p.mode_unit[path[mv], code[mv, isa.MV_MODE]]]
     return RunStats(total_cycles=int(total), clock_hz=p.clock_hz, pe_busy=int(pe_busy),
                     engine_busy=[int(x) for x in engine_busy], host_busy=int(host_busy),
                     wait_stall=int(wait_stall), queue_stall=int(queue_stall),
                     bytes_per_path={name: int(per_path[i]) for i, name in enumerate(p.path_names) if per_path[i]},
                     instructions={op.name: int(ops[op]) for op in Op if ops[op]},
-                    start=start, end=end, unit=unit, engine_mask=mask)
+                    start=start, end=end, unit=unit, engine_mask=mask, short_mvs=len(short),
+                    short_mv_cycles=int(((end[short] - start[short]) * np.bitwise_count(mask[short])).sum()))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlsdk import Context, MNDevice, set_tensor_name_in_module
+from mlsdk import Context, MNCoreSGD, MNDevice, set_buffer_name_in_optimizer, set_tensor_name_in_module
 from mlsdk.cli import main
 from mlsdk.report import Report, build, op_cycles
 
@@ -348,3 +348,44 @@ def test_overlapping_transfers_count_once_in_the_timeline():
     at = np.array([0, 5, 12, 18, 22, 30])
     assert _covered(starts, ends, at).tolist() == [0, 5, 12, 15, 17, 20]
     assert _covered(np.array([], dtype=np.int64), np.array([], dtype=np.int64), at).tolist() == [0] * 6
+
+
+def test_mvs_shorter_than_their_unit_are_reported_with_their_engine_cycles(tmp_path):
+    """A small MLP's training step gathers its weight gradient into the weight's layout in runs
+    of single long words: the report counts those MVs and the engine cycles they took, as the
+    runs' RunStats do, in its text, CSV and JSON."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    ctx = Context(MNDevice("mini:auto"))
+    set_tensor_name_in_module(model, "m")
+    for p in model.parameters():
+        ctx.register_param(p)
+    opt = MNCoreSGD(model.parameters(), 0.1, 0.9)
+    set_buffer_name_in_optimizer(opt, "o")
+    ctx.register_optimizer_buffers(opt)
+
+    def step(d):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(d["x"]), d["t"])
+        loss.backward()
+        opt.step()
+        return {"loss": loss}
+    batch = {"x": torch.randn(16, 64), "t": torch.randint(0, 10, (16,))}
+    ctx.compile(step, batch, None)(batch)
+    report = build([ctx.session], "mlp")
+    runs = ctx.session.runs
+    assert report.short_mvs == sum(r.stats.short_mvs for r in runs) > 0
+    assert report.short_mv_cycles == sum(r.stats.short_mv_cycles for r in runs) > 0
+    assert report.engine_busy_cycles == sum(sum(r.stats.engine_busy) for r in runs) >= report.short_mv_cycles
+    from rich.console import Console
+
+    from mlsdk.render import csv_text, short_mvs_line, text
+    console = Console(record=True, width=200)
+    text(report, console)
+    assert short_mvs_line(report) in console.export_text()
+    assert f"{report.short_mvs:,} MVs shorter than their mode's unit" in short_mvs_line(report)
+    rows = {r["metric"]: int(r["value"]) for r in csv.DictReader(io.StringIO(csv_text(report)))
+            if r["metric"].startswith("short_mv")}
+    assert rows == {"short_mvs": report.short_mvs, "short_mv_engine_cycles": report.short_mv_cycles}
+    report.save(tmp_path / "r.json")
+    assert Report.load(tmp_path / "r.json") == report

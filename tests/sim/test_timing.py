@@ -159,3 +159,23 @@ def test_trace_has_one_track_per_unit(mini):
     assert [e.name for e in events if e.unit == "PE stream"] == ["compute"]
     assert [e.name for e in events if e.unit == "PE stream waits"] == ["#2"]  # the stall shows as the WAIT
     assert [e.name for e in events if e.unit == "Data Engine 0"] == ["load"]
+
+
+def test_mvs_shorter_than_their_unit_are_counted_with_the_engine_cycles_they_took(mini, mncore2):
+    """A gather's runs of single long words: each is charged its mode's whole unit (64 LW at 16
+    LW a cycle: 4 cycles), on every engine it runs on; an MV of whole units is not counted."""
+    m = sim.Machine(mini)
+    b = sim.ProgramBuilder(m.params)
+    for k in range(5):
+        b.mv("individual", "DRAM", 64 * k, "L2BM", k, 1, tag=1, src_inst=0, dst_inst=0)
+    b.mv("individual", "DRAM", 1024, "L2BM", 512, 64, tag=1, src_inst=0, dst_inst=0)
+    stats = m.time(b.build().code)
+    assert (stats.short_mvs, stats.short_mv_cycles) == (5, 5 * mv_data(mini, 1))
+    assert sum(stats.engine_busy) == 5 * mv_data(mini, 1) + mv_data(mini, 64)
+
+    m = sim.Machine(mncore2)
+    b = sim.ProgramBuilder(m.params)
+    b.mv("individual", "DRAM", 0, "L2BM", 0, 3, tag=1)  # in every Group: on each of their engines
+    b.mv("individual", "DRAM", 64, "L2BM", 64, 128, tag=1)
+    stats = m.time(b.build().code)
+    assert (stats.short_mvs, stats.short_mv_cycles) == (1, mncore2.instances("Group") * mv_data(mncore2, 3))
