@@ -192,6 +192,8 @@ def comparison(a: Report, b: Report) -> Table:
     for label, x, y in aligned([(f"busy: {u.unit}", u.busy_cycles) for u in a.units],
                                [(f"busy: {u.unit}", u.busy_cycles) for u in b.units]):
         row(label, x, y)
+    if a.short_mvs or b.short_mvs:  # a variant's MV units change what gathers of short runs cost
+        row("engine cycles of MVs shorter than their unit", a.short_mv_cycles, b.short_mv_cycles)
     for label, x, y in aligned([(f"{r.kind}: {r.what}", r.cycles) for r in a.runs],
                                [(f"{r.kind}: {r.what}", r.cycles) for r in b.runs]):
         row(label, x, y)

@@ -176,6 +176,22 @@ def test_comparison_aligns_runs_by_name_and_marks_what_one_side_lacks():
                     ("call: f #2 (only in the first)", 12, None), ("upload: x (only in the second)", None, 3)]
 
 
+
+def test_comparison_shows_the_engine_cycles_of_short_mvs_where_either_side_has_some():
+    from rich.console import Console
+
+    from mlsdk.render import comparison
+
+    def shown(a: Report, b: Report) -> str:
+        console = Console(record=True, width=160)
+        console.print(comparison(a, b))
+        return console.export_text()
+    a, b = Report("mini", 1, 100, short_mvs=3, short_mv_cycles=12), Report("mini_unit16", 1, 80)
+    line = next(x for x in shown(a, b).splitlines() if "engine cycles of MVs shorter than their unit" in x)
+    assert [cell.strip() for cell in line.split("│")[2:4]] == ["12", "0"]
+    assert "shorter than their unit" not in shown(b, b)
+
+
 # ---- commands ---------------------------------------------------------------------------------
 
 
