@@ -53,7 +53,8 @@ TORCH_OF = {"float32": torch.float32, "float16": torch.float16, "int32": torch.i
 
 UNARY = ("copy", "neg", "abs", "relu", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal",
          "sigmoid", "tanh", "erf", "sin", "cos", "floor", "ceil", "trunc", "round", "sign", "not", "cast",
-         "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfinv", "lgamma", "digamma", "erfc")
+         "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfinv", "lgamma", "digamma",
+         "erfc", "erfcx")
 BINARY = ("add", "sub", "mul", "div", "floor_div", "rem", "pow", "max", "min", "atan2", "hypot",
           "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "xor", "bitand", "bitor", "bitxor", "shl", "shr")
 TERNARY = ("where",)
@@ -226,7 +227,9 @@ def _ew(op: str, xs: list[Any], dtype: str) -> torch.Tensor:
         "sigmoid": t.sigmoid, "tanh": t.tanh, "erf": t.erf, "sin": t.sin, "cos": t.cos, "floor": t.floor,
         "ceil": t.ceil, "trunc": t.trunc, "round": t.round, "sign": t.sign, "not": t.logical_not,
         "cast": lambda a: _cast(a, dtype), **{name: getattr(t, name) for name in (
-            "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfinv", "lgamma", "digamma", "erfc")}}
+            "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfinv", "lgamma", "digamma",
+            "erfc")},
+        "erfcx": t.special.erfcx}
     binary: dict[str, Callable] = {
         "add": t.add, "sub": t.sub, "mul": t.mul, "div": t.div, "pow": t.pow, "max": t.maximum, "min": t.minimum,
         "atan2": t.atan2, "hypot": t.hypot,

@@ -174,6 +174,7 @@ class VOp(IntEnum):
     atan2 = 56  # atan2(a, b): the angle of the point (b, a), as torch.atan2(a, b)
     hypot = 57  # sqrt(a^2 + b^2) without overflow or underflow on the way
     erfc = 58  # 1 - erf(a), without the cancellation: erfc(5) is 1.5e-12, not 0
+    erfcx = 59  # exp(a^2) erfc(a), finite where both factors are not: erfcx(100) is 5.6e-3
 
 
 ARITY = {VOp.copy: 1, VOp.neg: 1, VOp.relu: 1, VOp.abs: 1, VOp.cvt: 1, VOp.floor: 1, VOp.reciprocal: 1,
@@ -181,7 +182,7 @@ ARITY = {VOp.copy: 1, VOp.neg: 1, VOp.relu: 1, VOp.abs: 1, VOp.cvt: 1, VOp.floor
          VOp.sin: 1, VOp.cos: 1, VOp.log1p: 1, VOp.expm1: 1, VOp.ceil: 1, VOp.trunc: 1, VOp.round: 1,
          VOp.sign: 1, VOp.fma: 3, VOp.select: 3,
          **{op: 1 for op in (VOp.tan, VOp.asin, VOp.acos, VOp.atan, VOp.sinh, VOp.cosh, VOp.asinh, VOp.acosh,
-                             VOp.atanh, VOp.erfinv, VOp.lgamma, VOp.digamma, VOp.erfc)}}
+                             VOp.atanh, VOp.erfinv, VOp.lgamma, VOp.digamma, VOp.erfc, VOp.erfcx)}}
 # The op's name in programs, reports and the YAML: `and_` and `or_` are spelled so only because
 # `and` and `or` are Python keywords.
 OP_NAME = {op: op.name.rstrip("_") for op in VOp}

@@ -26,7 +26,7 @@ How mnsim deviates from the hardware, exactly:
   float64 kernels may differ in the last bit, its sqrt on this machine's CPU too).
 * A NaN encoded to half becomes +inf (the format has no NaN).
 * exp, expm1, log, log1p, sin, cos, tan, their inverses (asin, acos, atan, atan2), sinh, cosh,
-  tanh, theirs (asinh, acosh, atanh), sigmoid, erf, erfc, erfinv, lgamma, digamma, hypot, reciprocal,
+  tanh, theirs (asinh, acosh, atanh), sigmoid, erf, erfc, erfcx, erfinv, lgamma, digamma, hypot, reciprocal,
   rsqrt, sqrt, pow, floor_div and rem are computed to float32 accuracy (floor_div and rem exactly
   as torch computes them); the hardware runs them as instruction sequences (their step counts
   come from the YAML), whose rounding may differ in the last bits. Their special values are
@@ -219,6 +219,27 @@ def _erf(x: float) -> float:
     return math.erf(x)
 
 
+# Where exp(x^2) erfc(x) stops being a float64 product of two finite factors: erfc underflows
+# (1e-296 at 26) and exp(x^2) overflows (709 at 26.6); beyond, the asymptotic series (a numerical
+# method's bound, not the chip's)
+ERFCX_SERIES_FROM = 26.0
+
+
+@njit(cache=True)
+def _erfcx(x: float) -> float:
+    """exp(x^2) erfc(x) to double accuracy: the product where both factors are finite, the
+    asymptotic series 1 / (x sqrt(pi)) (1 - 1/(2x^2) + 3/(4x^4) - 15/(8x^6)) beyond (its next term
+    is below 1e-10 there), and 2 exp(x^2) - erfcx(-x) below 0 (+inf from x = -26.6, as torch)."""
+    if x != x:
+        return x
+    if x < 0:
+        return 2.0 * math.exp(x * x) - _erfcx(-x) if x > -ERFCX_SERIES_FROM - 1 else math.inf
+    if x < ERFCX_SERIES_FROM:
+        return math.exp(x * x) * math.erfc(x)
+    u = 1.0 / (2.0 * x * x)
+    return (1.0 - u + 3.0 * u * u - 15.0 * u * u * u) / (x * math.sqrt(math.pi))
+
+
 @njit(cache=True)
 def _ieee_div(a, b, T):
     """a / b with IEEE results for a zero divisor (numba would raise): +-inf, or NaN for 0 / 0."""
@@ -382,7 +403,7 @@ def _apply_more(op: int, a, b, c, T):
 def _apply_inverse(op: int, a, b, T):
     """The trigonometric, hyperbolic and inverse functions and the gamma family (VOp 44 on),
     computed in double and rounded once to T; special values as torch's (C99's for the libm ones)."""
-    x = float(a)
+    x = np.float64(a)  # float(a) keeps a float32 a float32 in numba
     if op == VOp.tan:
         return T(math.tan(x)) if abs(x) < np.inf else T(np.nan)
     if op == VOp.asin:
@@ -417,6 +438,8 @@ def _apply_inverse(op: int, a, b, T):
         return T(math.hypot(x, float(b)))
     if op == VOp.erfc:
         return T(math.erfc(x))
+    if op == VOp.erfcx:
+        return T(_erfcx(x))
     return T(np.nan)
 
 

@@ -40,7 +40,8 @@ def compare(b: Builder, op: str, x: Any, y: Any) -> Value:
 UNARY_FLOAT = {"exp": "exp", "log": "log", "log1p": "log1p", "expm1": "expm1", "sqrt": "sqrt", "rsqrt": "rsqrt",
                "reciprocal": "reciprocal", "sigmoid": "sigmoid", "tanh": "tanh", "erf": "erf", "sin": "sin",
                "cos": "cos", **{name: name for name in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
-                                                        "atanh", "erfinv", "lgamma", "digamma", "erfc")}}
+                                                        "atanh", "erfinv", "lgamma", "digamma", "erfc")},
+               "special_erfcx": "erfcx"}
 UNARY_SAME = {"neg": "neg", "abs": "abs", "relu": "relu", "sign": "sign"}
 ROUNDING = {"floor": "floor", "ceil": "ceil", "trunc": "trunc", "round": "round"}
 

@@ -33,7 +33,7 @@ SAME = {"copy": "copy", "neg": "neg", "abs": "abs", "relu": "relu", "exp": "exp"
         "and": "and", "or": "or", "xor": "xor", "bitand": "and", "bitor": "or", "bitxor": "xor",
         "shl": "shl", "shr": "shr", **{name: name for name in (
             "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfinv", "lgamma", "digamma",
-            "atan2", "hypot", "erfc")}}
+            "atan2", "hypot", "erfc", "erfcx")}}
 CMP = {op: f"cmp_{op}" for op in COMPARISONS}
 
 

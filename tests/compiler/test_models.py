@@ -107,8 +107,9 @@ def test_transformer_encoder_with_masks_traces_through_the_composite_path():
 
 
 def test_trigonometric_hyperbolic_and_gamma_functions_compile():
-    """torch's tan, the inverse and hyperbolic functions, atan2, hypot, erfinv, erfc, lgamma and digamma,
-    compiled (an int tensor is promoted to float first, as torch does), and the gradient of a
+    """torch's tan, the inverse and hyperbolic functions, atan2, hypot, erfinv, erfc, erfcx (and
+    log_ndtr through it), lgamma and digamma, compiled (an int tensor is promoted to float first,
+    as torch does), and the gradient of a
     loss through them (torch's own derivative formulas: atan2's, asinh's, lgamma's digamma)."""
     g = torch.Generator().manual_seed(3)
     x, y = torch.rand(8, 12, generator=g) * 1.8 - 0.9, torch.randn(8, 12, generator=g)
@@ -119,7 +120,8 @@ def test_trigonometric_hyperbolic_and_gamma_functions_compile():
         return {"tan": torch.tan(x), "asin": torch.asin(x), "acos": torch.acos(x), "atan": torch.atan(y),
                 "sinh": torch.sinh(y), "cosh": torch.cosh(y), "asinh": torch.asinh(y), "acosh": torch.acosh(1 + y.abs()),
                 "atanh": torch.atanh(x), "erfinv": torch.erfinv(x), "lgamma": torch.lgamma(y), "digamma": torch.digamma(y),
-                "erfc": torch.erfc(y * 3),
+                "erfc": torch.erfc(y * 3), "erfcx": torch.special.erfcx(y.abs() * 3),
+                "log_ndtr": torch.special.log_ndtr(y * 3),
                 "atan2": torch.atan2(y, x), "hypot": torch.hypot(x, y), "of_int": torch.atan(d["k"])}
     check(Device(hwdesc.load("mini")), fn, {"x": x, "y": y, "k": k}, 1e-5, {"float_dtype": "float"})
 

@@ -48,6 +48,7 @@ OPS = {
     "atan2": torch.atan2, "hypot": torch.hypot,
     **{name: (lambda f: lambda x, y: f(x))(getattr(torch, name)) for name in (
         "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfinv", "lgamma", "digamma", "erfc")},
+    "erfcx": lambda x, y: torch.special.erfcx(x),
     "acosh_above_one": lambda x, y: torch.acosh(x.abs() + 1), "erfinv_inside": lambda x, y: torch.erfinv(x / 4),
 }
 

@@ -378,6 +378,7 @@ INVERSE_UNARY = {
     "atanh": (torch.atanh, lambda r: r.uniform(-1, 1, (16, N)), 1e-6),
     "erfinv": (torch.erfinv, lambda r: r.uniform(-1, 1, (16, N)), 1e-5),
     "erfc": (torch.erfc, lambda r: r.standard_normal((16, N)) * 3, 1e-6),
+    "erfcx": (torch.special.erfcx, lambda r: np.abs(r.standard_normal((16, N))) * 3, 1e-6),  # below 0: next test
     "lgamma": (torch.lgamma, lambda r: r.standard_normal((16, N)) * 8, 1e-5),
     "digamma": (torch.digamma, lambda r: r.standard_normal((16, N)) * 8, 1e-4),
 }
@@ -397,6 +398,20 @@ def test_atan2_and_hypot_match_torch(mini, op, ref):
     a[:, 8:12], b[:, 8:12] = [3e38, -1e-30, 0.0, -0.0], [3e38, 1e-30, -0.0, -1.0]  # no overflow; signed zeros
     got = run(sim.Machine(mini), op, "float32", a, b, out=np.float32)
     np.testing.assert_allclose(got, ref(T(a), T(b)).numpy(), rtol=1e-6, atol=0)
+
+
+def test_erfcx_is_finite_where_its_two_factors_are_not(mini):
+    """erfcx(x) = exp(x^2) erfc(x): exp(x^2) overflows float32 from x = 9.4 and erfc underflows it
+    from 10.1, where erfcx is about 1 / (x sqrt(pi)); float64 from 26.6, where the series takes over.
+    Below -9.4 it is inf, as torch's. Against torch's float64 erfcx rounded to float32: below 0 its
+    float32 one is 3e-6 off (2 exp(x^2) with x^2 rounded to float32), where ours rounds once."""
+    x = np.concatenate([np.linspace(-12, 40, 16 * N - 6), [1e30, 3e38, np.inf, -np.inf, np.nan, -0.0]])
+    x = x.astype(np.float32).reshape(16, N)
+    got = run(sim.Machine(mini), "erfcx", "float32", x, out=np.float32)
+    want = torch.special.erfcx(T(x).double()).float().numpy()
+    far = np.isfinite(x) & (x > 9.4)
+    assert np.isfinite(got[far]).all() and (got[far] > 0).all()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
 
 
 def test_erfc_keeps_its_tail_where_one_minus_erf_is_zero(mini):
