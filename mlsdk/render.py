@@ -46,7 +46,8 @@ def short_mvs_line(r: Report) -> str:
     """What MVs shorter than their mode's unit (a gather's runs) cost the Data Engines."""
     busy = r.engine_busy_cycles
     return (f"{r.short_mvs:,} MVs shorter than their mode's unit (each charged a whole unit) took "
-            f"{r.short_mv_cycles:,} of the Data Engines' {busy:,} busy cycles ({_pct(r.short_mv_cycles / busy)})")
+            f"{r.short_mv_cycles:,} of the Data Engines' {busy:,} busy cycles "
+            f"({_pct(r.short_mv_cycles / busy if busy else 0.0)})")
 
 
 def text(report: Report, console: Console) -> None:

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import numpy as np
 from numba import njit
@@ -220,20 +221,22 @@ def _erf(x: float) -> float:
 
 
 # Where exp(x^2) erfc(x) stops being a float64 product of two finite factors: erfc underflows
-# (1e-296 at 26) and exp(x^2) overflows (709 at 26.6); beyond, the asymptotic series (a numerical
+# (1e-296 at 26) and exp(x^2) overflows (at 26.6); beyond, the asymptotic series (a numerical
 # method's bound, not the chip's)
 ERFCX_SERIES_FROM = 26.0
+LOG_DOUBLE_MAX = math.log(sys.float_info.max)  # exp overflows double beyond it
 
 
 @njit(cache=True)
 def _erfcx(x: float) -> float:
     """exp(x^2) erfc(x) to double accuracy: the product where both factors are finite, the
     asymptotic series 1 / (x sqrt(pi)) (1 - 1/(2x^2) + 3/(4x^4) - 15/(8x^6)) beyond (its next term
-    is below 1e-10 there), and 2 exp(x^2) - erfcx(-x) below 0 (+inf from x = -26.6, as torch)."""
+    is below 1e-10 there), and 2 exp(x^2) - erfcx(-x) below 0 (+inf where exp(x^2) overflows, as
+    torch's float32 erfcx is inf from x = -9.4)."""
     if x != x:
         return x
     if x < 0:
-        return 2.0 * math.exp(x * x) - _erfcx(-x) if x > -ERFCX_SERIES_FROM - 1 else math.inf
+        return 2.0 * math.exp(x * x) - _erfcx(-x) if x * x < LOG_DOUBLE_MAX else math.inf
     if x < ERFCX_SERIES_FROM:
         return math.exp(x * x) * math.erfc(x)
     u = 1.0 / (2.0 * x * x)

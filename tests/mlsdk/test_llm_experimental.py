@@ -177,3 +177,8 @@ def test_split_llama_refuses_what_it_cannot_split():
         split_llama(torch.nn.Linear(2, 2), 3)
     stages = split_llama(model, 4)  # one layer each; the model's own modules, shared
     assert stages[1].layers[0] is model.model.layers[0] and stages[3].lm_head is model.lm_head
+    h = torch.zeros(1, 1, 16)
+    cos = sin = torch.zeros(1, 1, 4)
+    two_layers = tuple((torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4)) for _ in range(2))
+    with pytest.raises(ArgumentError, match=r"decoder stage of layers 1..1: past_key_values holds 2 layers, not 1"):
+        stages[2](h, cos, sin, past_key_values=two_layers)

@@ -121,8 +121,9 @@ class DecoderStage(nn.Module):
                 position_ids: torch.Tensor | None = None, past_key_values: Any = None) -> dict[str, Any]:
         pairs = [] if past_key_values is None else cache_pairs(past_key_values)
         if pairs and len(pairs) != len(self.layers):
-            raise ArgumentError(f"decoder stage of layers {self.first_layer}..{self.first_layer + len(self.layers) - 1}: "
-                                f"past_key_values holds {len(pairs)} layers, not {len(self.layers)}")
+            last = self.first_layer + len(self.layers) - 1
+            raise ArgumentError(f"decoder stage of layers {self.first_layer}..{last}: past_key_values holds "
+                                f"{len(pairs)} layers, not {len(self.layers)}")
         cache = stage_cache(pairs, self.first_layer)
         position_embeddings = (position_embeddings_cos, position_embeddings_sin)
         for layer in self.layers:
