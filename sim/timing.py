@@ -161,6 +161,8 @@ def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, 
     host_busy = np.int64(0)
     wait_stall = np.int64(0)
     queue_stall = np.int64(0)
+    short_mvs = np.int64(0)  # MVs of fewer long words than their mode's unit, and their engine cycles
+    short_cycles = np.int64(0)
     for i in range(n):
         row = code[i]
         op = row[0]
@@ -201,6 +203,11 @@ def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, 
                 first += 1
             unit[i] = 2 + first  # the lowest engine it runs on; `mask_of` lists them all
             path[i] = path_of[row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]]
+            if row[isa.MV_N] < mode_unit[path[i], row[isa.MV_MODE]]:
+                short_mvs += 1
+                for g in range(n_groups):
+                    if (mask >> g) & 1:
+                        short_cycles += data
             nbytes[i] = b
         elif op == Op.HOST_DMA:
             p = host_path_in if row[isa.DMA_DIR] == 0 else host_path_out
@@ -242,7 +249,8 @@ def simulate(code, n_groups, step, queue_depth, n_tags, mem_instances, path_of, 
     for g in range(n_groups):
         total = max(total, engine_free[g])
     total = max(total, host_free)
-    return start, end, unit, mask_of, path, nbytes, total, pe_busy, engine_busy, host_busy, wait_stall, queue_stall
+    return (start, end, unit, mask_of, path, nbytes, total, pe_busy, engine_busy, host_busy, wait_stall, queue_stall,
+            short_mvs, short_cycles)
 
 
 def pe_cycles(p: MachineParams, row: np.ndarray) -> int:
@@ -256,19 +264,18 @@ def pe_cycles(p: MachineParams, row: np.ndarray) -> int:
 def time_code(p: MachineParams, code: np.ndarray) -> RunStats:
     """Cycles of a (validated) instruction array on the chip `p` describes, from the YAML numbers
     only: no machine state, so a planner can time what it would emit."""
-    (start, end, unit, mask, path, nbytes, total, pe_busy, engine_busy, host_busy, wait_stall,
-     queue_stall) = simulate(code, p.n_groups, p.step_cycles, p.queue_depth, p.tags, p.mem_instances, p.path_of,
-                             p.path_engine, p.path_latency, p.path_group, p.mode_src_rate, p.mode_dst_rate,
-                             p.mode_cross_rate, p.mode_unit, p.vop_dtype_issues, p.vop_lanes, p.mm_rows, p.mm_cols,
-                             p.mm_load_rows, p.host_path_in, p.host_path_out, p.lw_bytes)
+    (start, end, unit, mask, path, nbytes, total, pe_busy, engine_busy, host_busy, wait_stall, queue_stall,
+     short_mvs, short_cycles) = simulate(code, p.n_groups, p.step_cycles, p.queue_depth, p.tags, p.mem_instances,
+                                         p.path_of, p.path_engine, p.path_latency, p.path_group, p.mode_src_rate,
+                                         p.mode_dst_rate, p.mode_cross_rate, p.mode_unit, p.vop_dtype_issues,
+                                         p.vop_lanes, p.mm_rows, p.mm_cols, p.mm_load_rows, p.host_path_in,
+                                         p.host_path_out, p.lw_bytes)
     per_path = np.bincount(path[path >= 0], weights=nbytes[path >= 0], minlength=len(p.path_names))
     ops = np.bincount(code[:, 0], minlength=len(Op))
-    mv = np.flatnonzero(code[:, 0] == Op.MV)
-    short = mv[code[mv, isa.MV_N] < p.mode_unit[path[mv], code[mv, isa.MV_MODE]]]
     return RunStats(total_cycles=int(total), clock_hz=p.clock_hz, pe_busy=int(pe_busy),
                     engine_busy=[int(x) for x in engine_busy], host_busy=int(host_busy),
                     wait_stall=int(wait_stall), queue_stall=int(queue_stall),
                     bytes_per_path={name: int(per_path[i]) for i, name in enumerate(p.path_names) if per_path[i]},
                     instructions={op.name: int(ops[op]) for op in Op if ops[op]},
-                    start=start, end=end, unit=unit, engine_mask=mask, short_mvs=len(short),
-                    short_mv_cycles=int(((end[short] - start[short]) * np.bitwise_count(mask[short])).sum()))
+                    start=start, end=end, unit=unit, engine_mask=mask, short_mvs=int(short_mvs),
+                    short_mv_cycles=int(short_cycles))

@@ -109,8 +109,8 @@ def test_transformer_encoder_with_masks_traces_through_the_composite_path():
 def test_trigonometric_hyperbolic_and_gamma_functions_compile():
     """torch's tan, the inverse and hyperbolic functions, atan2, hypot, erfinv, erfc, erfcx (and
     log_ndtr through it), lgamma and digamma, compiled (an int tensor is promoted to float first,
-    as torch does), and the gradient of a
-    loss through them (torch's own derivative formulas: atan2's, asinh's, lgamma's digamma)."""
+    as torch does), and the gradient of a loss through them (torch's own derivative formulas:
+    atan2's, asinh's, lgamma's digamma)."""
     g = torch.Generator().manual_seed(3)
     x, y = torch.rand(8, 12, generator=g) * 1.8 - 0.9, torch.randn(8, 12, generator=g)
     k = torch.randint(1, 9, (8, 12), generator=g, dtype=torch.int32)

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from mlsdk import Context, MNCoreSGD, MNDevice, set_buffer_name_in_optimizer, set_tensor_name_in_module
+from mlsdk import Context, MNCoreSGD, MNDevice, set_tensor_name_in_module
 from mlsdk.cli import main
 from mlsdk.report import Report, build, op_cycles
+
+from .test_training import registered
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = str(REPO / "examples" / "io_spec_constraints.py")
@@ -373,12 +375,8 @@ def test_mvs_shorter_than_their_unit_are_reported_with_their_engine_cycles(tmp_p
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
     ctx = Context(MNDevice("mini:auto"))
-    set_tensor_name_in_module(model, "m")
-    for p in model.parameters():
-        ctx.register_param(p)
     opt = MNCoreSGD(model.parameters(), 0.1, 0.9)
-    set_buffer_name_in_optimizer(opt, "o")
-    ctx.register_optimizer_buffers(opt)
+    registered(ctx, model, opt)
 
     def step(d):
         opt.zero_grad()
