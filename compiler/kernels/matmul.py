@@ -14,8 +14,12 @@ the PE stream moves this one down to the PEs and multiplies it. Tilings are rank
 of that pipeline from the YAML numbers (`_cost`: Data Engine time per step against the PE
 stream's transfers, hazards and MAU steps) and the best is emitted. Tilings of one round are
 also offered with B kept in the PE memories over several rounds (compiler.kernels.stationary), so
-that C goes up round by round while the last round multiplies. The parts both schedules are
-built from are in compiler.kernels.pipeline, the tilings and their layouts in .tiling.
+that C goes up round by round while the last round multiplies. The best few tilings are also
+offered with C's columns dealt to the PEs a long word at a time (`Tiling.n_dealt`), the way A and
+B deal K: C is then in the layout a later product reads it in as an operand, or a state its
+update reads beside it (a weight and its gradient: a 784-512-10 MLP's SGD step on mncore2 took
+767,762 cycles without them, 541,864 with). The parts both schedules are built from are in
+compiler.kernels.pipeline, the tilings and their layouts in .tiling.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from .tiling import (NO_OVERLAP, OPERAND_ROLES, OVERLAP_ALL, OVERLAP_EARLY, ROLE
 WISHED_TILINGS = 4  # tilings whose operand layouts a producer is offered (compile-time budget)
 CANDIDATES = 32  # at most this many undominated tilings per product are timed (compile-time budget)
 STATIONARY_CANDIDATES = 2  # B-stationary tilings timed besides (compile-time budget)
+DEALT_CANDIDATES = 4  # tilings also timed with C's columns dealt to the PEs (compile-time budget)
 MOST_STATIONARY_ROUNDS = 8  # rounds a B-stationary tiling may have (more only shorten the last round's upload)
 
 
@@ -497,7 +502,7 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
     if not (out_half or float64 or staged_in_float32):
         works = {t: w for t, w in feasible}
         storable += _stationary_variants(cg, [(t, works[t]) for t in storable], p, batched, epl_staged, in_dtype)
-    return tuple(storable)
+    return tuple(storable + _dealt_variants(cg, storable, p, batched, trans_b, epl_staged, out_dtype, in_dtype))
 
 
 def _stationary_variants(cg: EmitContext, ranked: list[tuple[Tiling, Work]], p: Problem, batched: bool,
@@ -525,6 +530,25 @@ def _stationary_variants(cg: EmitContext, ranked: list[tuple[Tiling, Work]], p: 
                     found[w] = replace(w, cost=stationary_cost(cg, w, work.mau, *(lw / rate for lw in work.operand_lw),
                                                               work.upload_lw / rate))
     return sorted(found.values(), key=lambda v: v.cost)[:STATIONARY_CANDIDATES]
+
+
+def _dealt_variants(cg: EmitContext, ranked: list[Tiling], p: Problem, batched: bool, trans_b: bool,
+                    epl_staged: int, out_dtype: str, in_dtype: str) -> list[Tiling]:
+    """The best few tilings again with C's columns dealt to the PEs a long word at a time
+    (`Tiling.n_dealt`), where that changes C's layout (at least two of C's long words a PE) and B's
+    long words hold whole long words of C (B transposed, or as many lanes as C)."""
+    epl_out = cg.hw.elements_per_lw(out_dtype)
+    found: list[Tiling] = []
+    for t in ranked:
+        if t.shifts or t.b_stationary or (t.nt // cg.chain.pes_per_unit) // epl_out < 2 \
+                or not (trans_b or epl_staged == epl_out):
+            continue
+        v = replace(t, n_dealt=True)
+        if _storable(layouts(v, p, cg.chain, epl_staged, epl_out, batched)[1], cg.hw, in_dtype):
+            found.append(v)
+            if len(found) == DEALT_CANDIDATES:
+                break
+    return found
 
 
 def _storable(layout: Layout, hw, dtype: str) -> bool:
@@ -737,10 +761,24 @@ def plan(node: Node, planner) -> list[Kernel]:
                            f"compiler.planner.rewrite makes products 2-D or batched 3-D")
     p, batched = problem_of(node)
     out = []
+    dealt = _dealt_columns_read(node, planner)
     for trans_b in ((True,) if _state_read_transposed(b, planner) else (False, True)):
         for t in _tilings_for(node, planner, trans_b):
-            out.append(MatmulKernel(node, t, p, batched, planner.ctx))
+            if dealt or not t.n_dealt:
+                out.append(MatmulKernel(node, t, p, batched, planner.ctx))
     return out
+
+
+def _dealt_columns_read(node: Node, planner) -> bool:
+    """Whether the product's output (or an element-wise function of it) has a reader that deals
+    C's columns to the PEs a long word at a time, so that tilings with `Tiling.n_dealt` are worth
+    timing: a resident tensor's update (a weight's gradient, whose weight a product reads as B with
+    K dealt) or a product (reading it as A, K dealt). Not otherwise: the planner prices a product's
+    output by its consumers' wished layouts, which do not show the two-step reductions across the
+    PEs that C's columns in blocks allow (a 256 x 128 x 512 product's three row reductions on
+    mncore2: 16,292 cycles with C in blocks, 191,782 dealt)."""
+    return any(x in planner.updated_state or any(u.kind == "matmul" for u in planner.users.get(x, []))
+               for x in planner.elementwise_reach(node.out))
 
 
 def _state_read_transposed(b: Value, planner) -> bool:

@@ -70,6 +70,11 @@ class Tiling:
     b_stationary: bool = False
     stationary_first: int = 0
     shifts: Shifts | None = None  # a direct convolution (see Shifts): A holds shifted windows
+    # C's columns dealt to the MAB's PEs a long word at a time (column = ..., local long word, PE,
+    # lane) instead of in a block per PE: B's columns are stored in the order the MAU writes C's
+    # (see `layouts`), so C comes out in the layout a B-operand (or A-operand) layout of the same
+    # tensor deals K in: a weight's gradient and the weight it updates then share their runs
+    n_dealt: bool = False
     cost: float = 0.0
 
     @property
@@ -161,15 +166,23 @@ def layouts(t: Tiling, p: Problem, chain: Chain, epl_in: int, epl_out: int, batc
     a = [_axis_factors(t, "m") + rounds + [Factor(t.a_rows, None, t.kp // epl_in)], k_dim]
     # a direct convolution's B: the kernel positions' blocks one after another in each PE
     positions = [Factor(t.positions, None, t.kp * t.nt // epl_in)] if t.shifts else []
+    # B's columns in the order the MAU writes C's: column c = (PE p, long word l, lane e) of the
+    # tile, in blocks per PE, or with dealt columns tile column (l, p, e) (see Tiling.n_dealt)
+    n_axes = _axis_factors(t, "n")
     if t.trans_b:
-        b = [k_dim, _axis_factors(t, "n") + [Factor(t.nt, None, t.kp // epl_in)]]
+        s = t.kp // epl_in  # B's rows (long words) from one column to the next
+        cols = ([Factor(np_ // epl_out, None, epl_out * s), Factor(pes, None, np_ * s), Factor(epl_out, None, s)]
+                if t.n_dealt else [Factor(t.nt, None, s)])
+        b = [k_dim, n_axes + cols]
     else:
+        cols = ([Factor(np_ // epl_in, None, 1), Factor(pes, None, np_ // epl_in), Factor(epl_in, W_AXIS, 1)]
+                if t.n_dealt else [Factor(t.nt // epl_in, None, 1), Factor(epl_in, W_AXIS, 1)])
         b = [positions + k_split + chunks + [Factor(t.kp // epl_in, None, epl_in * t.nt // epl_in), Factor(pes, chain.pe_axis, 1),
-                                 Factor(epl_in, None, t.nt // epl_in)],
-             _axis_factors(t, "n") + [Factor(t.nt // epl_in, None, 1), Factor(epl_in, W_AXIS, 1)]]
+                                 Factor(epl_in, None, t.nt // epl_in)], n_axes + cols]
     c = [_axis_factors(t, "m") + ([Factor(t.rounds, TIME_AXIS, 1)] if t.rounds > 1 else [])
          + [Factor(t.mt, None, np_ // epl_out)],
-         _axis_factors(t, "n") + [Factor(pes, chain.pe_axis, 1), Factor(np_ // epl_out, None, 1), Factor(epl_out, W_AXIS, 1)]]
+         n_axes + ([Factor(np_ // epl_out, None, 1), Factor(pes, chain.pe_axis, 1)] if t.n_dealt else
+                   [Factor(pes, chain.pe_axis, 1), Factor(np_ // epl_out, None, 1)]) + [Factor(epl_out, W_AXIS, 1)]]
     if batched:
         a = [bdim(t.rounds * t.chunks)] + a
         b = [bdim(t.chunks)] + b

@@ -35,7 +35,7 @@ from ..kernels.movement import GatherKernel, view_ref, view_transform
 from ..kernels.reduce import in_pe, local_runs
 from ..kernels.operands import restrict
 from ..kernels.relayout import RelayoutKernel, lane_matched
-from ..layout import Layout, Placement, lane_dims, lanes_innermost
+from ..layout import W_AXIS, Layout, Placement, lane_dims, lanes_innermost
 from ..layout.spread import lane_runs, lm_layouts
 from ..layout.unbroadcast import spread_over_units
 from ..transfer.gather import lw_sources
@@ -993,12 +993,16 @@ class Planner:
         state, (out.producer, out.index) = in_runs
         self._restore(state)
 
-    def _reduced_run(self, node: Node) -> tuple[int, int] | None:
-        """(dim, run) when a reduction reads a placed input whose layout keeps runs of a reduced
-        dim's elements in each PE but not all it reduces (`reduce.local_runs`: the innermost such
-        dim, its longest run). (Every run length, and the total in runs again, cost the test
-        suite's training steps a fifth more compile time, and GPT-2's step came out 12,283,604
-        cycles that way against 12,199,640.)"""
+    def _reduced_run(self, node: Node) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
+        """(dim, digits, in_pe) when a reduction reads a placed input whose layout keeps some of a
+        reduced dim's elements in each PE but not all it reduces: the dim read as `digits` (sizes,
+        outer first) of which those at positions `in_pe` lie inside each PE. Either its innermost
+        run (`reduce.local_runs`: the innermost such dim, its longest run: digits (n / run, run))
+        or, where the PE digit lies between address digits (a product's columns dealt to the PEs
+        a long word at a time, `Tiling.n_dealt`), the dim's digits as its layout has them. (Every
+        run length, and the total in runs again, cost the test suite's training steps a fifth
+        more compile time, and GPT-2's step came out 12,283,604 cycles that way against
+        12,199,640.)"""
         x = node.args[0]
         ref = self.refs.get(x)
         dims = tuple(node.attrs["dims"] or range(x.rank))
@@ -1006,19 +1010,29 @@ class Planner:
             return None
         for d in reversed(dims):
             n = x.shape[d]
+            if ref.lm.extents[d] != n:
+                continue
             runs = [run for run in local_runs(ref.lm, d) if run < n and n % run == 0]
-            if runs and ref.lm.extents[d] == n:
-                return d, runs[-1]  # the longest: shorter runs leave more partial results to move
+            digits = [f for f in ref.lm.dims[d] if f.size > 1]
+            inside = tuple(k for k, f in enumerate(digits) if f.axis in (None, W_AXIS))
+            if runs and prod(f.size for k, f in enumerate(digits) if k in inside) == runs[-1]:
+                return d, (n // runs[-1], runs[-1]), (1,)  # the shorter runs leave more partial results to move
+            if inside and len(inside) < len(digits) and prod(f.size for f in digits) == n:
+                return d, tuple(f.size for f in digits), inside
         return None
 
-    def _plan_reduce_in_runs(self, node: Node, dim: int, run: int) -> None:
-        """The reduction in two steps: over runs of `run` elements of `dim`, then over the runs'
-        results and the other dims it reduces."""
+    def _plan_reduce_in_runs(self, node: Node, dim: int, digits: tuple[int, ...], inside: tuple[int, ...]) -> None:
+        """The reduction in two steps: over the digits of `dim` at positions `inside` (those each
+        PE holds), then over the results (the dim's other digits, merged back into one) and the
+        other dims it reduces."""
         from .rewrite import bind
         scratch, b = self._scratch_builder(node)
         x = node.args[0]
-        grid = b.reshape(x, (*x.shape[:dim], x.shape[dim] // run, run, *x.shape[dim + 1:]))
-        partial = b.reduce(node.op, grid, [dim + 1])
+        grid = b.reshape(x, (*x.shape[:dim], *digits, *x.shape[dim + 1:]))
+        partial = b.reduce(node.op, grid, [dim + k for k in inside])
+        kept = prod(n for k, n in enumerate(digits) if k not in inside)
+        if partial.rank != x.rank:
+            partial = b.reshape(partial, (*x.shape[:dim], kept, *x.shape[dim + 1:]))
         total = b.reduce(node.op, partial, node.attrs["dims"] or list(range(x.rank)), keepdim=node.attrs["keepdim"])
         partial.producer.attrs["split"] = total.producer.attrs["split"] = True
         bind(b, total, node.out)

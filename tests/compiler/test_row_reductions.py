@@ -143,8 +143,8 @@ def test_a_two_step_plan_that_fails_midway_leaves_the_reduction_as_it_is(monkeyp
     monkeypatch.undo()
     two_steps = search.Planner._plan_reduce_in_runs
 
-    def failing(self, node, dim, run):
-        two_steps(self, node, dim, run)
+    def failing(self, node, dim, *digits):
+        two_steps(self, node, dim, *digits)
         raise LayoutError("no layout")
     monkeypatch.setattr(search.Planner, "_plan_reduce_in_runs", failing)
     compiled = compile_function(_bias_gradient, inputs, MINI)
