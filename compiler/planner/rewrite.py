@@ -9,6 +9,7 @@
   where torch keeps it to its own), or, past DENSE_DEPTHWISE_WEIGHTS, a window over each channel
   times its filter summed over the window (vector work); and otherwise one convolution per group
   joined by a cat;
+* a reduction over dims of size 1 is element-wise and a reshape (`_single_element`);
 * a reduction whose kept part is small and reduced part large (a loss over a batch) is split into
   a partial reduction spread over the chip and a final one over the partials; one that reduces
   all another reduction of its input reduces and more starts with the other's dims, so that both
@@ -112,6 +113,8 @@ def _shared_reductions(graph: Graph) -> dict[Node, tuple[int, ...]]:
         if node.kind != "reduce" or node.attrs.get("split"):
             continue
         x, dims = _through_reshapes(node.args[0], set(node.attrs["dims"] or range(node.args[0].rank)))
+        if all(x.shape[d] == 1 for d in dims):
+            continue  # one element each: element-wise (`_single_element`)
         if any(user.kind != "reduce" for user in users.get(x, []) if user is not node.args[0].producer):
             continue  # another kind of reader's layout decides too (see the docstring)
         for other in users.get(x, []):
@@ -246,6 +249,8 @@ def _reduce(b: Builder, node: Node, hw: HwDesc) -> bool:
     (`_aligned_part`) where they exist, else the reduced elements flat, padded with the identity."""
     if node.attrs.get("split"):
         return False
+    if _single_element(b, node):
+        return True
     x, reduced = _through_reshapes(node.args[0], set(node.attrs["dims"] or range(node.args[0].rank)))
     dims = tuple(sorted(reduced))
     kept = [d for d in range(x.rank) if d not in dims]
@@ -278,6 +283,24 @@ def _reduce(b: Builder, node: Node, hw: HwDesc) -> bool:
     total.producer.attrs["split"] = True
     keep_shape = node.out.shape
     bind(b, b.reshape(total, keep_shape), node.out)
+    return True
+
+
+def _single_element(b: Builder, node: Node) -> bool:
+    """A reduction over dims of size 1 (a cross-entropy's gradient scatters into (N, 1, C) and sums
+    the 1 away) reduces one element each: it becomes element-wise, computed wherever its readers
+    want it, and a reshape, where a reduction kernel chose a layout of its own (a tied embedding's
+    step on mncore2 then gathered the scattered gradient in 131,072 single long words). A float
+    sum adds its element to +0 as torch's does (-0 sums to +0); max, min and prod give it as it is."""
+    x = node.args[0]
+    dims = node.attrs["dims"] or range(x.rank)
+    if not x.rank or any(x.shape[d] != 1 for d in dims):
+        return False
+    if node.op == "sum" and x.dtype.startswith("float"):
+        one = b.ew("add", x, 0.0)
+    else:
+        one = b.ew("copy", x)
+    bind(b, b.reshape(one, node.out.shape) if node.out.shape != x.shape else one, node.out)
     return True
 
 

@@ -1015,9 +1015,10 @@ class Planner:
             runs = [run for run in local_runs(ref.lm, d) if run < n and n % run == 0]
             digits = [f for f in ref.lm.dims[d] if f.size > 1]
             inside = tuple(k for k, f in enumerate(digits) if f.axis in (None, W_AXIS))
-            if runs and prod(f.size for k, f in enumerate(digits) if k in inside) == runs[-1]:
+            spread = bool(inside) and len(inside) < len(digits) and prod(f.size for f in digits) == n
+            if runs and (not spread or prod(f.size for k, f in enumerate(digits) if k in inside) == runs[-1]):
                 return d, (n // runs[-1], runs[-1]), (1,)  # the shorter runs leave more partial results to move
-            if inside and len(inside) < len(digits) and prod(f.size for f in digits) == n:
+            if spread:
                 return d, tuple(f.size for f in digits), inside
         return None
 
