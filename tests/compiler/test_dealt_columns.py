@@ -78,6 +78,23 @@ def test_dealt_columns_compute_the_product(mini, monkeypatch, name):
                                            Factor(epl, W_AXIS, 1))
 
 
+@pytest.mark.parametrize("float_dtype, tolerance", [("mixed", 2e-3), ("pfloat32", 2e-5), ("float64", 1e-6)])
+@pytest.mark.parametrize("name", ["a @ b", "a @ w.T"])
+def test_dealt_columns_in_every_format_the_mau_multiplies(mini, monkeypatch, float_dtype, tolerance, name):
+    """B's columns converted in LM (mixed: float32 staged, half multiplied; float64) or read as
+    pseudo-single keep the order dealt columns give them: torch's values within the format's
+    precision (relative to the largest)."""
+    fn, make = PRODUCTS[name]
+    torch.manual_seed(7)
+    inputs = make()
+    only(monkeypatch, dealt=True)
+    kernels = planned_kernels(monkeypatch)
+    compiled = compile_function(fn, inputs, mini, options={"float_dtype": float_dtype})
+    got, want = Device(mini).execute(compiled, inputs)["c"], fn(inputs)["c"]
+    assert [k.t.n_dealt for k in products(kernels)] == [True]
+    assert (got - want).abs().max().item() <= tolerance * want.abs().max().item()
+
+
 def test_only_tilings_whose_lanes_agree_are_dealt(mini):
     """B's columns are permuted by long word: with half B (4 a long word, B not transposed) and a
     float32 C (2 a long word) a B long word would hold columns of two of C's, so no tiling of such
