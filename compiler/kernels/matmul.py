@@ -381,7 +381,7 @@ def _axis_options(axis: str, size: int, roles: tuple[str, ...], chain: Chain) ->
 def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool,
             in_bytes: int, out_half: bool = False, a_runs: float | None = None, limit: int = CANDIDATES,
             pseudo: bool = False, float64: bool = False, spread: tuple[bool, bool] = (False, False),
-            k_align: int | None = None, shifts: Shifts | None = None) -> list[Tiling]:
+            k_align: int | None = None, shifts: Shifts | None = None, dealt: bool = False) -> list[Tiling]:
     """The tilings that fit the PE memories and whose product has a storable image, the most
     promising first (by the work each step does, see `_cost`); the planner times the first few.
     The same product is asked for often (candidates, consumers' wishes): the answer is cached.
@@ -390,7 +390,9 @@ def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: 
     tilings whose K chunks (and K parts over the chip) start at multiples of it or divide it, so
     that K read as (K / k_align, k_align) splits between factors (a convolution's weight read as
     B by block copies: K = (kernel position, channel)). `shifts`: a direct convolution's
-    (`tiling.Shifts`; K is then the channels, each chunk a whole number of them)."""
+    (`tiling.Shifts`; K is then the channels, each chunk a whole number of them). `dealt`: the best
+    few also with C's columns dealt to the PEs (`_dealt_variants`), for a product whose output a
+    reader takes with K dealt (`_dealt_columns_read`)."""
     pseudo, float64 = pseudo and not half, float64 and not half and not out_half
     modes = cg.hw.units[cg.chain.matrix_unit].matrix
     base = "float16" if half else "float32"
@@ -403,14 +405,14 @@ def tilings(cg: EmitContext, p: Problem, *, batched: bool, trans_b: bool, half: 
                                f"units.{cg.chain.matrix_unit}.matrix.{option} (its matrix formats: {', '.join(modes)})")
     return list(_tilings(cg.hw, p, batched, trans_b, half, staged_in_float32, in_bytes, out_half,
                          None if a_runs is None else float(np.float32(a_runs)), limit, pseudo, float64, spread,
-                         k_align, shifts))
+                         k_align, shifts, dealt))
 
 
 @lru_cache(maxsize=256)
 def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in_float32: bool, in_bytes: int,
              out_half: bool, a_runs: float | None, limit: int, pseudo: bool, float64: bool,
-             spread: tuple[bool, bool], k_align: int | None = None, shifts: Shifts | None = None
-             ) -> tuple[Tiling, ...]:
+             spread: tuple[bool, bool], k_align: int | None = None, shifts: Shifts | None = None,
+             dealt: bool = False) -> tuple[Tiling, ...]:
     cg = EmitContext(hw)
     chain = Chain.of(cg.hw)
     axes = [a for a in cg.hw.axes if a != chain.pe_axis]
@@ -502,7 +504,9 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
     if not (out_half or float64 or staged_in_float32):
         works = {t: w for t, w in feasible}
         storable += _stationary_variants(cg, [(t, works[t]) for t in storable], p, batched, epl_staged, in_dtype)
-    return tuple(storable + _dealt_variants(cg, storable, p, batched, trans_b, epl_staged, out_dtype, in_dtype))
+    if dealt:
+        storable += _dealt_variants(cg, storable, p, batched, trans_b, epl_staged, out_dtype, in_dtype)
+    return tuple(storable)
 
 
 def _stationary_variants(cg: EmitContext, ranked: list[tuple[Tiling, Work]], p: Problem, batched: bool,
@@ -751,7 +755,7 @@ def _tilings_for(node: Node, planner, trans_b: bool) -> list[Tiling]:
                    in_bytes=planner.hw.element_bytes("float16" if half_in else "float32"),
                    pseudo=planner.options.get("float_dtype") == "pfloat32" and inexact,
                    float64=planner.options.get("float_dtype") == "float64" and inexact,
-                   spread=(planner.host_written(a), planner.host_written(b)))
+                   spread=(planner.host_written(a), planner.host_written(b)), dealt=_dealt_columns_read(node, planner))
 
 
 def plan(node: Node, planner) -> list[Kernel]:
@@ -761,11 +765,9 @@ def plan(node: Node, planner) -> list[Kernel]:
                            f"compiler.planner.rewrite makes products 2-D or batched 3-D")
     p, batched = problem_of(node)
     out = []
-    dealt = _dealt_columns_read(node, planner)
     for trans_b in ((True,) if _state_read_transposed(b, planner) else (False, True)):
         for t in _tilings_for(node, planner, trans_b):
-            if dealt or not t.n_dealt:
-                out.append(MatmulKernel(node, t, p, batched, planner.ctx))
+            out.append(MatmulKernel(node, t, p, batched, planner.ctx))
     return out
 
 

@@ -13,6 +13,7 @@ import compiler.compile as compile_module
 from compiler.compile import compile_function
 from compiler.chain import Chain
 from compiler.kernels import matmul
+from compiler.kernels.context import EmitContext
 from compiler.layout import W_AXIS, Factor
 from mlsdk import Context, MNCoreSGD, MNDevice
 from runtime import Device
@@ -99,8 +100,7 @@ def test_only_tilings_whose_lanes_agree_are_dealt(mini):
     """B's columns are permuted by long word: with half B (4 a long word, B not transposed) and a
     float32 C (2 a long word) a B long word would hold columns of two of C's, so no tiling of such
     a product is dealt; tilings with fewer than two of C's long words a PE have nothing to deal."""
-    from compiler.kernels.context import EmitContext
-    ask = dict(batched=False, half=True, staged_in_float32=False, in_bytes=2)
+    ask = dict(batched=False, half=True, staged_in_float32=False, in_bytes=2, dealt=True)
     plain = matmul.tilings(EmitContext(mini), matmul.Problem(1, 32, 64, 64), trans_b=False, **ask)
     transposed = matmul.tilings(EmitContext(mini), matmul.Problem(1, 32, 64, 64), trans_b=True, **ask)
     assert plain and not any(t.n_dealt for t in plain)
@@ -159,14 +159,12 @@ def test_a_weights_gradient_is_made_in_the_runs_its_update_reads(mini, monkeypat
     assert with_dealt < 0.8 * blocks_only, (with_dealt, blocks_only)
 
 
-def test_row_reductions_of_dealt_columns_go_in_two_steps_without_relayouts(monkeypatch):
+def test_row_reductions_of_dealt_columns_go_in_two_steps_without_relayouts(mini, monkeypatch):
     """A row's maximum, sum and minimum over a product whose columns are dealt (8 x 256 on mini:
     long word, PE, lane inside each L1B and MAB) reduce in two steps as over columns in blocks:
     over the digits each PE holds (the long words and lanes, which are not one run of columns),
     then across the MABs and PEs; torch's values, no relayout."""
-    import hwdesc
     from tests.compiler.test_row_reductions import _three_reductions
-    mini = hwdesc.load("mini")
     only(monkeypatch, dealt=True)
     kernels = planned_kernels(monkeypatch)
     g = torch.Generator().manual_seed(0)
