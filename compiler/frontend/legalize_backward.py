@@ -26,8 +26,8 @@ from ..ir import CONV_RANK, Value
 from .build import Builder
 from .rules import ensure_float, rule
 from .legalize_movement import spaced
-from .legalize_nn import (avg_divisor, flat_positions, nearest_sources, per_dim, pool_geometry, tiling, tile_pads,
-                          transposed_convolution, unpick)
+from .legalize_nn import (avg_divisor, depthwise_patches, flat_positions, nearest_sources, per_dim, pool_geometry,
+                          tiling, tile_pads, transposed_convolution, unpick)
 
 
 def _placed(b: Builder, g: Value, size: tuple[int, int], stride: tuple[int, int], offset: tuple[int, int]) -> Value:
@@ -61,8 +61,12 @@ def _convolution_backward(b, out, gy, x, w, bias_sizes, stride, padding, dilatio
         results[0] = b.conv(gy, w, *geometry, groups) if transposed else \
             transposed_convolution(b, gy, w, x.shape, *geometry, groups)
     if output_mask[1]:
-        results[1] = _weight_grad(b, x, gy, w.shape, *geometry, groups) if transposed else \
-            _weight_grad(b, gy, x, w.shape, *geometry, groups)
+        if transposed:
+            results[1] = _weight_grad(b, x, gy, w.shape, *geometry, groups)
+        elif w.shape[1] == 1 and groups == x.shape[1] > 1:
+            results[1] = _depthwise_weight_grad(b, gy, x, w.shape, *geometry)
+        else:
+            results[1] = _weight_grad(b, gy, x, w.shape, *geometry, groups)
     if output_mask[2]:
         results[2] = b.reduce("sum", gy, (0, 2, 3))
     if one_d:
@@ -87,6 +91,21 @@ def _weight_grad(b: Builder, gy: Value, x: Value, w_shape: tuple[int, ...], stri
     full = b.conv(xs, gs, dilation, padding, stride, groups)
     cropped = b.slice(b.slice(full, 2, 0, kh), 3, 0, kw)
     return b.permute(cropped, (1, 0, 2, 3))
+
+
+def _depthwise_weight_grad(b: Builder, gy: Value, x: Value, w_shape: tuple[int, ...], stride, padding,
+                           dilation) -> Value:
+    """dL/dw[co, 0, k] = sum over (n, o) of gy[n, co, o] x[n, co / m, o * s + k * d - p] for a
+    depthwise convolution (m output channels per input channel): the forward's patches times the
+    output gradient, summed over the batch and the output positions. As a convolution of x by gy
+    (`_weight_grad`) it is one per channel with gy as a kernel the size of the image: MobileNetV2's
+    48 channels of 17 x 17 (batch 2) did not fit the PE memories of mini."""
+    co, _, kh, kw = w_shape
+    n, _, ho, wo = gy.shape
+    patches = depthwise_patches(b, x, co, ((kh, kw), stride, padding, dilation, (ho, wo)))
+    products = b.ew("mul", patches, b.reshape(b.permute(gy, (0, 2, 3, 1)), (n, ho, wo, 1, 1, co)))
+    grad = b.reduce("sum", products, (0, 1, 2))  # (kh, kw, C)
+    return b.reshape(b.permute(grad, (2, 0, 1)), w_shape)
 
 
 @rule("max_pool2d_with_indices_backward")

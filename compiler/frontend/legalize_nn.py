@@ -124,7 +124,7 @@ def tile_pads(size: tuple[int, int], geometry) -> list[tuple[int, int]]:
     return [(ph, ho * kh - h - ph), (pw, wo * kw - w - pw)]
 
 
-def _patches(b: Builder, x: Value, geometry, fill) -> Value:
+def window_patches(b: Builder, x: Value, geometry, fill) -> Value:
     """(..., H, W) -> (..., Ho, Wo, kh, kw): every output position's input patch."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw), (ho, wo) = geometry
     lead = x.rank - 2
@@ -133,6 +133,22 @@ def _patches(b: Builder, x: Value, geometry, fill) -> Value:
     a.append([0] * lead + [sh, 0, dh, 0])
     a.append([0] * lead + [0, sw, 0, dw])
     return b.window(x, shape, a, [0] * lead + [-ph, -pw], fill)
+
+
+def depthwise_patches(b: Builder, x: Value, channels: int, geometry) -> Value:
+    """(N, C, H, W) -> (N, Ho, Wo, kh, kw, channels), zero-padded: the patches each output channel
+    of a depthwise convolution reads, input channel c feeding output channels c * m .. c * m + m - 1
+    (m = channels / C, the channel multiplier). Channels last: a window shifts the image's axes, and
+    an axis the long words' lanes run along cannot shift by a gather (its elements would change
+    lanes); 144 channels of 4 x 4 on mini found no layout for the patches otherwise."""
+    n, c, h, w = x.shape
+    if channels > c:
+        mult = channels // c
+        x = b.reshape(b.expand(b.reshape(x, (n, c, 1, h, w)), (n, c, mult, h, w)), (n, channels, h, w))
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw), (ho, wo) = geometry
+    shape = (n, ho, wo, kh, kw, channels)
+    a = [[1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 1], [0, sh, 0, dh, 0, 0], [0, 0, sw, 0, dw, 0]]
+    return b.window(x, shape, a, [0, 0, -ph, -pw], 0.0)
 
 
 def flat_positions(b: Builder, rows: Value, cols: Value, size: tuple[int, int], outside: int) -> Value:
@@ -160,7 +176,7 @@ def _patch_positions(b: Builder, size: tuple[int, int], geometry) -> Value:
 def _max_pool(b, out, x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
     geometry = pool_geometry(x, kernel, stride, padding, dilation, ceil_mode)
     lowest = float("-inf") if x.dtype != "int32" else INT32_MIN
-    patches = _patches(b, x, geometry, lowest)
+    patches = window_patches(b, x, geometry, lowest)
     last = (patches.rank - 2, patches.rank - 1)
     values = b.reduce("max", patches, last)
     if b.aten.startswith("aten.max_pool2d_with_indices") and b.wants_output(1):
@@ -222,7 +238,7 @@ def _avg_pool(b, out, x, kernel, stride=(), padding=(0,), ceil_mode=False, count
               divisor_override=None):
     geometry = pool_geometry(x, kernel, stride, padding, (1,), ceil_mode)
     x = ensure_float(b, x)
-    patches = _patches(b, x, geometry, 0.0)
+    patches = window_patches(b, x, geometry, 0.0)
     total = b.reduce("sum", patches, (patches.rank - 2, patches.rank - 1))
     divisor = avg_divisor(b, x, geometry, ceil_mode, count_include_pad, divisor_override)
     return b.ew("mul", total, 1.0 / divisor) if not isinstance(divisor, Value) else b.ew("div", total, divisor)
@@ -241,8 +257,8 @@ def avg_divisor(b: Builder, x: Value, geometry, ceil_mode: bool, count_include_p
     if count_include_pad:  # patches clipped to the padded input count
         ones = b.full((h + 2 * ph, w + 2 * pw), 1.0, x.dtype)
         unpadded = ((kh, kw), geometry[1], (0, 0), (1, 1), (ho, wo))
-        return b.reduce("sum", _patches(b, ones, unpadded, 0.0), (2, 3))
-    return b.reduce("sum", _patches(b, b.full((h, w), 1.0, x.dtype), geometry, 0.0), (2, 3))
+        return b.reduce("sum", window_patches(b, ones, unpadded, 0.0), (2, 3))
+    return b.reduce("sum", window_patches(b, b.full((h, w), 1.0, x.dtype), geometry, 0.0), (2, 3))
 
 
 @rule("upsample_nearest2d")

@@ -29,6 +29,7 @@ from hwdesc import HwDesc
 
 from ..chain import Chain
 from ..frontend.build import Builder
+from ..frontend.legalize_nn import depthwise_patches
 from ..ir import Graph, Node, Value, reduction_identity
 from ..kernels.base import device_dtype
 
@@ -38,8 +39,9 @@ from ..kernels.base import device_dtype
 # mncore2: a mean of 512 elements split 1,410 cycles, unsplit 1,356; of 1,024, 1,538 and 1,868).
 SPLIT_REDUCED, SPLIT_KEPT, WHOLE_SPLIT_PARTS = 4, 8, 8
 # A depthwise convolution runs as a dense one with a block-diagonal weight while that weight has
-# at most this many elements (C = 680 at 3x3): its MACs grow with C, its window path's gathers
-# cost far more (32 channels of 56x56: 15.5 M cycles on mncore2). Planner heuristic.
+# at most this many elements (C = 680 at 3x3) and no more than the window path's patches (`_conv`):
+# its MACs grow with C, its window path's gathers cost far more per element (32 channels of 56x56:
+# 6.9 M cycles on mncore2, dense 0.61 M). Planner heuristic.
 DENSE_DEPTHWISE_WEIGHTS = 1 << 22
 
 
@@ -187,26 +189,24 @@ def _conv(b: Builder, node: Node, hw: HwDesc) -> bool:
     n, c, h, wd = x.shape
     co, cg, kh, kw = w.shape
     a = node.attrs
-    if cg == 1 and co * c * kh * kw <= DENSE_DEPTHWISE_WEIGHTS:
+    ho, wo = out.shape[2:]
+    dense_weights, patch_elements = co * c * kh * kw, n * co * ho * wo * kh * kw
+    if cg == 1 and dense_weights <= min(DENSE_DEPTHWISE_WEIGHTS, patch_elements):
         # depthwise as a dense convolution whose weight is block-diagonal (zeros where an output
-        # channel does not read an input channel): the MAU's product, not a window of patches
+        # channel does not read an input channel): the MAU's product, not a window of patches.
+        # Not when the weight, built each call, outnumbers the patches: where the batch's output
+        # pixels are fewer than the channels (MobileNetV2's 240 channels at 1 x 1, batch 2: the
+        # dense weight and its relayout 3.6 M cycles a layer on mncore2)
         mult = co // c
         own = b.ew("eq", b.ew("floor_div", b.iota((co, c, 1, 1), 0, "int32"), mult), b.iota((co, c, 1, 1), 1, "int32"))
         dense = b.ew("where", own, w, 0.0, dtype=w.dtype)
         bind(b, b.conv(x, dense, a["stride"], a["padding"], a["dilation"], 1, out.dtype), out)
         return True
     if cg == 1:  # depthwise: each output channel filters one input channel
-        mult = co // c
-        ho, wo = out.shape[2:]
-        xs = b.reshape(b.expand(b.reshape(x, (n, c, 1, h, wd)), (n, c, mult, h, wd)), (n, co, h, wd)) \
-            if mult > 1 else x
-        shape = (n, co, ho, wo, kh, kw)
-        rows = [[1, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0], [0, 0, a["stride"][0], 0, a["dilation"][0], 0],
-                [0, 0, 0, a["stride"][1], 0, a["dilation"][1]]]
-        patches = b.window(xs, shape, rows, [0, 0, -a["padding"][0], -a["padding"][1]], 0.0)
-        filt = b.reshape(w, (1, co, 1, 1, kh, kw))
-        y = b.reduce("sum", b.ew("mul", patches, b.cast(filt, patches.dtype)), (patches.rank - 2, patches.rank - 1))
-        bind(b, b.cast(y, out.dtype), out)
+        patches = depthwise_patches(b, x, co, ((kh, kw), a["stride"], a["padding"], a["dilation"], (ho, wo)))
+        filt = b.reshape(b.permute(b.reshape(w, (co, kh, kw)), (1, 2, 0)), (1, 1, 1, kh, kw, co))
+        y = b.reduce("sum", b.ew("mul", patches, b.cast(filt, patches.dtype)), (3, 4))  # (N, Ho, Wo, C)
+        bind(b, b.cast(b.permute(y, (0, 3, 1, 2)), out.dtype), out)
         return True
     parts = []
     xs = b.split(x, [c // groups] * groups, 1)

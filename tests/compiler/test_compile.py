@@ -859,6 +859,17 @@ def test_depthwise_convolutions_run_as_dense_ones_with_a_block_diagonal_weight(d
     assert (code[:, 0] == isa.Op.MATMUL).any()
 
 
+def test_depthwise_convolutions_with_fewer_output_pixels_than_channels_run_as_windows(device):
+    """Where the batch's output pixels are fewer than the channels, the block-diagonal weight would
+    outnumber the patches a window reads (and is built every call): the convolution is the patches,
+    channels last, times the filters, summed on the vector units (planner.rewrite)."""
+    from sim import isa
+    torch.manual_seed(15)
+    conv = torch.nn.Conv2d(16, 32, 3, groups=16, stride=2, padding=1)
+    compiled = check(device, lambda d: {"y": conv(d["x"])}, {"x": torch.randn(2, 16, 3, 3)})
+    assert not (compiled.program.code[:, 0] == isa.Op.MATMUL).any()
+
+
 def test_resampling_stays_float32_under_mixed_precision(device):
     """Bilinear upsampling and uneven adaptive pooling are products with constant matrices that
     stand for gathers and window means, not products the user wrote: "mixed" (half matrix

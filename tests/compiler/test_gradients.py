@@ -163,9 +163,16 @@ MODELS = {
     "unfold": (lambda: nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.Unfold((2, 3), padding=1, stride=2)),
                square_mean, (2, 2, 7, 7)),
     "lstm_gru": (lambda: Recurrent(), square_mean, (2, 5, 3)),
-    # the weight gradient of a depthwise convolution is a grouped one whose split of the output
-    # gradient no gather writes at once: each group's part is sliced on its own
+    # the weight gradient of a depthwise convolution: the forward's patches times the output
+    # gradient (as one convolution per channel, with the gradient as a kernel the size of the
+    # image, MobileNetV2's 48 channels of 17 x 17 at stride 2 did not fit the PE memories of mini);
+    # a channel multiplier and dilation; and a forward whose batch has fewer output pixels than
+    # channels, a window of patches rather than a dense convolution with a block-diagonal weight
     "depthwise": (lambda: nn.Conv2d(4, 4, 3, padding=1, groups=4), square_mean, (2, 4, 6, 6)),
+    "depthwise_strided": (lambda: nn.Conv2d(48, 48, 3, stride=2, groups=48), square_mean, (2, 48, 17, 17)),
+    "depthwise_few_pixels": (lambda: nn.Sequential(nn.Conv2d(24, 48, 3, padding=2, dilation=2, groups=24),
+                                                   nn.Tanh(), nn.Conv2d(48, 48, 3, padding=1, groups=48)),
+                             square_mean, (2, 24, 2, 3)),
     "transposed": (lambda: nn.Sequential(nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1),
                                          nn.Tanh(), nn.ConvTranspose2d(4, 2, (2, 3), stride=(1, 2), groups=2, dilation=2),
                                          nn.Flatten(2), nn.ConvTranspose1d(2, 2, 3, stride=3)),
