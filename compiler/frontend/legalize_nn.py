@@ -92,6 +92,11 @@ def transposed_convolution(b: Builder, gy: Value, w: Value, x_shape: tuple[int, 
 
 
 def pool_geometry(x: Value, kernel, stride, padding, dilation, ceil_mode: bool):
+    """((kh, kw), stride, padding, dilation, (Ho, Wo)) of a pooling. The kernel is cut to the
+    offsets whose reads can land inside the padded input (Ho, Wo are the full kernel's): the others
+    read only the fill, which neither a window's sum nor its maximum nor torch's divisor counts,
+    and a ceil-mode kernel may be far larger than the image (Hugging Face EfficientNet pools its
+    7 x 7 map with a kernel of its hidden width, 1,280: patches of 1,280 x 1,280 per channel)."""
     kh, kw = (kernel * 2 if len(kernel) == 1 else kernel)
     stride = stride or (kh, kw)
     sh, sw = (stride * 2 if len(stride) == 1 else stride)
@@ -105,7 +110,10 @@ def pool_geometry(x: Value, kernel, stride, padding, dilation, ceil_mode: bool):
         if ceil_mode and (n - 1) * s >= size + p:  # torch: the last window must start inside the input
             n -= 1
         return n
-    return (kh, kw), (sh, sw), (ph, pw), (dh, dw), (out_size(h, kh, sh, ph, dh), out_size(w, kw, sw, pw, dw))
+    def reach(size, k, p, d):
+        return min(k, (size + 2 * p - 1) // d + 1)
+    return ((reach(h, kh, ph, dh), reach(w, kw, pw, dw)), (sh, sw), (ph, pw), (dh, dw),
+            (out_size(h, kh, sh, ph, dh), out_size(w, kw, sw, pw, dw)))
 
 
 def tiling(geometry) -> bool:

@@ -882,6 +882,26 @@ def test_resampling_stays_float32_under_mixed_precision(device):
 
 
 @pytest.mark.parametrize("fn", [
+    lambda d: {"v": torch.nn.functional.avg_pool2d(d["x"], 1280, ceil_mode=True)},
+    lambda d: {"v": torch.nn.functional.avg_pool2d(d["x"], (9, 4), stride=(9, 3), padding=(1, 2), ceil_mode=True,
+                                                   count_include_pad=False)},
+    lambda d: {"v": torch.nn.functional.avg_pool2d(d["x"], (9, 4), stride=(9, 3), padding=(1, 2), ceil_mode=True)},
+    lambda d: dict(zip("vi", torch.nn.functional.max_pool2d(d["x"], (12, 3), stride=(12, 5), padding=1,
+                                                            dilation=(1, 2), ceil_mode=True, return_indices=True))),
+], ids=["global_by_a_huge_kernel", "clipped_windows", "padding_counted", "max_with_indices"])
+def test_pooling_with_kernels_past_the_image_matches_torch(device, fn):
+    """Ceil-mode windows larger than the image (Hugging Face EfficientNet pools its last feature
+    map with a kernel of its hidden width, 1,280): the kernel is cut to the offsets that can read
+    the padded input, which change neither the sums, the maxima and their indices nor torch's
+    divisors (of the whole window with count_include_pad, up to the padded edge; of the image
+    positions without). The uncut 1,280 x 1,280 patches did not fit DRAM."""
+    x = torch.randn(2, 8, 7, 8, generator=torch.Generator().manual_seed(16))
+    got = device.execute(compile_function(fn, {"x": x}, device.hw), {"x": x})
+    for name, expected in fn({"x": x}).items():
+        torch.testing.assert_close(got[name], expected, rtol=1e-6, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("fn", [
     lambda d: dict(zip("vi", torch.nn.functional.adaptive_max_pool2d(d["x"], (3, 4), return_indices=True))),
     lambda d: {"v": torch.nn.functional.adaptive_max_pool2d(d["x"], 1)},
     lambda d: dict(zip("vi", torch.nn.functional.adaptive_max_pool1d(d["x"].flatten(2), 6, return_indices=True))),

@@ -173,6 +173,9 @@ MODELS = {
     "depthwise_few_pixels": (lambda: nn.Sequential(nn.Conv2d(24, 48, 3, padding=2, dilation=2, groups=24),
                                                    nn.Tanh(), nn.Conv2d(48, 48, 3, padding=1, groups=48)),
                              square_mean, (2, 24, 2, 3)),
+    # ceil-mode pooling windows far larger than the image (EfficientNet's pooler): the gradient of
+    # the offsets that can reach the input only
+    "pooling_past_the_image": (lambda: PastTheImage(), square_mean, (2, 3, 7, 8)),
     "transposed": (lambda: nn.Sequential(nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1),
                                          nn.Tanh(), nn.ConvTranspose2d(4, 2, (2, 3), stride=(1, 2), groups=2, dilation=2),
                                          nn.Flatten(2), nn.ConvTranspose1d(2, 2, 3, stride=3)),
@@ -194,6 +197,18 @@ MODELS = {
                                           nn.utils.parametrizations.weight_norm(nn.Linear(3, 4), dim=-2)),
                     square_mean, (4, 6)),
 }
+
+
+class PastTheImage(nn.Module):
+    """Ceil-mode max and average pooling by kernels far larger than the feature map (one window)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return F.max_pool2d(y, 30, ceil_mode=True) + F.avg_pool2d(y, 40, ceil_mode=True) * y[..., :1, :1]
 
 
 class Recurrent(nn.Module):
