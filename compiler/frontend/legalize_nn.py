@@ -110,9 +110,10 @@ def pool_geometry(x: Value, kernel, stride, padding, dilation, ceil_mode: bool):
         if ceil_mode and (n - 1) * s >= size + p:  # torch: the last window must start inside the input
             n -= 1
         return n
-    def reach(size, k, p, d):
+
+    def reachable(size, k, p, d):  # offsets i with -p + i * d inside the padded input
         return min(k, (size + 2 * p - 1) // d + 1)
-    return ((reach(h, kh, ph, dh), reach(w, kw, pw, dw)), (sh, sw), (ph, pw), (dh, dw),
+    return ((reachable(h, kh, ph, dh), reachable(w, kw, pw, dw)), (sh, sw), (ph, pw), (dh, dw),
             (out_size(h, kh, sh, ph, dh), out_size(w, kw, sw, pw, dw)))
 
 

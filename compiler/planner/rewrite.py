@@ -186,7 +186,7 @@ def _conv(b: Builder, node: Node, hw: HwDesc) -> bool:
         return False
     x, w = node.args
     out = node.out
-    n, c, h, wd = x.shape
+    n, c = x.shape[:2]
     co, cg, kh, kw = w.shape
     a = node.attrs
     ho, wo = out.shape[2:]
