@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import compiler.compile as compile_module
 from compiler.compile import compile_function
@@ -17,7 +16,7 @@ from compiler.kernels.context import EmitContext
 from compiler.layout import W_AXIS, Factor
 from mlsdk import Context, MNCoreSGD, MNDevice
 from runtime import Device
-from tests.mlsdk.test_training import registered
+from tests.mlsdk.test_training import MLP, registered, training_step
 
 
 def planned_kernels(monkeypatch) -> list:
@@ -109,23 +108,16 @@ def test_only_tilings_whose_lanes_agree_are_dealt(mini):
     assert all(t.nt // pes // mini.elements_per_lw("float32") >= 2 for t in transposed if t.n_dealt)
 
 
-def mlp_step(chip: str, sizes: tuple[int, int, int], batch: dict[str, torch.Tensor]) -> tuple[int, nn.Module]:
-    """One SGD step (lr 0.1, momentum 0.9) of the cross entropy of an MLP (Linear, ReLU, Linear
-    through `sizes`, torch's initialisation from seed 0) compiled on `chip`: the step's cycles and
+def mlp_step(chip: str, features: int, hidden: int, batch: dict[str, torch.Tensor]) -> tuple[int, nn.Module]:
+    """One SGD step (lr 0.1, momentum 0.9) of the training suite's MLP (Linear, ReLU, Linear,
+    cross entropy; torch's initialisation from seed 0) compiled on `chip`: the step's cycles and
     the model after it."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(sizes[0], sizes[1]), nn.ReLU(), nn.Linear(sizes[1], sizes[2]))
+    model = MLP(features, hidden)
     ctx = Context(MNDevice(chip))
     optimizer = MNCoreSGD(model.parameters(), 0.1, 0.9)
     registered(ctx, model, optimizer)
-
-    def step(d):
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(d["x"]), d["t"])
-        loss.backward()
-        optimizer.step()
-        return {"loss": loss}
-    ctx.compile(step, batch, None)(batch)["loss"].item()
+    ctx.compile(training_step(model, optimizer), batch, None)(batch)["loss"].item()
     ctx.synchronize()
     return ctx.session.calls[-1].stats.total_cycles, model
 
@@ -136,20 +128,18 @@ def test_a_weights_gradient_is_made_in_the_runs_its_update_reads(mini, monkeypat
     long word at a time. With dealt tilings on offer the planner makes the gradient dealt, and
     the step takes fewer cycles than with block tilings only; both steps give torch's weights."""
     torch.manual_seed(0)
-    ref = nn.Sequential(nn.Linear(96, 64), nn.ReLU(), nn.Linear(64, 10))
+    ref = MLP(96, 64)
     ref_opt = torch.optim.SGD(ref.parameters(), 0.1, 0.9)
     torch.manual_seed(0)
     x, t = torch.randn(16, 96), torch.randint(0, 10, (16,))
-    ref_opt.zero_grad()
-    F.cross_entropy(ref(x), t).backward()
-    ref_opt.step()
+    training_step(ref, ref_opt)({"x": x, "t": t})
     results = {}
     for dealt in (None, False):
         with monkeypatch.context() as patch:
             if dealt is not None:
                 only(patch, dealt)
             kernels = planned_kernels(patch)
-            results[dealt] = (*mlp_step("mini", (96, 64, 10), {"x": x, "t": t}), kernels)
+            results[dealt] = (*mlp_step("mini", 96, 64, {"x": x, "t": t}), kernels)
     (with_dealt, model, kernels), (blocks_only, model_blocks, _) = results[None], results[False]
     for m in (model, model_blocks):
         for p, q in zip(m.parameters(), ref.parameters()):
