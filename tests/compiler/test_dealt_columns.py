@@ -108,12 +108,12 @@ def test_only_tilings_whose_lanes_agree_are_dealt(mini):
     assert all(t.nt // pes // mini.elements_per_lw("float32") >= 2 for t in transposed if t.n_dealt)
 
 
-def mlp_step(chip: str, features: int, hidden: int, batch: dict[str, torch.Tensor]) -> tuple[int, nn.Module]:
-    """One SGD step (lr 0.1, momentum 0.9) of the training suite's MLP (Linear, ReLU, Linear,
-    cross entropy; torch's initialisation from seed 0) compiled on `chip`: the step's cycles and
-    the model after it."""
+def mlp_step(chip: str, sizes: tuple[int, int, int], batch: dict[str, torch.Tensor]) -> tuple[int, nn.Module]:
+    """One SGD step (lr 0.1, momentum 0.9) of the training suite's MLP (Linear, ReLU, Linear
+    through `sizes`, cross entropy; torch's initialisation from seed 0) compiled on `chip`: the
+    step's cycles and the model after it."""
     torch.manual_seed(0)
-    model = MLP(features, hidden)
+    model = MLP(*sizes)
     ctx = Context(MNDevice(chip))
     optimizer = MNCoreSGD(model.parameters(), 0.1, 0.9)
     registered(ctx, model, optimizer)
@@ -139,7 +139,7 @@ def test_a_weights_gradient_is_made_in_the_runs_its_update_reads(mini, monkeypat
             if dealt is not None:
                 only(patch, dealt)
             kernels = planned_kernels(patch)
-            results[dealt] = (*mlp_step("mini", 96, 64, {"x": x, "t": t}), kernels)
+            results[dealt] = (*mlp_step("mini", (96, 64, 10), {"x": x, "t": t}), kernels)
     (with_dealt, model, kernels), (blocks_only, model_blocks, _) = results[None], results[False]
     for m in (model, model_blocks):
         for p, q in zip(m.parameters(), ref.parameters()):

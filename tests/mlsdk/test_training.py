@@ -27,9 +27,9 @@ RTOL = 1e-4
 
 
 class MLP(nn.Module):
-    def __init__(self, features: int = 16, hidden: int = 32) -> None:
+    def __init__(self, features: int = 16, hidden: int = 32, classes: int = 10) -> None:
         super().__init__()
-        self.hidden, self.out = nn.Linear(features, hidden), nn.Linear(hidden, 10)
+        self.hidden, self.out = nn.Linear(features, hidden), nn.Linear(hidden, classes)
 
     def forward(self, x, t):
         return F.cross_entropy(self.out(torch.relu(self.hidden(x))), t)
