@@ -7,6 +7,11 @@ the consumer's layout (relocation) against its own layout plus the conversion, a
 advice when the constraint saves cycles. `--follow-advice` compiles the producer with that
 constraint; the two runs' chain cycles differ by what the advice said.
 
+The consumer applies a sigmoid to each score, which it reads in any layout: constrained, the
+product writes the scores where the consumer reads them. A softmax instead wants each row inside
+a PE, which a product cannot write: the constrained producer relays its output itself, as the
+conversion would, relocation saves nothing and the report gives no advice.
+
     python examples/chain_conversion.py --device mncore2:auto
     python examples/chain_conversion.py --device mncore2:auto --follow-advice
 """
@@ -38,7 +43,7 @@ def main() -> None:
         return {"scores": inputs["q"] @ inputs["k"].T}
 
     def consumer(inputs: TensorDict) -> TensorDict:
-        return {"probs": torch.softmax(inputs["scores"], dim=-1)}
+        return {"probs": torch.sigmoid(inputs["scores"])}
 
     q, k = torch.randn(64, 32), torch.randn(128, 32)
     compiled_consumer = context.compile(consumer, {"scores": q @ k.T}, tmp / "chain_consumer", options=options)
@@ -49,7 +54,7 @@ def main() -> None:
     scores = compiled_producer({"q": q, "k": k})
     probs = compiled_consumer(scores)["probs"].cpu()
 
-    expected = torch.softmax(q @ k.T, dim=-1)
+    expected = torch.sigmoid(q @ k.T)
     assert torch.allclose(probs, expected, atol=1e-5)
     print("producer -> consumer chain succeeded")
     report = context.report()  # a script reads its own figures

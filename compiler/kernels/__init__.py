@@ -12,15 +12,16 @@ from typing import Callable
 
 from ..errors import CompileError, UnsupportedOpError
 from ..ir import Node, Value
-from ..layout import Layout, Placement
+from ..layout import Layout
 from . import across_pes, conv, elementwise, matmul, movement, reduce
 from .base import Kernel
+from .context import Ref
 
 # a reduction's candidates: reduce.plan's inside the PEs, and across them where its input lies so
 PLANNERS: dict[str, Callable] = {"reduce": across_pes.plan, "matmul": matmul.plan, "conv": conv.plan}
 WISHES: dict[str, Callable] = {"reduce": reduce.wishes, "matmul": matmul.wishes, "conv": conv.wishes,
                                "window": movement.wishes, "ew": elementwise.wishes}
-READS_AS_IS: dict[str, Callable] = {"conv": conv.reads_as_is}
+READS_AS_IS: dict[str, Callable] = {"conv": conv.reads_as_is, "reduce": across_pes.reduces_where_it_lies}
 
 
 def plan_kernels(node: Node, planner) -> list[Kernel]:
@@ -50,8 +51,8 @@ def wishes(user: Node, v: Value, planner) -> list[Layout]:
     return fn(user, v, planner) if fn is not None else []
 
 
-def reads_as_is(user: Node, v: Value, placement: Placement) -> bool:
-    """Whether `user` reads `v` stored as `placement` without a relayout, though not one of its
-    wishes (its own candidates price how well)."""
+def reads_as_is(user: Node, v: Value, ref: Ref, planner) -> bool:
+    """Whether `user` reads `v` stored as `ref` without a relayout, though not one of its wishes
+    (its own candidates price how well)."""
     fn = READS_AS_IS.get(user.kind)
-    return fn(user, v, placement) if fn is not None else False
+    return fn(user, v, ref, planner) if fn is not None else False

@@ -651,9 +651,9 @@ def _direct_kernels(node: Node, planner, ask: dict, epl: int) -> list[ConvKernel
     return chosen
 
 
-def reads_as_is(user: Node, v: Value, placement: Placement) -> bool:
+def reads_as_is(user: Node, v: Value, ref: Ref, planner) -> bool:
     """x with its channels in the lanes is gathered as it is (ConvKernel.source_ok)."""
-    return v is user.args[0] and channels_in_lanes(placement)
+    return v is user.args[0] and channels_in_lanes(ref.placement)
 
 
 def wishes(user: Node, v: Value, planner) -> list[Layout]:

@@ -219,7 +219,7 @@ def emit_pieces(b: ProgramBuilder, sources: LwSources, pieces: list[tuple[int, .
     if len(every):
         b.mv_block("individual", DRAM, bases, address[every], L2BM, l2_addr, offset[every], n[every], tag=tag,
                    src_inst=ALL_GROUPS, dst_inst=ALL_GROUPS, src_which=which[every], dst_local=local[every])
-    order = alone[engines_in_turn(dst_group[alone])]
+    order = alone[engines_in_turn(dst_group[alone], src_inst[alone], b.params.n_groups)]
     b.mv_block("individual", DRAM, bases, address[order], L2BM, l2_addr, offset[order], n[order], tag=tag,
                src_inst=src_inst[order], dst_inst=l2_instance[piece][order], src_which=which[order])
     return len(every) + len(order)
@@ -255,18 +255,27 @@ def in_every_group(n_groups: int, group: np.ndarray, own: np.ndarray, key: np.nd
     return np.sort(order[sets[:, 0]]), everything[alone]  # each set's Group-0 row
 
 
-def engines_in_turn(engine: np.ndarray) -> np.ndarray:
-    """An order of MVs (engine[k]: the Group whose Data Engine runs MV k) that takes each engine's
-    MVs in their order, one engine after another in turn. MVs issue one after another, and a
-    full queue stalls the stream: in a block sorted by Group, Group 1's engine would idle until
-    Group 0's last MVs were queued. The MVs of a gather's block write distinct L2BM words, so
-    any order gives the same data."""
-    by_engine = np.argsort(engine, kind="stable")
+def engines_in_turn(engine: np.ndarray, source: np.ndarray | None = None, n_groups: int = 1) -> np.ndarray:
+    """An order of MVs (engine[k]: the Group whose Data Engine runs MV k; source[k]: the Group whose
+    DRAM it reads) that takes each engine's MVs one engine after another in turn. MVs issue one
+    after another, and a full queue stalls the stream: in a block sorted by Group, Group 1's
+    engine would idle until Group 0's last MVs were queued. Each engine takes its MVs by source
+    Group counted from its own (its own DRAM first, then the next Group's, ...), so that the MVs
+    side by side in a turn read different Groups: an MV from another Group's DRAM holds both
+    Groups' engines, and a Group-replicated destination, each long word from one source Group,
+    had every engine read the same Group at once (Hugging Face GPT-2's tied embedding weight
+    relaid after its update: 131,072 single-long-word MVs one after another). A turn visits the
+    even-numbered engines first: there, engine d reading Group d + w holds Groups d and d + w,
+    and in the order 0, 1, 2, 3 each MV waited for the one before (a chain round the ring); in
+    the order 0, 2, 1, 3 two run side by side, for every w. The MVs of a gather's block write
+    distinct L2BM words, so any order gives the same data."""
+    within = np.zeros_like(engine) if source is None else (source - engine) % max(n_groups, 1)
+    by_engine = np.lexsort((np.arange(len(engine)), within, engine))  # by engine, then source, stable
     sorted_engine = engine[by_engine]
     starts = np.searchsorted(sorted_engine, sorted_engine, side="left")
     rank = np.empty_like(engine)
     rank[by_engine] = np.arange(len(engine)) - starts  # k's place among its engine's MVs
-    return np.lexsort((engine, rank))
+    return np.lexsort((engine, engine % 2, rank))
 
 
 def emit_convert(b: ProgramBuilder, sources: LwSources, *, dst: Address, src: Address | list[Address],

@@ -87,6 +87,7 @@ def test_a_convolution_wishes_its_input_with_the_channels_in_runs():
     candidate that has them is not charged the copy into a wished layout)."""
     from compiler.frontend.tracing import trace
     from compiler.kernels import conv
+    from compiler.kernels.context import Ref
     from compiler.layout import Placement, parse
     hw = hwdesc.load("mncore2")
     inputs = _inputs()
@@ -99,8 +100,9 @@ def test_a_convolution_wishes_its_input_with_the_channels_in_runs():
     channels = Placement(parse("(1, 128, 14, 14)/((1:1), (64:1, 2_W:1), (14:896), (14:64))"), hw, "DRAM", "float32")
     columns = Placement(parse("(1, 128, 14, 14)/((1:1), (128:7), (14:896), (7:1, 2_W:1))"), hw, "DRAM", "float32")
     assert lane_dims(channels.layout) == [1] and lane_dims(columns.layout) == [3]
-    assert conv.reads_as_is(second, x, channels) and not conv.reads_as_is(second, x, columns)
-    assert not conv.reads_as_is(second, w, channels)
+    assert conv.reads_as_is(second, x, Ref("x", channels, None), planner)
+    assert not conv.reads_as_is(second, x, Ref("x", columns, None), planner)
+    assert not conv.reads_as_is(second, w, Ref("w", channels, None), planner)
 
 
 class _Bottleneck(torch.nn.Module):

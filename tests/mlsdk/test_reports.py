@@ -235,7 +235,7 @@ def test_mnsim_run_writes_files_and_a_trace(capsys, tmp_path):
 def test_mnsim_run_reports_conversion_advice(capsys, tmp_path, monkeypatch):
     import tempfile
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    code, out = run_cli(capsys, "run", "--device", "mncore2:auto", CHAIN)  # on mini a conversion costs no more
+    code, out = run_cli(capsys, "run", "--device", "mncore2:auto", CHAIN)
     assert code == 0
     assert "advice: compile producer with io_spec_constraints={'scores': consumer.input_specs['scores']}" in out
 

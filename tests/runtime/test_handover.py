@@ -55,8 +55,8 @@ def test_seed_saving_is_the_difference_of_whole_runs(device, tmp_path, monkeypat
 def test_chain_conversion_with_and_without_the_advice(tmp_path, monkeypatch):
     import tempfile
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    plain = script_session(CHAIN, "mncore2:auto")  # on mini the conversion (a transpose through the
-    followed = script_session(CHAIN, "mncore2:auto", "--follow-advice")  # matrix registers) costs no more
+    plain = script_session(CHAIN, "mncore2:auto")
+    followed = script_session(CHAIN, "mncore2:auto", "--follow-advice")
     plain_report, followed_report = build([plain]), build([followed])
     (advised,) = plain_report.handovers
     (relocated,) = followed_report.handovers
