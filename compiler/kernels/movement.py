@@ -21,8 +21,8 @@ from ..errors import LayoutError
 from ..ir import Node, Value
 from ..layout import Layout, Placement, lanes_innermost
 from ..layout.reshape import reshape_layout
-from ..layout.spread import lane_runs
-from ..transfer.gather import SKIP, LwSources, lw_sources
+from ..layout.spread import lane_runs, lm_layouts
+from ..transfer.gather import SKIP, LaneMismatch, LwSources, lw_sources
 from ..transfer.staging import stage
 from .base import Kernel, device_dtype
 from .context import EmitContext, Ref
@@ -162,6 +162,7 @@ class GatherKernel(Kernel):
         self.layouts = layouts
         self.maps = dict(zip(node.outputs, maps))
         self.pads = {}
+        self.part_placements: dict[Value, Placement | None] = {}  # (source_placement, per part)
 
     def reads(self) -> dict[Value, Layout]:
         return {}
@@ -177,6 +178,40 @@ class GatherKernel(Kernel):
 
     def writes(self) -> dict[Value, Layout]:
         return dict(self.layouts)
+
+    def source_placement(self, v: Value, ctx: EmitContext) -> Placement | None:
+        """For a cat: a placement of part `v` whose long words the gather reads whole (each of its
+        elements in the lane the output has it in), the first of the part's fresh layouts that
+        does; None for other movements, or when none does. A part whose lanes lie elsewhere (a
+        product's gradient read transposed, beside two that are not: the query, key and value
+        gradients of an attention's fused projection) is relaid into it alone, where the cat
+        was otherwise padded part by part to the whole output and summed (a 4 x 64 x 384 cat:
+        560 K cycles, a relayout of the whole padded output among them)."""
+        if self.node.kind != "cat":
+            return None
+        if v not in self.part_placements:
+            self.part_placements[v] = None
+            dtype = device_dtype(v)
+            for layout in lm_layouts(v.shape, dtype, ctx.hw):
+                placement = stage(ctx.lm_placement(layout, dtype)).dram
+                if self._reads_whole(ctx, v, placement):
+                    self.part_placements[v] = placement
+                    break
+        return self.part_placements[v]
+
+    def source_ok(self, v: Value, ref: Ref, ctx: EmitContext, clean: bool) -> bool:
+        """Whether the gather reads part `v` where it is (or no placement would serve better)."""
+        return self.node.kind != "cat" or self._reads_whole(ctx, v, ref.placement) or \
+            self.source_placement(v, ctx) is None
+
+    def _reads_whole(self, ctx: EmitContext, v: Value, placement: Placement) -> bool:
+        out = self.node.out
+        image = stage(ctx.lm_placement(self.layouts[out], device_dtype(out))).dram
+        try:
+            lw_sources(image, placement, dict(self.maps[out])[v])
+        except LaneMismatch:
+            return False
+        return True
 
     def lw_sources(self, ctx: EmitContext, out: Value, refs: dict[Value, Ref]) -> LwSources:
         image = stage(ctx.lm_placement(self.layouts[out], device_dtype(out))).dram

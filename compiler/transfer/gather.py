@@ -289,6 +289,9 @@ def emit_convert(b: ProgramBuilder, sources: LwSources, *, dst: Address, src: Ad
     params = b.params
     l2_per_group = params.instances_per_group(params.memory_id(L2BM))
     fill, drain = tags
+    if sources.same_in_every_group and sources.groups == params.n_groups:
+        _emit_replicated(b, sources, dst=dst, src=src, zeros=zeros, l2_addr=l2_addr, l2_room=l2_room, tags=tags)
+        return
     for first in range(0, sources.span, l2_room):
         last = min(sources.span, first + l2_room)
         busy = [g for g in range(sources.groups) if sources.busy(g, first, last)]
@@ -303,3 +306,32 @@ def emit_convert(b: ProgramBuilder, sources: LwSources, *, dst: Address, src: Ad
             b.mv("individual", L2BM, l2_addr, DRAM, dst + first, last - first, tag=drain, src_inst=g * l2_per_group,
                  dst_inst=g)
     b.wait(drain)
+
+
+def _emit_replicated(b: ProgramBuilder, sources: LwSources, *, dst: Address, src: Address | list[Address],
+                     zeros: Address | None, l2_addr: int, l2_room: int, tags: tuple[int, int]) -> None:
+    """`emit_convert` into a destination that every Group holds alike (`same_in_every_group`): the
+    destination is cut into pieces dealt to the Groups in turn; each Group gathers its piece into
+    its L2BM and writes it to every Group's DRAM. The gather's MVs are made once instead of once
+    per Group: a tied embedding's weight relaid after its update into the Group-replicated layout
+    its LM head reads (512 x 128 on MN-Core 2) was 131,072 single-long-word MVs, 32,768 of them in
+    each Group's copy. The L2BMs are refilled only once every write of the round is done (the
+    writes into other Groups' DRAMs are not all on the filling Group's engine)."""
+    params = b.params
+    groups = params.n_groups
+    l2_per_group = params.instances_per_group(params.memory_id(L2BM))
+    fill, drain = tags
+    piece = max(1, min(l2_room, -(-sources.span // groups)))  # every Group busy, each within its L2BM room
+    starts = list(range(0, sources.span, piece))
+    for r in range(0, len(starts), groups):
+        pieces = [(g, first, min(sources.span, first + piece), g * l2_per_group)
+                  for g, first in enumerate(starts[r:r + groups]) if sources.busy(g, first, first + piece)]
+        if not pieces:
+            continue
+        emit_pieces(b, sources, pieces, src=src, zeros=zeros, l2_addr=l2_addr, tag=fill)
+        b.wait(fill)
+        for shift in range(groups):  # side by side, each write into another Group's DRAM
+            for g, first, last, l2 in pieces:
+                b.mv("individual", L2BM, l2_addr, DRAM, dst + first, last - first, tag=drain, src_inst=l2,
+                     dst_inst=(g + shift) % groups)
+        b.wait(drain)

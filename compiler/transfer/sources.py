@@ -142,6 +142,19 @@ class LwSources:
         return len(self.of_group(group, first, last)[0]) > 0
 
     @cached_property
+    def same_in_every_group(self) -> bool:
+        """Whether every destination Group reads the same source long words (a destination
+        replicated over the Groups, from a source that is not): each Group's copy is then the
+        same data, which one Group may gather and the others copy."""
+        if self.groups < 2:
+            return False
+        bounds = self._group_bounds
+        first = [a[bounds[0]:bounds[1]] for a in (self.dst, self.n, self.src_group, self.src, self.buffer)]
+        return all(np.array_equal(a[bounds[g]:bounds[g + 1]], f)
+                   for g in range(1, self.groups) for a, f in zip((self.dst, self.n, self.src_group, self.src,
+                                                                   self.buffer), first))
+
+    @cached_property
     def has_zeros(self) -> bool:
         return bool((self.src_group == ZERO).any())
 
@@ -159,7 +172,10 @@ class LwSources:
     @property
     def mv_count(self) -> int:
         """MVs of the whole gather, its runs joined across holes (`run_arrays`): a kernel that
-        fetches it in slices issues at least this many."""
+        fetches it in slices issues at least this many. A destination every Group holds alike is
+        gathered once, each Group a piece (`gather.emit_convert`): one Group's runs."""
+        if self.same_in_every_group:
+            return int((self._joined[0] == 0).sum())
         return len(self._joined[1])
 
     @cached_property
