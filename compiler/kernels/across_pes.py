@@ -81,8 +81,9 @@ def reduces_where_it_lies(user: Node, v: Value, ref: Ref, planner) -> bool:
     chain, dtype = planner.ctx.chain, device_dtype(v)
     if across_pes(lm, dims, chain, user.op, dtype):
         return True
-    spread = [[f for f in factors if d not in dims or f.axis not in (None, W_AXIS)] for d, factors in enumerate(lm.dims)]
-    return not _padded(lm, dims) and _spread_over_pes(Layout.of(spread), dims, chain, user.op, dtype)
+    partials = [[f for f in factors if d not in dims or f.axis not in (None, W_AXIS)]  # the first step's
+                for d, factors in enumerate(lm.dims)]  # results: the reduced dims' in-PE digits gone
+    return not _padded(lm, dims) and _spread_over_pes(Layout.of(partials), dims, chain, user.op, dtype)
 
 
 def transit_room(ctx: EmitContext, over_l1bs: bool) -> int:
