@@ -206,15 +206,18 @@ class GatherKernel(Kernel):
 
     def _reads_whole(self, ctx: EmitContext, v: Value, placement: Placement) -> bool:
         out = self.node.out
-        image = stage(ctx.lm_placement(self.layouts[out], device_dtype(out))).dram
         try:
-            lw_sources(image, placement, dict(self.maps[out])[v])
+            lw_sources(self._image(ctx, out), placement, dict(self.maps[out])[v])
         except LaneMismatch:
             return False
         return True
 
+    def _image(self, ctx: EmitContext, out: Value) -> Placement:
+        """The DRAM image the gather writes `out` into (its LM layout's staging image)."""
+        return stage(ctx.lm_placement(self.layouts[out], device_dtype(out))).dram
+
     def lw_sources(self, ctx: EmitContext, out: Value, refs: dict[Value, Ref]) -> LwSources:
-        image = stage(ctx.lm_placement(self.layouts[out], device_dtype(out))).dram
+        image = self._image(ctx, out)
         parts = self.maps[out]
         found = [lw_sources(image, refs[v].placement, index) for v, index in parts]
         return found[0] if len(found) == 1 else LwSources.merge(found)
