@@ -104,6 +104,7 @@ ALLOWED = {
     ("compiler/kernels/matmul.py", 256): "lru_cache size",
     ("compiler/kernels/stationary.py", 8): "A's ring depth in a B-stationary product (compile-time choice)",
     ("compiler/kernels/matmul.py", 8): "most rounds a B-stationary tiling is tried with (compile-time budget)",
+    ("compiler/kernels/matmul.py", 9): "STATIONARY_PADDING, 9 / 8: the row padding a B-stationary tiling may add for whole MAU rows per round (compile-time choice)",
     ("compiler/kernels/stationary.py", 4): "L2BM and L1BM quartered for a B-stationary product's last round: its ring and legs in "
                                          "one half, the earlier rounds' uploads in two quarters",
     ("compiler/kernels/conv.py", 4): "tilings whose B reads a device weight by block copies the planner times (compile-time budget)",

@@ -40,7 +40,7 @@ from ..errors import CompileError, LayoutError
 from ..ir import Node, Value
 from ..layout import W_AXIS, Layout, Placement, lane_padding_dims
 from ..layout.layout import spread
-from ..transfer.staging import leg_bundles, stage
+from ..transfer.staging import leg_bundles, stage, stored_staging
 from .base import Kernel, device_dtype
 from .context import Arena, EmitContext, Ref, gather_mvs
 from .pipeline import Epilogue, Feed, beside, multiply
@@ -53,6 +53,10 @@ CANDIDATES = 32  # at most this many undominated tilings per product are timed (
 STATIONARY_CANDIDATES = 2  # B-stationary tilings timed besides (compile-time budget)
 DEALT_CANDIDATES = 4  # tilings also timed with C's columns dealt to the PEs (compile-time budget)
 MOST_STATIONARY_ROUNDS = 8  # rounds a B-stationary tiling may have (more only shorten the last round's upload)
+# A B-stationary tiling's rounds are whole MAU rows: the row tile may be padded up to this factor for them
+# (a 1000-row product's 250 rows per Group as 4 rounds of 64: 2.4 % more MAU work, C going up while it
+# multiplies). A compile-time choice, not a hardware number.
+STATIONARY_PADDING = 9 / 8
 
 
 @dataclass(frozen=True)
@@ -522,17 +526,22 @@ def _stationary_variants(cg: EmitContext, ranked: list[tuple[Tiling, Work]], p: 
             continue
         rows = cg.hw.units[cg.chain.matrix_unit].matrix[t.mau_dtype].rows
         for rounds in range(2, MOST_STATIONARY_ROUNDS + 1):
-            v = replace(t, rounds=rounds, mt=t.mt // rounds, b_stationary=True, overlap=OVERLAP_ALL, cost=0.0)
-            if t.mt % (rounds * rows) or stationary_regions(cg, v) is None:
+            mt = -(-t.mt // (rounds * rows)) * rows  # rows per round: whole MAU rows, padding the last few
+            if mt * rounds > t.mt * STATIONARY_PADDING:
+                continue
+            v = replace(t, rounds=rounds, mt=mt, b_stationary=True, overlap=OVERLAP_ALL, cost=0.0)
+            if stationary_regions(cg, v) is None:
                 continue
             la, lb, _ = layouts(v, p, cg.chain, epl_staged, epl_staged, batched)
             if not stationary_fits(cg, la, lb, in_dtype, in_dtype):
                 continue
+            padded = mt * rounds / t.mt  # the MAU multiplies the padding rows too, and A and C carry them
+            (a_lw, b_lw), up_lw = work.operand_lw, work.upload_lw
             for first in range(1, rounds):
                 w = replace(v, stationary_first=first)
                 if w not in found:
-                    found[w] = replace(w, cost=stationary_cost(cg, w, work.mau, *(lw / rate for lw in work.operand_lw),
-                                                              work.upload_lw / rate))
+                    found[w] = replace(w, cost=stationary_cost(cg, w, work.mau * padded, a_lw * padded / rate,
+                                                              b_lw / rate, up_lw * padded / rate))
     return sorted(found.values(), key=lambda v: v.cost)[:STATIONARY_CANDIDATES]
 
 
@@ -694,6 +703,7 @@ class MatmulKernel(Kernel):
         self.out_dtype = device_dtype(node.out)
         self.lc_out, self.summed = output_layout(ctx, tiling, problem, batched, self.half_in, self.out_dtype)
         self.pads = {a: 0.0, b: 0.0}
+        self.zero_padded: dict[Value, bool] = {}  # the planner's word on each operand's padding (`padding_known`)
 
     def reads(self) -> dict[Value, Layout]:
         a, b = self.node.args
@@ -707,6 +717,22 @@ class MatmulKernel(Kernel):
         whose padding is not known to be zero into one whose padding is (zero_pad)."""
         k_dim = layout.rank - 1 if v is self.node.args[0] else layout.rank - 2  # A is (.., M, K), B (.., K, N)
         return k_dim in lane_padding_dims(layout)
+
+    def padding_known(self, v: Value, zero: bool) -> None:
+        """The planner says whether `v`'s padding holds zeros: an operand stored as its staging's
+        image is then copied whole, padding included (`Source.zero_padded`), where it was gathered
+        with zeros put in the padding, in runs its padding cut (a 1000-column B: 16 long words)."""
+        self.zero_padded[v] = zero
+
+    def reads_padding(self, v: Value, ref: Ref) -> bool:
+        """Whether the program reads `v`'s padding where `ref` holds it, relying on its zeros (the
+        planner asks for an operand known to hold them): lanes of K's long words, which arrive
+        with their elements, and a padded operand stored as its staging's image, copied whole."""
+        layout = self.reads()[v]
+        if self.sums_lane_padding(v, layout):
+            return True
+        return layout.extents != layout.shape and \
+            stored_staging(self.ctx.lm_placement(layout, ref.placement.dtype), ref.placement) is not None
 
     def writes(self) -> dict[Value, Layout]:
         return {self.node.out: self.summed}
@@ -728,14 +754,15 @@ class MatmulKernel(Kernel):
     def key(self, refs: dict[Value, Ref]) -> tuple:
         a, b = self.node.args
         return ("matmul", self.t, self.p, self.batched, self.out_dtype, str(refs[a].placement.layout),
-                refs[a].placement.dtype, str(refs[b].placement.layout), refs[b].placement.dtype)
+                refs[a].placement.dtype, str(refs[b].placement.layout), refs[b].placement.dtype,
+                self.zero_padded.get(a, False), self.zero_padded.get(b, False))
 
     def emit(self, ctx: EmitContext, refs: dict[Value, Ref]) -> None:
         a, b = self.node.args
         if a is b:  # one input feeding both operands: B is staged from the same buffer
             refs = {**refs, b: refs[a]}
-        emit_product(ctx, self.t, self.p, self.batched, Source(refs[a]), Source(refs[b]), self.out_dtype,
-                     refs[self.node.out])
+        emit_product(ctx, self.t, self.p, self.batched, Source(refs[a], zero_padded=self.zero_padded.get(a, False)),
+                     Source(refs[b], zero_padded=self.zero_padded.get(b, False)), self.out_dtype, refs[self.node.out])
 
 
 def problem_of(node: Node) -> tuple[Problem, bool]:

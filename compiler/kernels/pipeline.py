@@ -202,7 +202,8 @@ class Feed:
         self.cg = cg
         self.transit = transit or cg.transit
         self.lms = tuple(cg.lm_placement(layout, src.ref.placement.dtype) for src, layout in zip(sources, layouts))
-        self.plans = [cg.fetch_source(src.ref, lm, pad=0.0, index=src.index, window=src.window, blocks=src.blocks)
+        self.plans = [cg.fetch_source(src.ref, lm, pad=0.0, index=src.index, window=src.window, blocks=src.blocks,
+                                      zero_padded=src.zero_padded)
                       for src, lm in zip(sources, self.lms)]
         self.dram = tuple(Sym(src.ref.symbol) for src in sources)
         self.sources = sources
@@ -257,7 +258,7 @@ class Feed:
         if not self.pipelined:
             for src, lm, (memory, word), s in zip(self.sources, self.lms, into, slice_indices):
                 self.cg.download(src.ref, lm, memory=memory, word=word, slice_index=s, pad=0.0, index=src.index,
-                                 window=src.window, blocks=src.blocks)
+                                 window=src.window, blocks=src.blocks, zero_padded=src.zero_padded)
             return
         started = self.hopped == i
         if not started:

@@ -206,6 +206,9 @@ class Source:
     index: np.ndarray | None = None
     window: DimTerms | None = None
     blocks: bool = False  # gathered into a block of L2BM per L1B (transfer.staging), where its layout allows
+    # its padding is known to hold zeros: stored as its staging's image, it is copied whole, padding
+    # and all, rather than gathered with zeros put in the padding (`EmitContext.fetch_source`)
+    zero_padded: bool = False
 
 
 def layouts_for(cg: EmitContext, t: Tiling, p: Problem, batched: bool, half_in: bool, out_dtype: str = "float32"):

@@ -93,3 +93,21 @@ def test_a_weight_loaded_from_the_host_needs_no_zeroed_copy():
     got = infer({"x": x})["y"].cpu()
     assert _zeroings(ctx) == []
     torch.testing.assert_close(got, F.conv2d(x, new, stride=4), rtol=1e-5, atol=1e-5)
+
+
+def test_a_linear_weight_copied_whole_with_its_padding_is_declared_clean_and_read_so():
+    """Linear(250, 120): K padded to 256 over the PEs. The product copies the weight whole,
+    padding and all (`Source.zero_padded`), so the program declares it reads that padding
+    (`clean_inputs`): a copy whose padding held NaN, below the runtime's records, would reach the
+    result, which is why the runtime binds such a weight clean."""
+    torch.manual_seed(0)
+    linear, x = nn.Linear(250, 120, bias=False), torch.randn(64, 250)
+    ctx = Context(MNDevice("mini:auto"))
+    set_tensor_name_in_module(linear, "linear")
+    ctx.register_param(linear.weight)
+    infer = ctx.compile(lambda d: {"y": linear(d["x"])}, {"x": x}, None)
+    assert infer.compiled.clean_inputs == {"linear@weight"}
+    with torch.no_grad():
+        torch.testing.assert_close(infer({"x": x})["y"].cpu(), linear(x), rtol=1e-5, atol=1e-5)
+    _poison_padding(ctx, "linear@weight")
+    assert infer({"x": x})["y"].cpu().isnan().any()
