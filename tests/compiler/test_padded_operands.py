@@ -3,7 +3,8 @@
 known to hold zeros (an uploaded input, a constant, a resident weight the runtime binds clean) and
 that is stored as its staging's image is copied whole, padding included, as the unpadded product's
 is; otherwise its long words are gathered with zeros put in the padding, in runs the padding cuts.
-And B-stationary tilings pad a row tile to whole MAU rows per round."""
+A computed operand's padding lanes (beside elements in their long words) are zeroed in passing by a
+select against a mask. And B-stationary tilings pad a row tile to whole MAU rows per round."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from compiler.compile import compile_function
-from compiler.kernels import matmul
+from compiler.kernels import matmul, relayout
 from runtime import Device
 from sim import Machine
 
@@ -90,3 +91,38 @@ def test_b_stationary_rounds_pad_the_row_tile_to_whole_mau_rows(mncore2):
     got = Device(mncore2).execute(program, inputs)["c"]
     want = matmul_fn(inputs)["c"]
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def log_product(d):
+    return {"y": torch.log(d["x"].abs()) @ d["w"]}
+
+
+@pytest.fixture
+def log_inputs():
+    """K = 1001: the last long word of each row of A holds one element and one padding lane, where
+    log(|x|) of the uploaded zero is -inf; -inf times B's zero padding would make every sum NaN."""
+    torch.manual_seed(0)
+    return {"x": torch.randn(64, 1001), "w": torch.randn(1001, 64)}
+
+
+def test_a_computed_operand_has_its_padding_lanes_zeroed_in_passing(mini, log_inputs, monkeypatch):
+    """The product relays A with its padding lanes zeroed: staged slice by slice as it is, a select
+    against a mask of ones keeps the elements (`RelayoutKernel._zero_lanes_in_passing`). Values
+    against torch, no NaN, and under a fifth of the cycles of the element-by-element copy through
+    the PEs it replaces (133,086 against 767,054 when measured)."""
+    program = compile_function(log_product, log_inputs, mini)
+    got = Device(mini).execute(program, log_inputs)["y"]
+    want = log_product(log_inputs)["y"]
+    assert not got.isnan().any()
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    monkeypatch.setattr(relayout.RelayoutKernel, "_zero_lanes_in_passing", lambda self, *a: False)
+    element_wise = compile_function(log_product, log_inputs, mini)
+    machine = Machine(mini)
+    assert 5 * machine.time(program.program.code).total_cycles < machine.time(element_wise.program.code).total_cycles
+
+
+def test_without_zeroing_the_padding_lanes_the_product_is_nan(mini, log_inputs, monkeypatch):
+    """The control: a product told its operands' lanes need no zeros reads A's -inf padding."""
+    monkeypatch.setattr(matmul.MatmulKernel, "sums_lane_padding", lambda self, v, layout: False)
+    program = compile_function(log_product, log_inputs, mini)
+    assert Device(mini).execute(program, log_inputs)["y"].isnan().any()
