@@ -229,10 +229,8 @@ class RelayoutKernel(Kernel):
             mask = arena.alloc(words, avoid={data[0]}, strict=True)  # a select reads each memory once
         except CompileError:
             return False
-        key = f"const:elements:{dtype}:{self.layout}"
-        ones = Ref(key, out.placement, self.layout) if key in ctx.buffers else \
-            ctx.buffer("const", out.placement, lm=self.layout, symbol=key,
-                       data=torch.ones(self.out.shape, dtype=torch.int32 if dtype == "int32" else torch.float32))
+        ones = ctx.buffer("const", out.placement, f"{self.out.name}_elements", lm=self.layout,
+                          data=torch.ones(self.out.shape, dtype=torch.int32 if dtype == "int32" else torch.float32))
         plain = stored_staging(lm, src.placement) is not None
         for t in range(slice_count(self.layout)):
             ctx.download(src, lm, memory=data[0], word=data[1], slice_index=t, pad=None if plain else 0)
