@@ -217,7 +217,7 @@ class RelayoutKernel(Kernel):
         then goes through the PEs element by element, which took 17,497,460 cycles for the one-hot
         (16, 50257) of an embedding lookup, its K padded by one lane, before its product."""
         if self.layout is None or self.index is not None or dtype not in ("float32", "int32") \
-                or not _uploadable(ctx, self.layout, dtype):
+                or "select" not in ctx.hw.pe_ops or not _uploadable(ctx, self.layout, dtype):
             return False
         lm = ctx.lm_placement(self.layout, dtype)
         if not stage(lm).dram.same_placement(out.placement) or not lane_compatible(out.placement, src.placement):
