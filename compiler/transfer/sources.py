@@ -149,10 +149,8 @@ class LwSources:
         if self.groups < 2:
             return False
         bounds = self._group_bounds
-        first = [a[bounds[0]:bounds[1]] for a in (self.dst, self.n, self.src_group, self.src, self.buffer)]
-        return all(np.array_equal(a[bounds[g]:bounds[g + 1]], f)
-                   for g in range(1, self.groups) for a, f in zip((self.dst, self.n, self.src_group, self.src,
-                                                                   self.buffer), first))
+        return all(np.array_equal(a[bounds[g]:bounds[g + 1]], a[bounds[0]:bounds[1]])
+                   for a in (self.dst, self.n, self.src_group, self.src, self.buffer) for g in range(1, self.groups))
 
     @cached_property
     def has_zeros(self) -> bool:

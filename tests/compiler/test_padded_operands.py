@@ -38,13 +38,13 @@ def padding_unknown(monkeypatch):
 def test_padded_uploaded_operands_are_copied_whole_as_the_unpadded_products_are(mini, shape):
     """K, N or all three short of their tiles on mini: the same cycles as 256^3 and no MV shorter
     than its unit (each operand one block copy per step), values against torch."""
-    program, inputs = compiled(mini, *shape)
+    product, inputs = compiled(mini, *shape)
     machine = Machine(mini)
-    stats = machine.time(program.program.code)
+    stats = machine.time(product.program.code)
     full = machine.time(compiled(mini, 256, 256, 256)[0].program.code)
     assert stats.short_mvs == 0
     assert stats.total_cycles <= full.total_cycles
-    got = Device(mini).execute(program, inputs)["c"]
+    got = Device(mini).execute(product, inputs)["c"]
     want = matmul_fn(inputs)["c"]
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
 
@@ -53,12 +53,12 @@ def test_without_the_padding_known_zero_the_operands_are_gathered_in_short_runs(
     """The control: the same K-padded product gathering its operands, with zeros in the padding,
     in runs of fewer long words than an MV's unit, is slower (158,056 against 141,800 cycles when
     measured) and gives the same values."""
-    program, inputs = compiled(mini, 256, 250, 256)
+    product, inputs = compiled(mini, 256, 250, 256)
     machine = Machine(mini)
-    stats = machine.time(program.program.code)
+    stats = machine.time(product.program.code)
     assert stats.short_mvs > 0
     assert stats.total_cycles > machine.time(compiled(mini, 256, 256, 256)[0].program.code).total_cycles
-    got = Device(mini).execute(program, inputs)["c"]
+    got = Device(mini).execute(product, inputs)["c"]
     want = matmul_fn(inputs)["c"]
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
 
@@ -67,9 +67,9 @@ def test_a_thousand_column_product_on_mncore2_runs_as_fast_as_1024(mncore2):
     """1024 x 1024 x 1000 on MN-Core 2: B's 24 padding columns per row cut its distributed broadcast
     into 122,880 gathered MVs of 16 long words (563,078 cycles for the 1024-column tiling, 77,362 for
     the best one timed); copied whole, it takes the 1024-column product's 36,446."""
-    program, _ = compiled(mncore2, 1024, 1024, 1000)
+    product, _ = compiled(mncore2, 1024, 1024, 1000)
     machine = Machine(mncore2)
-    stats = machine.time(program.program.code)
+    stats = machine.time(product.program.code)
     assert stats.short_mvs == 0
     assert stats.total_cycles <= machine.time(compiled(mncore2, 1024, 1024, 1024)[0].program.code).total_cycles
 
@@ -82,13 +82,13 @@ def test_b_stationary_rounds_pad_the_row_tile_to_whole_mau_rows(mncore2):
     emit = matmul.emit_product
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(matmul, "emit_product", lambda cg, t, *a, **k: (chosen.append(t), emit(cg, t, *a, **k))[1])
-        program, inputs = compiled(mncore2, 1000, 1024, 1024)
+        product, inputs = compiled(mncore2, 1000, 1024, 1024)
     t = chosen[-1]
     assert t.b_stationary and t.mt * t.rounds * t.tiles("m") > 1000
     machine = Machine(mncore2)
-    cycles = machine.time(program.program.code).total_cycles
+    cycles = machine.time(product.program.code).total_cycles
     assert cycles < 1.1 * machine.time(compiled(mncore2, 1024, 1024, 1024)[0].program.code).total_cycles
-    got = Device(mncore2).execute(program, inputs)["c"]
+    got = Device(mncore2).execute(product, inputs)["c"]
     want = matmul_fn(inputs)["c"]
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
 
@@ -110,19 +110,19 @@ def test_a_computed_operand_has_its_padding_lanes_zeroed_in_passing(mini, log_in
     against a mask of ones keeps the elements (`RelayoutKernel._zero_lanes_in_passing`). Values
     against torch, no NaN, and under a fifth of the cycles of the element-by-element copy through
     the PEs it replaces (133,086 against 767,054 when measured)."""
-    program = compile_function(log_product, log_inputs, mini)
-    got = Device(mini).execute(program, log_inputs)["y"]
+    product = compile_function(log_product, log_inputs, mini)
+    got = Device(mini).execute(product, log_inputs)["y"]
     want = log_product(log_inputs)["y"]
     assert not got.isnan().any()
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
     monkeypatch.setattr(relayout.RelayoutKernel, "_zero_lanes_in_passing", lambda self, *a: False)
     element_wise = compile_function(log_product, log_inputs, mini)
     machine = Machine(mini)
-    assert 5 * machine.time(program.program.code).total_cycles < machine.time(element_wise.program.code).total_cycles
+    assert 5 * machine.time(product.program.code).total_cycles < machine.time(element_wise.program.code).total_cycles
 
 
 def test_without_zeroing_the_padding_lanes_the_product_is_nan(mini, log_inputs, monkeypatch):
     """The control: a product told its operands' lanes need no zeros reads A's -inf padding."""
     monkeypatch.setattr(matmul.MatmulKernel, "sums_lane_padding", lambda self, v, layout: False)
-    program = compile_function(log_product, log_inputs, mini)
-    assert Device(mini).execute(program, log_inputs)["y"].isnan().any()
+    product = compile_function(log_product, log_inputs, mini)
+    assert Device(mini).execute(product, log_inputs)["y"].isnan().any()
