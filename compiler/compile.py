@@ -144,7 +144,7 @@ def _check_not_empty(graph: Graph) -> None:
 
 def _compile_graph(graph: Graph, hw: HwDesc, *, options: dict, constraints: dict[str, IOSpec]) -> Compiled:
     check_capacity(graph, hw)
-    rewrite(graph, hw)
+    rewrite(graph, hw, options)
     graph.drop_dead()
     _check_not_empty(graph)
     plan = Planner(graph, hw, options, constraints).plan()

@@ -264,6 +264,22 @@ def _window(x: torch.Tensor, shape: tuple[int, ...], a: tuple[tuple[int, ...], .
     return torch.where(inside, values, torch.tensor(fill, dtype=x.dtype)).reshape(shape)
 
 
+def _conv(x: torch.Tensor, w: torch.Tensor, a: dict, out_hw: tuple[int, ...]) -> torch.Tensor:
+    """A conv node on torch tensors: x spread by its input dilation (zeros between its pixels),
+    padded before by `padding` and after to what `out_hw` reads (cut where it reads less)."""
+    s, p, d, stride = a.get("input_dilation", (1, 1)), a["padding"], a["dilation"], a["stride"]
+    n, c, h, wd = x.shape
+    spread_hw = ((h - 1) * s[0] + 1, (wd - 1) * s[1] + 1)
+    need = [(o - 1) * st + dl * (k - 1) + 1 for o, st, dl, k in zip(out_hw, stride, d, w.shape[2:])]
+    after = [need[i] - p[i] - spread_hw[i] for i in range(2)]  # negative: cut
+    if tuple(s) == (1, 1) and after == list(p):  # torch's own convolution
+        return torch.nn.functional.conv2d(x, w, None, stride, p, d, a["groups"])
+    spread = x.new_zeros((n, c, *spread_hw))
+    spread[:, :, ::s[0], ::s[1]] = x
+    padded = torch.nn.functional.pad(spread, (p[1], after[1], p[0], after[0]))
+    return torch.nn.functional.conv2d(padded, w, None, stride, 0, d, a["groups"])
+
+
 def apply(node: Node, args: list[Any]) -> list[torch.Tensor]:
     """One primitive on torch tensors (the operands in `node.args` order, scalars as they are)."""
     k, a = node.kind, node.attrs
@@ -295,9 +311,7 @@ def apply(node: Node, args: list[Any]) -> list[torch.Tensor]:
     if k == "matmul":
         return [torch.matmul(args[0].float(), args[1].float()).to(TORCH_OF[dtype])]
     if k == "conv":
-        y = torch.nn.functional.conv2d(args[0].float(), args[1].float(), None, a["stride"], a["padding"],
-                                       a["dilation"], a["groups"])
-        return [y.to(TORCH_OF[dtype])]
+        return [_conv(args[0].float(), args[1].float(), a, node.out.shape[2:]).to(TORCH_OF[dtype])]
     if k == "iota":
         shape, dim = node.out.shape, a["dim"]
         line = a["start"] + a["step"] * torch.arange(shape[dim], dtype=torch.float64)

@@ -247,18 +247,27 @@ class Builder:
         return self.node("matmul", "matmul", (a, b), {}, [(batch + (a.shape[-2], b.shape[-1]), out)]).out
 
     def conv(self, x: Value, w: Value, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
-             groups: int, dtype: str | None = None) -> Value:
+             groups: int, dtype: str | None = None, input_dilation: Sequence[int] = (1, 1),
+             out_hw: Sequence[int] | None = None) -> Value:
+        """A 2-D convolution (torch's conv2d). `input_dilation` spreads x's pixels that many apart
+        with zeros between (a transposed convolution's input, XLA's lhs dilation), `padding`
+        before them; `out_hw` gives the output's size where the padding after differs (the rows
+        and columns the output reads past x are zeros too)."""
         if x.rank != CONV_RANK or w.rank != CONV_RANK:
             raise CompileError(f"conv takes (N, C, H, W) and (Co, C, kh, kw), got {list(x.shape)} and {list(w.shape)}")
         n, c, h, wd = x.shape
         co, ci, kh, kw = w.shape
         if c != ci * groups or co % groups:
             raise CompileError(f"conv of {c} channels by weights {list(w.shape)} in {groups} groups")
-        ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-        wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+        sh, sw = ((h - 1) * input_dilation[0] + 1, (wd - 1) * input_dilation[1] + 1)  # x spread
+        ho = (sh + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+        wo = (sw + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+        if out_hw is not None:
+            ho, wo = out_hw
         if ho <= 0 or wo <= 0:
             raise CompileError(f"conv output would be {ho} x {wo}")
-        attrs = {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation), "groups": groups}
+        attrs = {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation), "groups": groups,
+                 "input_dilation": tuple(input_dilation)}
         out = dtype or ("float16" if x.dtype == w.dtype == "float16" else "float32")
         return self.node("conv", "conv", (x, w), attrs, [((n, co, ho, wo), out)]).out
 

@@ -153,36 +153,51 @@ class Direct:
     padding: tuple[int, int]
     shifts: Shifts
     rows: int  # rows of the product: up to the last output pixel's
+    # x's pixels this many apart in the flattened input, zeros between (`Builder.conv`): a
+    # transposed convolution reads its input where it is stored, the zeros as holes
+    input_dilation: tuple[int, int] = (1, 1)
 
     @property
     def stride(self) -> int:
         return self.shifts.stride
 
 
-def direct(kernel, padding, dilation, pitch: int, image_rows: int, rows: int, stride: int = 1) -> Direct:
+def direct(kernel, padding, dilation, pitch: int, image_rows: int, rows: int, stride: int = 1,
+           input_dilation: tuple[int, int] = (1, 1)) -> Direct:
     """The direct form of a convolution of equal strides (see `Direct`): rows `pitch` pixels
     apart, the product's images `image_rows` rows apart, `rows` rows of output computed."""
     (kh, kw), (dh, dw) = kernel, dilation
     offsets = tuple(i * dh * pitch + j * dw for i in range(kh) for j in range(kw))
-    return Direct(pitch, image_rows, tuple(padding), Shifts(offsets[-1], offsets, stride), rows * pitch)
+    return Direct(pitch, image_rows, tuple(padding), Shifts(offsets[-1], offsets, stride), rows * pitch,
+                  tuple(input_dilation))
 
 
 def direct_forms(x_shape: tuple[int, ...], out_hw: tuple[int, int], kernel, padding, dilation, unit: int,
-                 stride: int = 1) -> list[Direct]:
+                 stride: int = 1, input_dilation: tuple[int, int] = (1, 1)) -> list[Direct]:
     """The direct forms worth trying. The product's rows are cut into tiles by the hardware
     axes' sizes, and the output is a view of the product only when the tiles split at row
     boundaries (`direct_view`): so row pitches from the padded width up to a multiple of `unit`
     (the MAU's rows: tiles of whole MAU rows) and a power of two, and (one image) the output
     rows rounded up likewise, or (several) images as many rows apart (an image's padded rows,
     over the stride, rounded so)."""
-    n, _, h, w = x_shape
+    n = x_shape[0]
     ho = out_hw[0]
+    # the padded input's extent: x spread by its input dilation, padded before and after, or (a
+    # transposed convolution's padding after differs) as far as the last output reads
+    h, w = (padded_extent(x_shape[2 + k], out_hw[k], kernel[k], stride, padding[k], dilation[k], input_dilation[k])
+            for k in range(2))
     rounded = lambda v: {v, -(-v // unit) * unit, 1 << (v - 1).bit_length()}  # noqa: E731
-    pitches = rounded(w + 2 * padding[1])
-    height = -(-(h + 2 * padding[0]) // stride)  # the product's rows an image needs
+    pitches = rounded(w)
+    height = -(-h // stride)  # the product's rows an image needs
     layouts = [(height, r) for r in rounded(ho)] if n == 1 else [(rows, n * rows) for rows in rounded(height)]
-    return [direct(kernel, padding, dilation, pitch, image_rows, rows, stride)
+    return [direct(kernel, padding, dilation, pitch, image_rows, rows, stride, input_dilation)
             for pitch in sorted(pitches) for image_rows, rows in sorted(layouts)]
+
+
+def padded_extent(size: int, out: int, kernel: int, stride: int, padding: int, dilation: int, spread: int) -> int:
+    """Pixels of a padded input dimension: x's `size` pixels `spread` apart with `padding` before
+    and after, or more where the last of `out` outputs reads further."""
+    return max((size - 1) * spread + 1 + 2 * padding, (out - 1) * stride + dilation * (kernel - 1) + 1)
 
 
 def im2col_mvs(node: Node, x: Placement) -> float:
@@ -196,9 +211,20 @@ def im2col_mvs(node: Node, x: Placement) -> float:
     a = node.attrs
     epl = x.epl
     c_pad = ceil(c / epl) * epl
-    window = im2col_window(x, c_pad, (ho, wo), (kh, kw), tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]))
-    a_lw = n * ho * wo * kh * kw * c_pad / epl
+    if spread_input(node):  # read by a direct form, about once: in runs of a pixel's channels at best
+        window = im2col_window(x, c_pad, (h, w), (1, 1), (1, 1), (0, 0), (1, 1))
+        a_lw = n * ho * wo * c_pad / epl
+    else:
+        window = im2col_window(x, c_pad, (ho, wo), (kh, kw), tuple(a["stride"]), tuple(a["padding"]),
+                               tuple(a["dilation"]))
+        a_lw = n * ho * wo * kh * kw * c_pad / epl
     return a_lw / (window.run_lw() if window is not None else 1.0)
+
+
+def spread_input(node: Node) -> bool:
+    """Whether convolution `node` reads x spread by an input dilation (`Builder.conv`): only its
+    direct form can (its window's holes are the zeros between the pixels)."""
+    return tuple(node.attrs.get("input_dilation", (1, 1))) != (1, 1)
 
 
 def direct_channels(c: int, epl: int, pes: int) -> int:
@@ -225,8 +251,10 @@ def direct_window(p: Placement, c: int, d: Direct, t: Tiling, rows: int) -> DimT
     flat = (r // t.a_rows) * d.stride * t.mt + r % t.a_rows
     image, rest = np.divmod(flat, d.stride * d.image_rows * d.pitch)
     y, x = np.divmod(rest, d.pitch)
-    y, x = y - d.padding[0], x - d.padding[1]
-    inside = (image < n) & (y >= 0) & (y < h) & (x >= 0) & (x < w)
+    (sy, sx), (y, x) = d.input_dilation, (y - d.padding[0], x - d.padding[1])
+    inside = (image < n) & (y >= 0) & (y % sy == 0) & (x >= 0) & (x % sx == 0)
+    y, x = y // sy, x // sx  # x's pixel, where the spread input has one
+    inside &= (y < h) & (x < w)
     image, y, x = (np.where(inside, v, 0) for v in (image, y, x))
     row_terms = tuple(np.where(inside, a[image] + b[y] + c_[x], 0) for a, b, c_ in zip(tn, th, tw))
     return DimTerms(p, (row_terms, tc), 0, base.copies, base.group_copies, base.every_lane,
@@ -566,21 +594,15 @@ def plan(node: Node, planner) -> list[Kernel]:
     n, c, h, wd = x.shape
     co, _, kh, kw = w.shape
     ho, wo = node.out.shape[2:]
-    dtype = device_dtype(x)
-    epl = planner.hw.elements_per_lw(dtype)
+    epl = planner.hw.elements_per_lw(device_dtype(x))
     c_pad = ceil(c / epl) * epl
     p = Problem(1, n * ho * wo, kh * kw * c_pad, co)
-    half_in = dtype == "float16" and device_dtype(w) == "float16"
-    half = half_in or planner.options.get("float_dtype") == "mixed"
-    a = node.attrs
-    # a K run of the window: a pixel's channels, and the next pixels' along a kernel row when
-    # they are adjacent (dilation 1)
-    runs = c_pad // epl * (kw if a["dilation"][1] == 1 else 1)
-    ask = dict(batched=False, trans_b=False, half=half, staged_in_float32=half and not half_in,
-               out_half=device_dtype(node.out) == "float16",
-               in_bytes=planner.hw.element_bytes("float16" if half_in else "float32"), a_runs=runs,
-               pseudo=planner.options.get("float_dtype") == "pfloat32",
-               float64=planner.options.get("float_dtype") == "float64")
+    ask = _ask(node, planner.hw, planner.options)
+    if spread_input(node):
+        directs = _direct_kernels(node, planner.ctx, ask, len(planner.users.get(x, [])))
+        if not directs:  # (compiler.planner.rewrite spreads x explicitly where no direct form fits)
+            raise CompileError(f"internal: no direct form of {node.label} fits the PE memories")
+        return directs
     found = tilings(planner.ctx, p, **ask)
     aligned = []
     if w.kind != "const" and c_pad == c and kh * kw > 1:
@@ -598,7 +620,7 @@ def plan(node: Node, planner) -> list[Kernel]:
     extra = [ConvKernel(node, t, planner.ctx) for t in aligned]
     if w.kind != "const" and c_pad != c:  # each tiling is also offered reading w's padding (beside the gathers)
         extra += [ConvKernel(node, t, planner.ctx, read_padding=True) for t in found]
-    directs = _direct_kernels(node, planner, ask, epl)
+    directs = _direct_kernels(node, planner.ctx, ask, len(planner.users.get(x, [])))
     by_view = [k for k in extra + ranked if k.w_layout is not None]
     if by_view and p.k > p.m:  # B larger than C: its gather would dominate what a candidate emits
         return directs + by_view + [k for k in ranked if k.w_layout is None][:GATHERED_BESIDE]
@@ -607,13 +629,33 @@ def plan(node: Node, planner) -> list[Kernel]:
     return directs + ranked + extra
 
 
-def _direct_kernels(node: Node, planner, ask: dict, epl: int) -> list[ConvKernel]:
+def _ask(node: Node, hw, options: dict) -> dict:
+    """What convolution `node` asks `tilings` for (its formats, and the runs an im2col window
+    gathers: a pixel's channels, and the next pixels' along a kernel row when they are adjacent)."""
+    x, w = node.args
+    dtype = device_dtype(x)
+    epl = hw.elements_per_lw(dtype)
+    half_in = dtype == "float16" and device_dtype(w) == "float16"
+    half = half_in or options.get("float_dtype") == "mixed"
+    runs = ceil(x.shape[1] / epl) * (w.shape[3] if node.attrs["dilation"][1] == 1 else 1)
+    return dict(batched=False, trans_b=False, half=half, staged_in_float32=half and not half_in,
+                out_half=device_dtype(node.out) == "float16",
+                in_bytes=hw.element_bytes("float16" if half_in else "float32"), a_runs=runs,
+                pseudo=options.get("float_dtype") == "pfloat32", float64=options.get("float_dtype") == "float64")
+
+
+def direct_possible(node: Node, hw, options: dict, readers: int) -> bool:
+    """Whether convolution `node`, whose x `readers` nodes read, has a direct form that fits."""
+    return bool(_direct_kernels(node, EmitContext(hw, options), _ask(node, hw, options), readers))
+
+
+def _direct_kernels(node: Node, ctx: EmitContext, ask: dict, readers: int) -> list[ConvKernel]:
     """Candidates that compute a convolution directly (`Direct`), its channels padded to fill
     every PE's long words (`direct_channels`); none when its strides differ (the flattened rows
-    step by one stride), the kernel is one pixel (im2col is then x itself), or the channels need
-    padding and another node reads x too (x is stored with the padded channels, which that reader
-    would have to read through: an MNIST CNN's training step, whose weight gradient reads the
-    1-channel input, took 15.7 -> 18.0 M cycles).
+    step by one stride), the kernel is one pixel and x is not spread (im2col is then x itself),
+    or the channels need padding and another node reads x too (`readers`: x is stored with the
+    padded channels, which that reader would have to read through: an MNIST CNN's training step,
+    whose weight gradient reads the 1-channel input, took 15.7 -> 18.0 M cycles).
 
     The Data Engines gather A's tiles, halos included, into its L2BM image, whose runs end where
     the image interleaves the MABs' rows (every PE's long word: four, when the MABs split the
@@ -626,16 +668,18 @@ def _direct_kernels(node: Node, planner, ask: dict, epl: int) -> list[ConvKernel
     c, wd = x.shape[1], x.shape[3]
     co, _, kh, kw = w.shape
     a = node.attrs
-    chain = planner.ctx.chain
+    chain = ctx.chain
     sh, sw = a["stride"]
-    k = direct_channels(c, epl, planner.ctx.params.pes_per_mab)
-    if sh != sw or kh * kw == 1 or (k != c and len(planner.users.get(x, [])) > 1):
+    epl = ctx.hw.elements_per_lw(device_dtype(x))
+    k = direct_channels(c, epl, ctx.params.pes_per_mab)
+    if sh != sw or (kh * kw == 1 and not spread_input(node)) or (k != c and readers > 1):
         return []
     kinds: dict[tuple[bool, bool], list[tuple[Tiling, Direct]]] = {}
-    mau_rows = planner.hw.units[chain.matrix_unit].matrix["float32"].rows
-    for d in direct_forms(x.shape, tuple(node.out.shape[2:]), (kh, kw), a["padding"], a["dilation"], mau_rows, sh):
+    mau_rows = ctx.hw.units[chain.matrix_unit].matrix["float32"].rows
+    for d in direct_forms(x.shape, tuple(node.out.shape[2:]), (kh, kw), a["padding"], a["dilation"], mau_rows, sh,
+                          tuple(a.get("input_dilation", (1, 1)))):
         try:
-            found = tilings(planner.ctx, Problem(1, d.rows, k, co), **{**ask, "a_runs": ceil(c / epl) * wd},
+            found = tilings(ctx, Problem(1, d.rows, k, co), **{**ask, "a_runs": ceil(c / epl) * wd},
                             shifts=d.shifts, limit=DIRECT_TILINGS)
         except CompileError:
             continue  # no tile and its halo fit the PE memories
@@ -645,7 +689,7 @@ def _direct_kernels(node: Node, planner, ask: dict, epl: int) -> list[ConvKernel
     for kind in sorted(kinds):  # those whose MABs hold A's rows last
         if kind[0] and chosen:
             break
-        viewed = (k for k in (ConvKernel(node, t, planner.ctx, direct=d)
+        viewed = (k for k in (ConvKernel(node, t, ctx, direct=d)
                               for t, d in sorted(kinds[kind], key=lambda td: td[0].cost)) if k.view is not None)
         chosen += list(islice(viewed, DIRECT_PER_KIND))
     return chosen

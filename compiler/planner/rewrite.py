@@ -3,6 +3,8 @@
 * `matmul` with batch dimensions becomes a 2-D product (when B has none: A's batch folds into
   its rows) or a 3-D one with equal batches (both operands expanded to the broadcast batch and
   flattened);
+* `conv` whose input dilation no direct form reads (`kernels.conv.direct_possible`) reads x
+  spread with explicit zeros (`legalize_nn.spread_input`);
 * `conv` with groups becomes, for depthwise convolutions, a dense convolution whose weight is
   block-diagonal (zeros where an output channel does not read an input channel; so an infinity
   or NaN in one input channel reaches every output channel at that pixel, as 0 * inf is NaN,
@@ -29,9 +31,11 @@ from hwdesc import HwDesc
 
 from ..chain import Chain
 from ..frontend.build import Builder
-from ..frontend.legalize_nn import depthwise_patches
+from ..frontend.legalize_nn import depthwise_patches, spread_input
 from ..ir import Graph, Node, Value, reduction_identity
 from ..kernels.base import device_dtype
+from ..kernels.conv import direct_possible
+from ..kernels.conv import spread_input as reads_spread
 
 # A reduction that keeps elements is split when it reduces this many elements per PE of the chip
 # or more, and keeps fewer than one element per this many PEs (planner heuristics, not hardware
@@ -45,11 +49,12 @@ SPLIT_REDUCED, SPLIT_KEPT, WHOLE_SPLIT_PARTS = 4, 8, 8
 DENSE_DEPTHWISE_WEIGHTS = 1 << 22
 
 
-def rewrite(graph: Graph, hw: HwDesc) -> None:
+def rewrite(graph: Graph, hw: HwDesc, options: dict | None = None) -> None:
     taken = {v.name for n in graph.nodes for v in n.outputs} | set(graph.inputs) | set(graph.outputs) | \
         {c.name for c in graph.constants}
     nodes = graph.nodes
     shared = _shared_reductions(graph)
+    spread = _spread_explicitly(graph, hw, options or {})
     graph.nodes = []
     b = Builder(graph, taken)
     transposed = _transposed_products(graph)
@@ -64,9 +69,33 @@ def rewrite(graph: Graph, hw: HwDesc) -> None:
         if node in shared:
             _reduce_in_steps(b, node, shared[node])
             continue
+        if node in spread:
+            _explicit_spread(b, node)
+            continue
         fn = RULES.get(node.kind)
         if fn is None or not fn(b, node, hw):
             graph.nodes.append(node)
+
+
+def _spread_explicitly(graph: Graph, hw: HwDesc, options: dict) -> set[Node]:
+    """The convolutions with an input dilation that no direct form of reads (grouped, strides
+    unequal, or no tile and its halo fitting the PE memories)."""
+    readers: dict[Value, int] = {}
+    for node in graph.nodes:
+        for v in set(node.inputs):
+            readers[v] = readers.get(v, 0) + 1
+    return {node for node in graph.nodes if node.kind == "conv" and reads_spread(node) and
+            (node.attrs["groups"] != 1 or not direct_possible(node, hw, options, readers[node.args[0]]))}
+
+
+def _explicit_spread(b: Builder, node: Node) -> None:
+    """A convolution reading x spread by its input dilation, as one of x spread with zeros."""
+    x, w = node.args
+    a = node.attrs
+    out = node.out
+    spread = spread_input(b, x, a["input_dilation"], a["padding"], out.shape[2:], w.shape[2:], a["dilation"],
+                          a["stride"])
+    bind(b, b.conv(spread, w, a["stride"], (0, 0), a["dilation"], a["groups"], out.dtype), out)
 
 
 def _transposed_products(graph: Graph) -> dict[Node, Node]:
