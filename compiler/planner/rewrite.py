@@ -55,10 +55,10 @@ def rewrite(graph: Graph, hw: HwDesc, options: dict | None = None) -> None:
     nodes = graph.nodes
     shared = _shared_reductions(graph)
     spread = _spread_explicitly(graph, hw, options or {})
+    transposed = _transposed_products(graph)  # (found among the nodes before they are rebuilt)
+    skip = set(transposed.values())
     graph.nodes = []
     b = Builder(graph, taken)
-    transposed = _transposed_products(graph)
-    skip = set(transposed.values())
     for node in nodes:
         if node in skip:
             continue

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import compiler.kernels.movement as movement
+import compiler.planner.rewrite as rewrite
 from compiler.compile import compile_function
 from runtime import Device
 from sim import Machine
@@ -26,6 +27,9 @@ def test_a_cat_relays_only_the_part_whose_lanes_lie_elsewhere(chip, request, mon
     against 845,568 with each part padded to the whole output, a padded part relaid, and the parts
     summed; mini 957,778 against 1,589,698. Torch's values both ways."""
     hw = request.getfixturevalue(chip)
+    # the product read transposed is computed as traced: the rewrite into x w2^T (B^T A^T) would
+    # put its lanes where the other parts' are, leaving nothing to relay
+    monkeypatch.setattr(rewrite, "_transposed_products", lambda graph: {})
     g = torch.Generator().manual_seed(0)
     inputs = {"x": torch.randn(256, 64, generator=g), "w1": torch.randn(64, 128, generator=g),
               "w2": torch.randn(128, 64, generator=g)}
