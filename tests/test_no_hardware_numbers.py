@@ -117,6 +117,8 @@ ALLOWED = {
     ("mlsdk/device.py", 8): "MLSDK's device-name grammar: mncore2:0 .. mncore2:7",
     ("mlsdk/sweep/points.py", 1_000_000): "largest grid a sweep runs whole (host policy)",
     ("compiler/planner/search.py", 1_000_000): "instructions a candidate may emit to be timed once another is (compile-time budget)",
+    ("compiler/planner/search.py", 8): "convolution candidates timed in a row without bettering the best before the rest are left "
+                                       "(compile-time budget)",
     ("mlsdk/sweep/store.py", 24): "hex digits of a row key",
     ("mlsdk/sweep/table.py", 30): "rows of the summary's point table",
     ("mlsdk/sweep/table.py", 10): "failed points listed with their reason",

@@ -39,6 +39,9 @@ class Kernel:
 
     nodes: tuple[Node, ...] = ()
     pads: dict[Value, str] = {}  # inputs whose padding must hold a fill pattern (a reduction's identity)
+    # Whether the planner may stop timing this kind's candidates once several in a row have not
+    # bettered the best (planner.search.STALE_CANDIDATES): their timings cluster
+    stops_when_stale: bool = False
 
     @property
     def label(self) -> str:

@@ -110,6 +110,7 @@ def estimates_against_timing(fn, inputs, hw, monkeypatch, options=None) -> list[
     from compiler.planner import search
     monkeypatch.setattr(search, "ESTIMATE_SLACK", float("inf"))
     monkeypatch.setattr(search, "TIMED_INSTRUCTIONS", None)
+    monkeypatch.setattr(search, "STALE_CANDIDATES", float("inf"))
     seen: list[tuple[str, int, int]] = []
     timed = search.Planner.time
 
