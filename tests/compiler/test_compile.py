@@ -1235,3 +1235,33 @@ def test_a_channels_last_models_global_pooling_trains_as_in_torch():
     assert loss == pytest.approx(want.item(), rel=1e-5)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_sum_over_a_convolutions_pixels_is_not_split(monkeypatch):
+    """A bias gradient or a BatchNorm's statistics, relu(conv(x)) summed over (N, H, W), keeps its
+    channels in place: split, its kept channels moved to the front copied the convolution's
+    padded, channels-in-lanes output twice (mncore2, x 4 x 3 x 64 x 64 to 16 channels: 1,263,208
+    cycles split, 268,718 whole). A sum of an input over dim 0 still splits."""
+    import torch.nn.functional as F
+    import compiler.planner.rewrite as rewrite_module
+    from compiler.frontend.tracing import trace
+    from sim import Machine
+    hw = hwdesc.load("mncore2")
+    torch.manual_seed(24)
+    w = torch.randn(16, 3, 3, 3)
+    fn = lambda d: {"s": torch.relu(F.conv2d(d["x"], w, padding=1)).sum((0, 2, 3))}  # noqa: E731
+    inputs = {"x": torch.randn(4, 3, 64, 64)}
+
+    def planned() -> tuple[list, int]:
+        graph = trace(fn, inputs)
+        rewrite_module.rewrite(graph, hw)
+        compiled = check(Device(hw), fn, inputs, rtol=1e-4)
+        return [n for n in graph.nodes if n.kind == "reduce"], Machine(hw).time(compiled.program.code).total_cycles
+    (whole,), cycles = planned()
+    assert not whole.attrs.get("split") and whole.args[0].producer.kind == "ew"
+    monkeypatch.setattr(rewrite_module, "_of_a_convolution", lambda x: False)
+    split, split_cycles = planned()
+    assert len(split) == 2 and cycles < 0.5 * split_cycles, (cycles, split_cycles)
+    column_sums = trace(lambda d: {"s": d["x"].sum(0)}, {"x": torch.randn(16384, 8)})
+    rewrite_module.rewrite(column_sums, hw)
+    assert [n.attrs.get("split") for n in column_sums.nodes if n.kind == "reduce"] == [True, True]
