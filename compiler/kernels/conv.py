@@ -211,7 +211,7 @@ def im2col_mvs(node: Node, x: Placement) -> float:
     a = node.attrs
     epl = x.epl
     c_pad = ceil(c / epl) * epl
-    if spread_input(node):  # read by a direct form, about once: in runs of a pixel's channels at best
+    if reads_spread(node):  # read by a direct form, about once: in runs of a pixel's channels at best
         window = im2col_window(x, c_pad, (h, w), (1, 1), (1, 1), (0, 0), (1, 1))
         a_lw = n * ho * wo * c_pad / epl
     else:
@@ -221,7 +221,7 @@ def im2col_mvs(node: Node, x: Placement) -> float:
     return a_lw / (window.run_lw() if window is not None else 1.0)
 
 
-def spread_input(node: Node) -> bool:
+def reads_spread(node: Node) -> bool:
     """Whether convolution `node` reads x spread by an input dilation (`Builder.conv`): only its
     direct form can (its window's holes are the zeros between the pixels)."""
     return tuple(node.attrs.get("input_dilation", (1, 1))) != (1, 1)
@@ -257,9 +257,10 @@ def direct_window(p: Placement, c: int, d: Direct, t: Tiling, rows: int) -> DimT
     inside &= (y < h) & (x < w)
     image, y, x = (np.where(inside, v, 0) for v in (image, y, x))
     row_terms = tuple(np.where(inside, a[image] + b[y] + c_[x], 0) for a, b, c_ in zip(tn, th, tw))
+    spread = f" input dilation {d.input_dilation}" if d.input_dilation != (1, 1) else ""
     return DimTerms(p, (row_terms, tc), 0, base.copies, base.group_copies, base.every_lane,
-                    f"direct {rows}x{c} pitch {d.pitch} image {d.image_rows} padding {d.padding} stride {d.stride} "
-                    f"tile {t.mt}+{t.a_rows - t.mt}", (((np.flatnonzero(inside), np.arange(held)), (0, 0)),))
+                    f"direct {rows}x{c} pitch {d.pitch} image {d.image_rows} padding {d.padding}{spread} "
+                    f"stride {d.stride} tile {t.mt}+{t.a_rows - t.mt}", (((np.flatnonzero(inside), np.arange(held)), (0, 0)),))
 
 
 def direct_view(layout: Layout, d: Direct, nhwc: tuple[int, ...]) -> Layout | None:
@@ -605,7 +606,7 @@ def plan(node: Node, planner) -> list[Kernel]:
     c_pad = ceil(c / epl) * epl
     p = Problem(1, n * ho * wo, kh * kw * c_pad, co)
     ask = _ask(node, planner.hw, planner.options)
-    if spread_input(node):
+    if reads_spread(node):
         directs = _direct_kernels(node, planner.ctx, ask, len(planner.users.get(x, [])))
         if not directs:  # (compiler.planner.rewrite spreads x explicitly where no direct form fits)
             raise CompileError(f"internal: no direct form of {node.label} fits the PE memories")
@@ -679,7 +680,7 @@ def _direct_kernels(node: Node, ctx: EmitContext, ask: dict, readers: int) -> li
     sh, sw = a["stride"]
     epl = ctx.hw.elements_per_lw(device_dtype(x))
     k = direct_channels(c, epl, ctx.params.pes_per_mab)
-    if sh != sw or (kh * kw == 1 and not spread_input(node)) or (k != c and readers > 1):
+    if sh != sw or (kh * kw == 1 and not reads_spread(node)) or (k != c and readers > 1):
         return []
     kinds: dict[tuple[bool, bool], list[tuple[Tiling, Direct]]] = {}
     mau_rows = ctx.hw.units[chain.matrix_unit].matrix["float32"].rows

@@ -35,8 +35,7 @@ from ..frontend.build import Builder
 from ..frontend.legalize_nn import depthwise_patches, spread_input
 from ..ir import Graph, Node, Value, reduction_identity
 from ..kernels.base import device_dtype
-from ..kernels.conv import direct_possible
-from ..kernels.conv import spread_input as reads_spread
+from ..kernels.conv import direct_possible, reads_spread
 
 # A reduction that keeps elements is split when it reduces this many elements per PE of the chip
 # or more, and keeps fewer than one element per this many PEs (planner heuristics, not hardware
