@@ -79,13 +79,11 @@ def rewrite(graph: Graph, hw: HwDesc, options: dict | None = None) -> None:
 
 def _spread_explicitly(graph: Graph, hw: HwDesc, options: dict) -> set[Node]:
     """The convolutions with an input dilation that no direct form of reads (grouped, strides
-    unequal, or no tile and its halo fitting the PE memories)."""
-    readers: dict[Value, int] = {}
-    for node in graph.nodes:
-        for v in set(node.inputs):
-            readers[v] = readers.get(v, 0) + 1
+    unequal, or no tile and its halo fitting the PE memories). x's readers are counted as the
+    planner counts them (`Graph.users`), so that both ask `direct_possible` the same question."""
+    users = graph.users()
     return {node for node in graph.nodes if node.kind == "conv" and reads_spread(node) and
-            (node.attrs["groups"] != 1 or not direct_possible(node, hw, options, readers[node.args[0]]))}
+            (node.attrs["groups"] != 1 or not direct_possible(node, hw, options, len(users[node.args[0]])))}
 
 
 def _explicit_spread(b: Builder, node: Node) -> None:
