@@ -38,6 +38,7 @@ from runtime.session import CALL, BINDING, io_layouts
 from . import optim
 from . import options as options_mod
 from . import trace
+from .collector import collector_held
 from .device import MNDevice
 from .errors import ArgumentError, MLSDKError, NameTakenError, OptionError, RegistrationError
 from .function import AutomapFunction, CompiledFunction
@@ -250,7 +251,7 @@ class Context:
         mode = options_mod.simulation_mode(options)
         constraints = dict(io_spec_constraints or {})
         name = function_name(function)
-        with self._compiling, _noted(f"while compiling {name} in {self.runtime.label}"):
+        with self._compiling, collector_held(), _noted(f"while compiling {name} in {self.runtime.label}"):
             with optim.recording_steps() as stepped:
                 graph = self._trace(function, inputs, name, training)
             if self.device.reference:

@@ -17,6 +17,7 @@ import hwdesc
 from hwdesc import HwDesc, HwDescError
 from runtime import Device, DeviceError
 
+from .collector import collector_held
 from .errors import ArgumentError, DeviceNameError
 
 BOARDS = 8  # mncore2:0 .. mncore2:7, as gpfn3-smi lists them on an 8-board server
@@ -51,7 +52,8 @@ class MNDevice:
         if isinstance(chip, HwDesc):
             self._attach(chip.name, False, chip, None)
         else:
-            self._attach(chip, *_parse(chip))
+            with collector_held():  # reading a description allocates an object per YAML node
+                self._attach(chip, *_parse(chip))
 
     def _attach(self, name: str, reference: bool, hw: HwDesc | None, index: int | None) -> None:
         self.name, self.reference, self.hw, self.index = name, reference, hw, index
