@@ -306,30 +306,48 @@ def tiling_bound(cg: EmitContext, t: Tiling, in_bytes: int, staged_in_float32: b
 def _cost(cg: EmitContext, t: Tiling, work: Work) -> float:
     """An estimate of a tiling's cycles from its work and the YAML's rates, only to order the
     candidates the planner times (the choice is the timing engine's)."""
-    hw, chain = cg.hw, cg.chain
-    down = hw.transfers[chain.dram_to_l2]
-    rate = side_rates(hw, chain.dram_to_l2, "individual")[0]
+    r = _rates(cg.hw)
     # A Group's queue keeps `queue_depth` MVs in flight: their data flows one after another, their
     # latencies overlap (the timing engine's rule), so many short MVs cost their latency over the depth
-    data = work.engine_lw / rate
-    engine = max(data, (work.engine_mvs * down.latency_cycles + data) / hw.data_engine.queue_depth)
+    data = work.engine_lw / r.dram
+    engine = max(data, (work.engine_mvs * r.latency + data) / r.queue_depth)
     moves = 0.0
-    keys = sorted([(chain.l2_to_l1, m) for m in ("broadcast", "distribute")] +
-                  [(chain.l1_to_pe, m) for m in ("mab_broadcast", "distribute")])
-    for k, (path, mode) in enumerate(keys):
-        if mode in hw.transfers[path].modes:
-            src_rate, dst_rate = side_rates(hw, path, mode)
-            moves += max(work.stream[2 * k] / src_rate, work.stream[2 * k + 1] / dst_rate)
+    for k, src_rate, dst_rate in r.stream:
+        moves += max(work.stream[2 * k] / src_rate, work.stream[2 * k + 1] / dst_rate)
     # hidden behind the MATMULs, the transfers cost only the first step of each round
     stream = max(work.mau, moves) + moves / work.steps * work.rounds * work.exposed if work.overlap else \
         work.mau + moves
-    stream += work.steps * 2 * (hw.hazards["l2bm_to_l1bm_read"] + hw.hazards["lm_write_to_read"]) * hw.step_cycles
-    upload = work.upload_lw / rate + work.rounds * down.latency_cycles
+    stream += work.steps * r.step_hazards
+    upload = work.upload_lw / r.dram + work.rounds * r.latency
     if work.serial:
-        return stream + engine + work.steps * down.latency_cycles + upload
+        return stream + engine + work.steps * r.latency + upload
     # the first operands arrive a DRAM latency after the start, whatever the tiling: the same for
     # every candidate (the ranking does not move), but small products are mostly this
-    return down.latency_cycles + max(stream, engine) + upload
+    return r.latency + max(stream, engine) + upload
+
+
+@dataclass(frozen=True)
+class _Rates:
+    """The YAML numbers `_cost` prices a tiling's work with (asked for once per description: a
+    product has hundreds of tilings)."""
+
+    dram: float  # LW/cycle of a Group's Data Engine, DRAM -> L2BM individual
+    latency: int  # of that path
+    queue_depth: int
+    stream: tuple[tuple[int, float, float], ...]  # (index in Work.stream / 2, source rate, destination rate)
+    step_hazards: int  # cycles of the two hazards every step waits out
+
+
+@lru_cache(maxsize=None)  # one per chip in use
+def _rates(hw) -> _Rates:
+    chain = Chain.of(hw)
+    keys = sorted([(chain.l2_to_l1, m) for m in ("broadcast", "distribute")] +
+                  [(chain.l1_to_pe, m) for m in ("mab_broadcast", "distribute")])
+    stream = tuple((k, *side_rates(hw, path, mode)) for k, (path, mode) in enumerate(keys)
+                   if mode in hw.transfers[path].modes)
+    return _Rates(side_rates(hw, chain.dram_to_l2, "individual")[0], hw.transfers[chain.dram_to_l2].latency_cycles,
+                  hw.data_engine.queue_depth, stream,
+                  2 * (hw.hazards["l2bm_to_l1bm_read"] + hw.hazards["lm_write_to_read"]) * hw.step_cycles)
 
 
 def pareto(items: list, vector) -> list:
@@ -470,8 +488,9 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
                 continue  # a direct convolution's K chunks cut its channels without padding
             # the fewest rounds whose row tile fits (fewer rounds are always at least as good;
             # a smaller tile never needs more memory): bisect on the rounds
-            tiling = lambda rounds: Tiling(tuple(takes), bl, rounds, ceil(m_tile / rounds), chunks, kp, nt,  # noqa
-                                           trans_b, half, pseudo, float64=float64, shifts=shifts)
+            tiling = lambda rounds, overlap=NO_OVERLAP, cost=0.0: Tiling(  # noqa: E731
+                tuple(takes), bl, rounds, ceil(m_tile / rounds), chunks, kp, nt, trans_b, half, pseudo,
+                float64=float64, overlap=overlap, shifts=shifts, cost=cost)
             fits = lambda rounds: fitted((ceil(m_tile / rounds), kp, nt), partial(tiling, rounds))  # noqa: E731
             if m_tile == 0 or not fits(m_tile):
                 continue
@@ -481,10 +500,11 @@ def _tilings(hw, p: Problem, batched: bool, trans_b: bool, half: bool, staged_in
                 low, high = (low, mid) if fits(mid) else (mid + 1, high)
             t = tiling(low)
             overlaps = (OVERLAP_ALL, OVERLAP_EARLY)[:t.chunks - 1] if overlapping(t) else (NO_OVERLAP,)
+            # the work but its overlap is the same for each (a product has hundreds of tilings)
+            work = _work(cg, tiling(low, overlaps[0]), in_bytes, staged_in_float32, a_runs, spread=spread)
             for overlap in overlaps:
-                t = replace(t, overlap=overlap)
-                work = _work(cg, t, in_bytes, staged_in_float32, a_runs, spread=spread)
-                feasible.append((replace(t, cost=_cost(cg, t, work)), work))
+                w = replace(work, overlap=NO_OVERLAP if work.serial else overlap) if overlap != overlaps[0] else work
+                feasible.append((tiling(low, overlap, _cost(cg, t, w)), w))
     # The product is stored in the image of its layout: that image needs notation.
     epl_staged = cg.hw.elements_per_lw("float32") if staged_in_float32 else epl_in
     out_dtype = "float16" if out_half else "float32"
