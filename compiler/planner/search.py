@@ -36,6 +36,7 @@ from ..kernels.reduce import in_pe, local_runs
 from ..kernels.operands import restrict
 from ..kernels.relayout import RelayoutKernel, lane_matched
 from ..layout import W_AXIS, Layout, Placement, lane_dims, lanes_innermost
+from ..layout.part import part_layout
 from ..layout.spread import lane_runs, lm_layouts
 from ..layout.unbroadcast import spread_over_units
 from ..transfer.gather import lw_sources
@@ -941,6 +942,9 @@ class Planner:
         maps = source_maps(node)
         candidates = []
         per_output = [self.movement_layouts(out) for out in node.outputs]
+        for k, part in enumerate(self.part_layouts(node)):  # first: the parts in their source's digits
+            if part is not None:
+                per_output[k] = [c for c in per_output[k] if c != part] + [part]
         for k in range(max(len(c) for c in per_output)):
             layouts = {out: c[min(k, len(c) - 1)] for out, c in zip(node.outputs, per_output)}
             candidates.append(GatherKernel(node, layouts, maps))
@@ -1086,6 +1090,26 @@ class Planner:
                                                              dict(state.buffers), dict(state.owner))
         self.steps, self.clean, self.relied_clean = list(state.steps), set(state.clean), set(state.relied_clean)
         self.copies = {v: list(c) for v, c in state.copies.items()}
+
+    def part_layouts(self, node: Node) -> list[Layout | None]:
+        """For a split or a unit-step slice of a placed value: each part's layout in its source's
+        digits (layout.part), where the part starts at a digit boundary and the layout stages;
+        else None."""
+        x = node.args[0]
+        ref = self.refs.get(x)
+        if node.kind not in ("split", "slice") or ref is None or ref.lm is None or node.attrs.get("step", 1) != 1:
+            return [None] * len(node.outputs)
+        dim = node.attrs["dim"]
+        if node.kind == "slice":
+            ranges = [(node.attrs["start"], node.out.shape[dim])]
+        else:
+            starts = [sum(node.attrs["sizes"][:k]) for k in range(len(node.outputs))]
+            ranges = list(zip(starts, node.attrs["sizes"]))
+        found = []
+        for out, (start, size) in zip(node.outputs, ranges):
+            layout = part_layout(ref.lm, dim, start, size)
+            found.append(layout if layout is not None and self._stageable(layout, out) else None)
+        return found
 
     def movement_layouts(self, out: Value) -> list[Layout]:
         dtype = device_dtype(out)
