@@ -217,6 +217,10 @@ def execute_moves(code, start, end, mems, mem_instances, lw_addressed, n_groups,
                         mems[sm], row[isa.MV_SRC_INST],
                         item_addr(lw_addressed, sm, row[isa.MV_SRC_ADDR], wpl, item_words),
                         row[isa.MV_N], wpl // item_words)
+        elif op == Op.MV and row[isa.MV_MODE] == Mode.individual:  # in every Group at once, each between
+            # its own instances (a GPT-2 training step's gathers: 156,061 a call, 257 -> 107 ns each)
+            _in_every_group(row, mems[row[isa.MV_SRC_MEM]], mems[row[isa.MV_DST_MEM]], mem_instances, lw_addressed,
+                            n_groups, wpl, item_words, g_first, g_last)
         elif op == Op.MV:
             p = path_of[row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]]
             _mv(row, mems[row[isa.MV_SRC_MEM]], mems[row[isa.MV_DST_MEM]], mem_instances, lw_addressed, n_groups,
@@ -228,6 +232,31 @@ def execute_moves(code, start, end, mems, mem_instances, lw_addressed, n_groups,
                 p = path_of[row[isa.X_LO_MEM], row[isa.X_UP_MEM]]
             _xfer(row, mems[row[isa.X_UP_MEM]], mems[row[isa.X_LO_MEM]], mem_instances, lw_addressed, n_groups,
                   path_group[p], mode_chunk[p, row[isa.X_MODE]], wpl, item_words, g_first, g_last)
+
+
+@njit(cache=True, inline="always")
+def _in_every_group(row, src, dst, mem_instances, lw_addressed, n_groups, wpl, item_words, g_first, g_last):
+    """MV individual in every Group of [g_first, g_last), between the Group's own instances (an
+    ALL_GROUPS instance field counts the Group's `local`-th): `_mv`'s case with the Group's
+    instances worked out once per MV, and one or two items copied without a loop (most are a
+    gather's single long words)."""
+    sm, dm = row[isa.MV_SRC_MEM], row[isa.MV_DST_MEM]
+    s0 = item_addr(lw_addressed, sm, row[isa.MV_SRC_ADDR], wpl, item_words)
+    d0 = item_addr(lw_addressed, dm, row[isa.MV_DST_ADDR], wpl, item_words)
+    n = row[isa.MV_N] * (wpl // item_words)
+    si, di = row[isa.MV_SRC_INST], row[isa.MV_DST_INST]
+    s_per, d_per = mem_instances[sm] // n_groups, mem_instances[dm] // n_groups
+    s_local, d_local = row[isa.MV_SRC_LOCAL], row[isa.MV_DST_LOCAL]
+    for g in range(g_first, g_last):
+        s, d = si if si >= 0 else g * s_per + s_local, di if di >= 0 else g * d_per + d_local
+        if n == 1:
+            dst[d, at(d0)] = src[s, at(s0)]
+        elif n == 2:
+            dst[d, at(d0)] = src[s, at(s0)]
+            dst[d, at(d0 + 1)] = src[s, at(s0 + 1)]
+        else:
+            for k in range(n):
+                dst[d, at(d0 + k)] = src[s, at(s0 + k)]
 
 
 def long_word_aligned(code: np.ndarray, lw_addressed: np.ndarray, wpl: int) -> np.ndarray:
