@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from compiler.errors import CompileError
 from mlsdk import Context, MNDevice
 from mlsdk.collector import collector_held
 
@@ -69,7 +70,7 @@ def test_threads_overlapping_holds(collector_on):
     assert gc.isenabled()
 
 
-def test_compile_holds_the_collector_and_gives_it_back(collector_on, monkeypatch):
+def test_compile_holds_the_collector_and_gives_it_back(collector_on):
     seen = []
     ctx = Context(MNDevice("mini:auto"))
 
@@ -80,6 +81,6 @@ def test_compile_holds_the_collector_and_gives_it_back(collector_on, monkeypatch
     assert seen and not any(seen)
     assert gc.isenabled()
     torch.testing.assert_close(compiled({"x": torch.ones(4, 8)})["y"].cpu(), torch.full((4, 8), 2.0))
-    with pytest.raises(Exception):
+    with pytest.raises(CompileError, match="must have same reduction dim"):
         ctx.compile(lambda d: {"y": d["x"] @ d["x"]}, {"x": torch.ones(4, 8)}, None)  # 4x8 @ 4x8: torch refuses
     assert gc.isenabled()

@@ -12,8 +12,10 @@ import hwdesc
 import sim
 import sim.functional as functional
 from sim.isa import ALL_GROUPS
+from sim.params import MachineParams
 
 HW = hwdesc.load("mncore2")
+HW_GROUPS = MachineParams.from_hw(HW).n_groups
 DRAM_WORDS = 1 << 14
 
 
@@ -61,12 +63,16 @@ def _mv(src: str, src_addr: int, dst: str, dst_addr: int, n: int, src_inst: int 
 
 @pytest.mark.parametrize("threads", [False, True])
 def test_every_group_between_its_own_instances(monkeypatch, threads):
+    shared = []
     if threads:  # every run shared out by Group, however few words it moves
         monkeypatch.setattr(functional, "SHARED_WORDS", 0)
+        run_shares = functional.run_shares
+        monkeypatch.setattr(functional, "run_shares", lambda work, total: (shared.append(total), run_shares(work, total)))
     mvs = [_mv("DRAM", 5 + 7 * k, "L2BM", 3 * k, n, dst_local=k % 2)
            for k, n in enumerate([1, 2, 3, 1, 1, 2, 5, 1, 64])]
     mvs += [_mv("L2BM", 40 + k, "DRAM", 900 + 11 * k, n, src_local=(k + 1) % 2) for k, n in enumerate([1, 2, 4])]
     _run(mvs)
+    assert shared == ([HW_GROUPS] if threads else [])
 
 
 def test_one_instance_to_one_reads_what_every_group_wrote_before_it():
