@@ -33,6 +33,7 @@ from ..ir import Graph, Value, update_output
 from . import legalize  # noqa: F401  (imported for its rules: they register in rules.RULES)
 from .rules import RULES, ir_dtype
 from .build import Builder
+from . import complex_pairs
 from .above_autograd import DecomposeAboveAutograd
 from .random import DeviceGenerator, draws
 from .mappings import register_mappings
@@ -145,8 +146,10 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
         if not isinstance(t, torch.Tensor):
             raise CompileError(f"input {name!r} is a {type(t).__name__}; compiled functions take tensors")
         if t.dtype not in INPUT_DTYPES:
+            hint = f" (pass torch.view_as_real({name}) and take torch.view_as_complex of it in the function)" \
+                if t.is_complex() else ""
             raise CompileError(f"input {name!r} has dtype {t.dtype}; the device takes "
-                               f"{', '.join(str(d).replace('torch.', '') for d in INPUT_DTYPES)}")
+                               f"{', '.join(str(d).replace('torch.', '') for d in INPUT_DTYPES)}{hint}")
     tensors = _unaliased(tensors)
     spec = pytree.tree_structure(inputs)
     out_info: dict[str, Any] = {}
@@ -190,7 +193,10 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
             # position bias) refuses a mask that requires grad
             try:
                 with torch.fx.traceback.preserve_node_meta(), torch.no_grad():
-                    gm = make_fx(functionalize(lambda *args: torch.fx.Interpreter(joint).run(*args),
+                    second = complex_pairs.interpreter(joint, [*names, *state], out_info["names"],
+                                                       [*tensors, *state.values()], _op_key,
+                                                       lambda node: user_line(node.meta.get("stack_trace")))
+                    gm = make_fx(functionalize(lambda *args: second.run(*args),
                                                remove="mutations_and_views"), decomposition_table=table(),
                                  tracing_mode="fake", _allow_non_fake_inputs=True, record_stack_traces=True)(
                         *tensors, *(t.detach() for t in state.values()))

@@ -118,6 +118,12 @@ def train_both(chip: str, model_name: str, optimizer_name: str) -> tuple[Context
     ref_optimizer = make_torch(ref.parameters())
     data = batches(shape)
     step = ctx.compile(training_step(model, optimizer), data[0], None)
+    steps_against_torch(ctx, step, ref, ref_optimizer, data)
+    return ctx, model, ref
+
+
+def steps_against_torch(ctx: Context, step, ref: nn.Module, ref_optimizer, data: list[dict[str, torch.Tensor]]) -> None:
+    """Run the compiled `step` and torch's on each batch, the losses equal within RTOL."""
     for inp in data:
         loss = step(inp)["loss"].item()
         ref_optimizer.zero_grad()
@@ -126,7 +132,6 @@ def train_both(chip: str, model_name: str, optimizer_name: str) -> tuple[Context
         ref_optimizer.step()
         assert loss == pytest.approx(want.item(), rel=RTOL)
     ctx.synchronize()
-    return ctx, model, ref
 
 
 @pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))

@@ -1,0 +1,126 @@
+"""Complex tensors inside compiled functions, computed as pairs of reals (compiler.frontend.complex_pairs):
+values against torch, a rotary-embedding training step against torch's optimizer, and the refusals
+(complex inputs, outputs, registered tensors, ops without a rule) by type and message."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from compiler.errors import CompileError, UnsupportedOpError
+from mlsdk import Context, MNCoreSGD, MNDevice
+from tests.mlsdk.test_training import assert_state_close, registered, steps_against_torch, training_step
+
+
+def every_rule(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One output per complex op the pairs compute (returned as view_as_real, or real)."""
+    a, b, r = torch.view_as_complex(d["a"]), torch.view_as_complex(d["b"]), d["r"]
+    complex_results = {
+        "mul": a * b, "add": a + b, "sub": a - 2 * b, "div": a / b, "conj": a.conj() * b, "neg": -a,
+        "real_factor": a * r, "real_term": a + r, "scalar": a * 2j + 1, "exp": torch.exp(a),
+        "sgn": torch.sgn(torch.cat([a, 0 * a], 1)),
+        "polar": torch.polar(r.abs() + 0.5, r), "complex": torch.complex(r, r * 2),
+        "cat": torch.cat([a, b], 0), "stack": torch.stack([a, b], -1), "sum": (a * b).sum(-1, keepdim=True),
+        "mean": a.mean(0), "where": torch.where(r > 0, a, b), "transpose": a.transpose(0, 1) * b.t(),
+        "permute": a.unsqueeze(0).permute(2, 0, 1).squeeze(1), "expand": a[:1].expand(3, 4) * b,
+        "select": a[:, 1] * b[:, 2].unsqueeze(1).T, "split": torch.cat(a.split(2, 1)[::-1], 1), "slice": a[:, 1::2],
+    }
+    out = {k: torch.view_as_real(v) for k, v in complex_results.items()}
+    out.update(abs=a.abs(), angle=(a * b).angle(), real=(a * b).real, imag=(a / b).imag)
+    return out
+
+
+def test_every_complex_op_matches_torch():
+    torch.manual_seed(0)
+    d = {"a": torch.randn(3, 4, 2), "b": torch.randn(3, 4, 2), "r": torch.randn(3, 4)}
+    fn = Context(MNDevice("mini:auto")).compile(every_rule, d, None)
+    got, want = fn(d), every_rule(d)
+    for name, w in want.items():
+        torch.testing.assert_close(got[name].cpu(), w, rtol=1e-5, atol=1e-5 * w.abs().max().item(),
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+def precompute_freqs_cis(dim: int, end: int, theta: float = 10000.0) -> torch.Tensor:
+    """Meta's LLaMA reference, as written there: the rotations as unit complex numbers."""
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: (dim // 2)].float() / dim))
+    t = torch.arange(end, device=freqs.device)
+    freqs = torch.outer(t, freqs).float()
+    return torch.polar(torch.ones_like(freqs), freqs)
+
+
+def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor):
+    """Meta's LLaMA reference: channel pairs as complex numbers, rotated by a complex product."""
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    fc = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])
+    return torch.view_as_real(xq_ * fc).flatten(3).type_as(xq), torch.view_as_real(xk_ * fc).flatten(3).type_as(xk)
+
+
+class RotaryAttention(nn.Module):
+    """Attention with rotary positions the complex way, the rotations a captured constant."""
+
+    def __init__(self, dim: int = 16, heads: int = 2, seq: int = 6) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.head = nn.Linear(dim, 10)
+        self.freqs_cis = precompute_freqs_cis(self.head_dim, seq)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = (w(x).view(b, n, self.heads, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        q, k = apply_rotary_emb(q, k, self.freqs_cis[:n])
+        q, k, v = (y.transpose(1, 2) for y in (q, k, v))
+        a = torch.softmax(q @ k.transpose(2, 3) / math.sqrt(self.head_dim), -1) @ v
+        return F.cross_entropy(self.head(self.wo(a.transpose(1, 2).reshape(b, n, -1))).mean(1), t)
+
+
+def test_rotary_attention_trains_as_torch_does():
+    torch.manual_seed(0)
+    model = RotaryAttention()
+    ref = copy.deepcopy(model)
+    ctx = Context(MNDevice("mini:auto"))
+    optimizer = MNCoreSGD(model.parameters(), 0.1, 0.9, 0.0)
+    ref_optimizer = torch.optim.SGD(ref.parameters(), 0.1, 0.9, 0.0)
+    registered(ctx, model, optimizer)
+    data = [{"x": torch.randn(2, 6, 16), "t": torch.randint(0, 10, (2,))} for _ in range(3)]
+    steps_against_torch(ctx, ctx.compile(training_step(model, optimizer), data[0], None), ref, ref_optimizer, data)
+    assert_state_close(model, ref)
+
+
+def test_complex_inputs_outputs_and_ops_without_a_rule_are_refused_by_name():
+    ctx = Context(MNDevice("mini:auto"))
+    x = torch.randn(3, 4, 2)
+    with pytest.raises(CompileError, match=r"input 'z' has dtype torch.complex64.*torch.view_as_real\(z\)"):
+        ctx.compile(lambda d: {"y": torch.view_as_real(d["z"] * 2)}, {"z": torch.view_as_complex(x)}, None)
+    with pytest.raises(CompileError, match=r"output 'w' is a complex tensor.*return torch.view_as_real"):
+        ctx.compile(lambda d: {"w": torch.view_as_complex(d["x"]) * 2}, {"x": x}, None)
+
+    def square_root(d):
+        return {"y": torch.view_as_real(torch.sqrt(torch.view_as_complex(d["x"])))}
+    line = inspect.getsourcelines(square_root)[1] + 1
+    with pytest.raises(UnsupportedOpError, match=rf"aten.sqrt.default with shapes \[\[3, 4\]\]: complex tensors are "
+                                                 rf"computed as pairs of reals by the ops .*\n  at .*:{line}:"):
+        ctx.compile(square_root, {"x": x}, None)
+    # the Context still compiles and runs
+    y = ctx.compile(lambda d: {"y": torch.view_as_real(torch.view_as_complex(d["x"]) * 1j)}, {"x": x}, None)({"x": x})
+    torch.testing.assert_close(y["y"].cpu(), torch.stack([-x[..., 1], x[..., 0]], -1))
+
+
+def test_a_registered_complex_tensor_is_refused_by_name():
+    model = RotaryAttention()
+    rotations = model.freqs_cis
+    del model.freqs_cis
+    model.register_buffer("freqs_cis", rotations, persistent=False)
+    ctx = Context(MNDevice("mini:auto"))
+    optimizer = MNCoreSGD(model.parameters(), 0.1)
+    registered(ctx, model, optimizer)
+    data = {"x": torch.randn(2, 6, 16), "t": torch.randint(0, 10, (2,))}
+    with pytest.raises(CompileError, match=r"registered tensor 'model@freqs_cis' is complex.*leave it unregistered"):
+        ctx.compile(training_step(model, optimizer), data, None)
