@@ -107,6 +107,15 @@ def _div(a: Any, b: Any) -> Pair:
     return _pair((ar * br + ai * bi) / scale, (ai * br - ar * bi) / scale)
 
 
+def _product(op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[Any, Any], Any]:
+    """A matrix product `op` (torch.mm, torch.bmm) of complex operands (torch multiplies no real
+    matrix by a complex one): four real products, (Ar + Ai i)(Br + Bi i) = (Ar Br - Ai Bi) +
+    (Ar Bi + Ai Br) i."""
+    def product(a: Pair, b: Pair) -> Pair:
+        return _pair(op(a.re, b.re) - op(a.im, b.im), op(a.re, b.im) + op(a.im, b.re))
+    return product
+
+
 def _conj(z: Pair) -> Pair:
     return _pair(z.re, -z.im)
 
@@ -217,6 +226,7 @@ _RULES: dict[str, Callable[..., Any]] = {
     "prims.sum": lambda z, dims, output_dtype=None: Pair(z.t.sum(_dims(z, dims))),
     "mean": lambda z, dims=None, keepdim=False, dtype=None: Pair(z.t.mean(_dims(z, dims), keepdim)),
     "mul": _mul, "add": _add, "sub": _sub, "div": _div, "neg": lambda z: Pair(-z.t),
+    "reciprocal": lambda z: _div(1.0, z), "mm": _product(torch.mm), "bmm": _product(torch.bmm),
     "conj_physical": _conj, "resolve_conj": lambda z: z, "resolve_neg": lambda z: z,
     "abs": lambda z: torch.sqrt(z.re * z.re + z.im * z.im), "angle": lambda z: torch.atan2(z.im, z.re),
     "exp": _exp, "sgn": _sgn, "polar": _polar, "complex": lambda re, im: _pair(re, im),

@@ -24,7 +24,8 @@ def every_rule(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     complex_results = {
         "mul": a * b, "add": a + b, "sub": a - 2 * b, "div": a / b, "conj": a.conj() * b, "neg": -a,
         "real_factor": a * r, "real_term": a + r, "scalar": a * 2j + 1, "exp": torch.exp(a),
-        "sgn": torch.sgn(torch.cat([a, 0 * a], 1)),
+        "sgn": torch.sgn(torch.cat([a, 0 * a], 1)), "reciprocal": 1 / a,
+        "matmul": a @ b.T, "batched": (a.unsqueeze(0) @ b.T.unsqueeze(0))[0],
         "polar": torch.polar(r.abs() + 0.5, r), "complex": torch.complex(r, r * 2),
         "cat": torch.cat([a, b], 0), "stack": torch.stack([a, b], -1), "sum": (a * b).sum(-1, keepdim=True),
         "mean": a.mean(0), "where": torch.where(r > 0, a, b), "transpose": a.transpose(0, 1) * b.t(),
