@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from compiler.frontend.complex_pairs import device_form
 from compiler.iospec import IOSpec
 
 from .binder import RELOCATION, Binder, Bound
@@ -37,7 +38,8 @@ class ResidentTensors:
         self._device = binder.device if binder is not None else None
         self._record = record
         self._owner = owner
-        self._tensors: dict[str, torch.Tensor] = {}
+        self._tensors: dict[str, torch.Tensor] = {}  # as the device holds them (complex_pairs.device_form)
+        self._registered: dict[str, torch.Tensor] = {}  # as registered (identity: `name_of`)
         self._name_by_id: dict[int, str] = {}
         self._copies: dict[str, dict[str, tuple[DeviceBuffer, IOSpec]]] = {}  # name -> layout key -> copy
         self._handles: dict[str, "weakref.WeakSet[DeviceValue]"] = {}
@@ -48,16 +50,17 @@ class ResidentTensors:
 
     def register(self, name: str, tensor: torch.Tensor) -> None:
         """Keep `tensor` as `name`; registered again, its host value replaces the device copies."""
-        if name in self._tensors and self._tensors[name] is not tensor:
+        if name in self._registered and self._registered[name] is not tensor:
             raise NameTakenError(f"another tensor is already registered as {name!r}; give each model its own "
                                  "prefix")
+        held = device_form(tensor)
         if name in self._copies:
             _, spec = self.any_copy(name)
-            if tuple(tensor.shape) != tuple(spec.shape):
+            if tuple(held.shape) != tuple(spec.shape):
                 raise RegistrationError(f"{name!r} is registered with shape {list(spec.shape)} and programs read it "
-                                        f"so; registered again with shape {list(tensor.shape)}, it would not fit "
+                                        f"so; registered again with shape {list(held.shape)}, it would not fit "
                                         "them: register the new tensor under another name, in a new Context")
-        self._tensors[name] = tensor
+        self._tensors[name], self._registered[name] = held, tensor
         self._name_by_id[id(tensor)] = name
         if name in self._copies:
             self.refresh(name)
@@ -67,13 +70,15 @@ class ResidentTensors:
         if tensor is None:
             return None
         name = self._name_by_id.get(id(tensor))
-        return name if name is not None and self._tensors.get(name) is tensor else None
+        return name if name is not None and self._registered.get(name) is tensor else None
 
     def tensor(self, name: str) -> torch.Tensor:
+        """The host tensor of `name` as the device holds it (complex_pairs.device_form)."""
         return self._tensors[name]
 
     def tensors(self) -> Iterator[torch.Tensor]:
-        return iter(list(self._tensors.values()))
+        """The tensors as registered (their `.grad` is the host's)."""
+        return iter(list(self._registered.values()))
 
     def __contains__(self, name: str) -> bool:
         return name in self._tensors

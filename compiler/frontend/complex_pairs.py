@@ -13,9 +13,10 @@ its decompositions and functionalization, so the graph the compiler legalizes ho
 value, and each op keeps the user's source line. A complex tensor the function captures (a
 precomputed `freqs_cis`) becomes the real constant `view_as_real` gives.
 
-What is refused, by name: complex inputs, outputs and registered tensors of the compiled
-function (the host would convert them: pass `torch.view_as_real(z)` instead), and complex ops
-outside `_RULES`, with the user's line.
+A registered complex tensor is held on the device as its pairs (`device_form`, runtime.resident)
+and read so. What is refused, by name: complex inputs and outputs of the compiled function (the
+host would convert them each call: pass and return `torch.view_as_real(z)` instead), and
+complex ops outside `_RULES`, with the user's line.
 """
 
 from __future__ import annotations
@@ -200,6 +201,19 @@ def _split(z: Pair, sizes: Any, dim: int = 0) -> list[Pair]:
     return [Pair(p) for p in torch.split(z.t, sizes, z.dim(dim))]
 
 
+def _in_place(rule: Callable[..., Any]) -> Callable[..., Pair]:
+    """The in-place form of an op (`mul_`, a write into a registered complex tensor): its result
+    copied into the first operand's pairs."""
+    def written(z: Pair, *args: Any, **kwargs: Any) -> Pair:
+        return _copy_into(z, rule(z, *args, **kwargs))
+    return written
+
+
+def _copy_into(z: Pair, value: Any, non_blocking: bool = False) -> Pair:
+    z.t.copy_(value.t if isinstance(value, Pair) else _to_copy(value).t)
+    return z
+
+
 # op key (tracing._op_key) -> the op on pairs; a rule takes the op's arguments with pairs where
 # the op had complex tensors and returns pairs where it returns complex tensors
 _VIEW = {
@@ -220,7 +234,7 @@ _VIEW = {
 _RULES: dict[str, Callable[..., Any]] = {
     **_VIEW, **{f"{k}_copy": v for k, v in _VIEW.items()},
     "clone": lambda z, **_: Pair(z.t.clone()), "lift_fresh_copy": lambda z: Pair(z.t.clone()),
-    "_to_copy": _to_copy, "cat": _cat, "stack": _stack, "where": _where,
+    "_to_copy": _to_copy, "copy_": _copy_into, "cat": _cat, "stack": _stack, "where": _where,
     "index": lambda z, indices: Pair(torch.ops.aten.index.Tensor(z.t, indices)),
     "sum": lambda z, dims=None, keepdim=False, dtype=None: Pair(z.t.sum(_dims(z, dims), keepdim)),
     "prims.sum": lambda z, dims, output_dtype=None: Pair(z.t.sum(_dims(z, dims))),
@@ -233,38 +247,33 @@ _RULES: dict[str, Callable[..., Any]] = {
 }
 
 
+def device_form(tensor: torch.Tensor) -> torch.Tensor:
+    """A host tensor as the device holds it: a complex one as the pairs of reals
+    `torch.view_as_real` gives (a view: what the device writes back lands in the complex tensor),
+    any other as it is. A registered complex tensor is held so (runtime.resident), and the
+    program reads it so (`_PairInterpreter.placeholder`)."""
+    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
+
+
 def is_complex(val: Any) -> bool:
     """Whether a node's value (a tensor, or a list of them) is or holds a complex tensor."""
     return any(isinstance(v, torch.Tensor) and v.is_complex() for v in pytree.tree_leaves(val))
 
 
-def interpreter(gm: torch.fx.GraphModule, in_names: list[str], out_names: list[str], samples: list[torch.Tensor],
-                op_key: Callable[[Any], str], where: Callable[[torch.fx.Node], str]) -> torch.fx.Interpreter:
+def interpreter(gm: torch.fx.GraphModule, out_names: list[str], op_key: Callable[[Any], str],
+                where: Callable[[torch.fx.Node], str]) -> torch.fx.Interpreter:
     """What runs traced graph `gm` for the tracer's second pass: one that holds complex values as
-    pairs of reals when the graph computes any (see the module docstring), else fx's own.
-    `samples` are its inputs, `op_key` names an op as the legalizer's rules do and `where` gives
-    a node's user source line."""
+    pairs of reals when the graph computes any (see the module docstring), else fx's own. Its
+    inputs are given in `device_form`; `op_key` names an op as the legalizer's rules do and
+    `where` gives a node's user source line. CompileError for a complex output (`out_names`)."""
     if not any(is_complex(n.meta.get("val")) for n in gm.graph.nodes):
         return torch.fx.Interpreter(gm)
-    _refuse_complex_ends(gm, in_names, out_names, samples)
-    return _PairInterpreter(gm, op_key, where)
-
-
-def _refuse_complex_ends(gm: torch.fx.GraphModule, in_names: list[str], out_names: list[str],
-                         samples: list[torch.Tensor]) -> None:
-    """CompileError for a complex input (only registered tensors get here: the tracer checks the
-    function's inputs first) or output: the host would have to convert them."""
-    for name, sample in zip(in_names, samples):
-        if sample.is_complex():
-            raise CompileError(f"registered tensor {name!r} is complex; the device holds real numbers: leave it "
-                               "unregistered (the program then holds it as a constant, as torch.view_as_real gives "
-                               "it), or register torch.view_as_real of it and take torch.view_as_complex of that in "
-                               "the function")
     results = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     for name, node in zip(out_names, results if isinstance(results, (list, tuple)) else [results]):
         if isinstance(node, torch.fx.Node) and is_complex(node.meta.get("val")):
             raise CompileError(f"output {name!r} is a complex tensor; the device holds real numbers: return "
                                "torch.view_as_real of it (and take torch.view_as_complex of that on the host)")
+    return _PairInterpreter(gm, op_key, where)
 
 
 class _PairInterpreter(torch.fx.Interpreter):
@@ -279,6 +288,14 @@ class _PairInterpreter(torch.fx.Interpreter):
         # they are constants of the new graph (made while tracing, they would be fake tensors)
         self.constants = {n.target: torch.view_as_real(getattr(gm, n.target).detach()).clone()
                           for n in gm.graph.nodes if n.op == "get_attr" and is_complex(getattr(gm, n.target))}
+
+    def placeholder(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        value = super().placeholder(target, args, kwargs)  # (a registered complex tensor in device_form)
+        return Pair(value) if isinstance(value, torch.Tensor) and is_complex(self.node_val(target)) else value
+
+    def node_val(self, target: Any) -> Any:
+        """The traced value of the placeholder `target`."""
+        return next(n.meta.get("val") for n in self.graph.nodes if n.op == "placeholder" and n.target == target)
 
     def get_attr(self, target: Any, args: tuple, kwargs: dict) -> Any:
         value = super().get_attr(target, args, kwargs)
@@ -301,7 +318,8 @@ class _PairInterpreter(torch.fx.Interpreter):
         with self._set_current_node(n):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             key = self.op_key(n.target)
-            rule = _RULES.get(key)
+            rule = _RULES.get(key) or (_in_place(_RULES[key[:-1]]) if key.endswith("_") and key[:-1] in _RULES
+                                       else None)
             shapes = [list(a.meta["val"].shape) for a in n.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
             if rule is None:
                 refused = UnsupportedOpError(str(n.target), shapes, self.where(n),

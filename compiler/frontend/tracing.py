@@ -178,6 +178,7 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
                 joint = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True, record_stack_traces=True,
                                 decomposition_table=draws(generator) if generator is not None else None)(*tensors)
             state, gradients_left, unkept = _captured_state(joint, resident)
+            state = {name: complex_pairs.device_form(t) for name, t in state.items()}  # (as the device holds it)
             clash = sorted(set(state) & set(names))
             if clash:
                 raise CompileError(f"input {clash[0]!r} has the name of a registered tensor the function reads; "
@@ -193,8 +194,7 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
             # position bias) refuses a mask that requires grad
             try:
                 with torch.fx.traceback.preserve_node_meta(), torch.no_grad():
-                    second = complex_pairs.interpreter(joint, [*names, *state], out_info["names"],
-                                                       [*tensors, *state.values()], _op_key,
+                    second = complex_pairs.interpreter(joint, out_info["names"], _op_key,
                                                        lambda node: user_line(node.meta.get("stack_trace")))
                     gm = make_fx(functionalize(lambda *args: second.run(*args),
                                                remove="mutations_and_views"), decomposition_table=table(),
@@ -495,6 +495,7 @@ def _captured_state(joint: torch.fx.GraphModule, resident: Callable[[torch.Tenso
                 with graph.inserting_after(anchor) if anchor is not None else \
                         graph.inserting_before(next(iter(graph.nodes))):
                     placeholders[name] = graph.placeholder(_placeholder_name(name))
+                    placeholders[name].meta["val"] = node.meta.get("val")  # (complex_pairs reads it)
                 last_input.append(placeholders[name])
                 state[name] = captured
             node.replace_all_uses_with(placeholders[name])

@@ -1,6 +1,7 @@
 """Complex tensors inside compiled functions, computed as pairs of reals (compiler.frontend.complex_pairs):
-values against torch, a rotary-embedding training step against torch's optimizer, and the refusals
-(complex inputs, outputs, registered tensors, ops without a rule) by type and message."""
+values against torch, a rotary-embedding training step against torch's optimizer (its rotations
+captured, or a registered buffer), a registered complex tensor written in place coming back
+complex, and the refusals (complex inputs, outputs, ops without a rule) by type and message."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from compiler.errors import CompileError, UnsupportedOpError
-from mlsdk import Context, MNCoreSGD, MNDevice
+from mlsdk import Context, MNCoreSGD, MNDevice, set_tensor_name
 from tests.mlsdk.test_training import assert_state_close, registered, steps_against_torch, training_step
 
 
@@ -64,14 +65,18 @@ def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
 
 
 class RotaryAttention(nn.Module):
-    """Attention with rotary positions the complex way, the rotations a captured constant."""
+    """Attention with rotary positions the complex way, the rotations a captured constant (as in
+    Meta's reference) or a buffer (registered with the model's, it lives on the device)."""
 
-    def __init__(self, dim: int = 16, heads: int = 2, seq: int = 6) -> None:
+    def __init__(self, dim: int = 16, heads: int = 2, seq: int = 6, buffer: bool = False) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, dim // heads
         self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
         self.head = nn.Linear(dim, 10)
-        self.freqs_cis = precompute_freqs_cis(self.head_dim, seq)
+        if buffer:
+            self.register_buffer("freqs_cis", precompute_freqs_cis(self.head_dim, seq), persistent=False)
+        else:
+            self.freqs_cis = precompute_freqs_cis(self.head_dim, seq)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
@@ -82,9 +87,10 @@ class RotaryAttention(nn.Module):
         return F.cross_entropy(self.head(self.wo(a.transpose(1, 2).reshape(b, n, -1))).mean(1), t)
 
 
-def test_rotary_attention_trains_as_torch_does():
+@pytest.mark.parametrize("buffer", [False, True], ids=["captured", "registered"])
+def test_rotary_attention_trains_as_torch_does(buffer):
     torch.manual_seed(0)
-    model = RotaryAttention()
+    model = RotaryAttention(buffer=buffer)
     ref = copy.deepcopy(model)
     ctx = Context(MNDevice("mini:auto"))
     optimizer = MNCoreSGD(model.parameters(), 0.1, 0.9, 0.0)
@@ -93,6 +99,7 @@ def test_rotary_attention_trains_as_torch_does():
     data = [{"x": torch.randn(2, 6, 16), "t": torch.randint(0, 10, (2,))} for _ in range(3)]
     steps_against_torch(ctx, ctx.compile(training_step(model, optimizer), data[0], None), ref, ref_optimizer, data)
     assert_state_close(model, ref)
+    assert model.freqs_cis.dtype == torch.complex64 and torch.equal(model.freqs_cis, ref.freqs_cis)
 
 
 def test_complex_inputs_outputs_and_ops_without_a_rule_are_refused_by_name():
@@ -114,14 +121,23 @@ def test_complex_inputs_outputs_and_ops_without_a_rule_are_refused_by_name():
     torch.testing.assert_close(y["y"].cpu(), torch.stack([-x[..., 1], x[..., 0]], -1))
 
 
-def test_a_registered_complex_tensor_is_refused_by_name():
-    model = RotaryAttention()
-    rotations = model.freqs_cis
-    del model.freqs_cis
-    model.register_buffer("freqs_cis", rotations, persistent=False)
+def test_a_registered_complex_tensor_written_in_place_comes_back_complex():
+    torch.manual_seed(0)
+    phase = torch.polar(torch.ones(3, 4), torch.randn(3, 4))
+    start = phase.clone()
     ctx = Context(MNDevice("mini:auto"))
-    optimizer = MNCoreSGD(model.parameters(), 0.1)
-    registered(ctx, model, optimizer)
-    data = {"x": torch.randn(2, 6, 16), "t": torch.randint(0, 10, (2,))}
-    with pytest.raises(CompileError, match=r"registered tensor 'model@freqs_cis' is complex.*leave it unregistered"):
-        ctx.compile(training_step(model, optimizer), data, None)
+    set_tensor_name(phase, "phase")
+    ctx.register_buffer(phase)
+
+    def turn(d):
+        phase.mul_(torch.view_as_complex(d["r"]))
+        return {"y": torch.view_as_real(phase * 2)}
+    r = torch.randn(3, 4, 2)
+    fn = ctx.compile(turn, {"r": r}, None)
+    for _ in range(2):
+        y = fn({"r": r})["y"].cpu()
+    ctx.synchronize()
+    want = start * torch.view_as_complex(r) ** 2
+    assert phase.dtype == torch.complex64
+    torch.testing.assert_close(phase, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.view_as_complex(y.contiguous()), 2 * want, rtol=1e-5, atol=1e-6)
