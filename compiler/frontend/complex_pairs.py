@@ -143,7 +143,7 @@ def _to_copy(x: Any, dtype: torch.dtype | None = None, **_: Any) -> Any:
         if dtype is None or dtype.is_complex:
             return Pair(x.t.to(_part_dtype(dtype or _complex_of(x.t.dtype))))
         return x.re.to(dtype)
-    real = x.to(_part_dtype(dtype))
+    real = x if dtype is None else x.to(_part_dtype(dtype))
     return _pair(real, torch.zeros_like(real))
 
 

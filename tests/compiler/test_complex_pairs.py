@@ -28,7 +28,7 @@ def every_rule(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         "sgn": torch.sgn(torch.cat([a, 0 * a], 1)), "reciprocal": 1 / a,
         "matmul": a @ b.T, "batched": (a.unsqueeze(0) @ b.T.unsqueeze(0))[0],
         "polar": torch.polar(r.abs() + 0.5, r), "complex": torch.complex(r, r * 2),
-        "cat": torch.cat([a, b], 0), "stack": torch.stack([a, b], -1), "sum": (a * b).sum(-1, keepdim=True),
+        "cat": torch.cat([a, b], 0), "cat_real": torch.cat([a, r], 1), "stack": torch.stack([a, b], -1), "sum": (a * b).sum(-1, keepdim=True),
         "mean": a.mean(0), "where": torch.where(r > 0, a, b), "transpose": a.transpose(0, 1) * b.t(),
         "permute": a.unsqueeze(0).permute(2, 0, 1).squeeze(1), "expand": a[:1].expand(3, 4) * b,
         "select": a[:, 1] * b[:, 2].unsqueeze(1).T, "split": torch.cat(a.split(2, 1)[::-1], 1), "slice": a[:, 1::2],
