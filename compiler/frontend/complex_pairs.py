@@ -5,16 +5,17 @@ is the shortest way to say a rotation: rotary position embeddings in Meta's LLaM
 code (`torch.polar`, `torch.view_as_complex`, a complex product, `torch.view_as_real`), though
 every tensor the function takes and returns is real. When the tracer's first pass (through
 autograd and the optimizer, so the backward's complex ops too) holds complex values, its second
-pass runs that graph through `_PairInterpreter`, which holds each complex tensor z of shape S as
-the real tensor of shape S + (2,) that `torch.view_as_real(z)` is (real part first, imaginary
-part second in the last dimension) and runs each complex op as the real ops of its definition,
-(a + bi)(c + di) = (ac - bd) + (ad + bc)i and so on. The second pass records those ops, with
-its decompositions and functionalization, so the graph the compiler legalizes holds no complex
-value, and each op keeps the user's source line. A complex tensor the function captures (a
-precomputed `freqs_cis`) becomes the real constant `view_as_real` gives.
+pass runs that graph through `_PairInterpreter`, which holds each complex tensor as a `Pair` of
+real tensors of its shape, its real and imaginary parts, and runs each complex op as the real
+ops of its definition, (a + bi)(c + di) = (ac - bd) + (ad + bc)i and so on (views, copies and
+sums over dimensions as the same op on each part, `PER_PART`). The second pass records those
+ops, with its decompositions and functionalization, so the graph the compiler legalizes holds no
+complex value, and each op keeps the user's source line. A complex tensor the function captures
+(a precomputed `freqs_cis`) becomes two real constants, its parts.
 
-A registered complex tensor is held on the device as its pairs (`device_form`, runtime.resident)
-and read so. What is refused, by name: complex inputs and outputs of the compiled function (the
+A registered complex tensor is held on the device as the real tensor `torch.view_as_real` gives
+(`device_form`, runtime.resident: a view, so what the program writes back lands in the complex
+tensor), whose last dimension holds the parts. What is refused, by name: complex inputs and outputs of the compiled function (the
 host would convert them each call: pass and return `torch.view_as_real(z)` instead), and
 complex ops outside `_RULES`, with the user's line.
 """
@@ -33,35 +34,33 @@ from ..errors import CompileError, UnsupportedOpError
 
 @dataclass(frozen=True)
 class Pair:
-    """A complex tensor held as `torch.view_as_real` holds it: its shape plus a last dimension
-    of 2, the real part at index 0 and the imaginary part at index 1."""
+    """A complex tensor as its real and imaginary parts, two real tensors of its shape. Parts
+    rather than the one tensor `view_as_real` gives (parts in its last dimension): a view, a
+    reduction or a product of parts is the same op on each, and a constant's parts are two
+    contiguous constants, which the compiler lays out as any other tensor (Meta's rotary
+    embedding on mncore2, 2 x 128 x 8 x 64: 731,256 cycles with the pairs in one tensor, each
+    product reading its constant's parts at a stride of 2; the parts as the real formula with
+    cos and sin gives them, 516,040)."""
 
-    t: torch.Tensor
+    re: torch.Tensor
+    im: torch.Tensor
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "Pair":
+        """The parts of a `view_as_real` form (last dimension 2)."""
+        return Pair(t[..., 0], t[..., 1])
 
     @property
-    def ndim(self) -> int:
-        """Dimensions of the complex tensor (the pair's dimension left out)."""
-        return self.t.dim() - 1
-
-    @property
-    def re(self) -> torch.Tensor:
-        return self.t[..., 0]
-
-    @property
-    def im(self) -> torch.Tensor:
-        return self.t[..., 1]
-
-    def dim(self, d: int) -> int:
-        """Complex dimension `d` (negative counts from the complex tensor's end) in `t`."""
-        return d % self.ndim if self.ndim else 0
+    def t(self) -> torch.Tensor:
+        """The `view_as_real` form."""
+        return torch.stack([self.re, self.im], -1)
 
 
 def _pair(re: Any, im: Any) -> Pair:
     """The pair of a real and an imaginary part (tensors or numbers, broadcast together)."""
-    re, im = torch.as_tensor(re) if not isinstance(re, torch.Tensor) else re, \
-        torch.as_tensor(im) if not isinstance(im, torch.Tensor) else im
-    re, im = torch.broadcast_tensors(re, im)
-    return Pair(torch.stack([re, im], -1))
+    re, im = torch.broadcast_tensors(torch.as_tensor(re) if not isinstance(re, torch.Tensor) else re,
+                                     torch.as_tensor(im) if not isinstance(im, torch.Tensor) else im)
+    return Pair(re, im)
 
 
 def _parts(x: Any) -> tuple[Any, Any]:
@@ -77,16 +76,11 @@ def _real(x: Any) -> bool:
     return not isinstance(x, (Pair, complex))
 
 
-def _lanes(x: Any) -> Any:
-    """A real tensor broadcast against a pair's `t` (a last dimension of 1); numbers as they are."""
-    return x.unsqueeze(-1) if isinstance(x, torch.Tensor) else x
-
-
 def _mul(a: Any, b: Any) -> Pair:
     if _real(b):  # a real factor scales both parts
-        return Pair(a.t * _lanes(b)) if isinstance(a, Pair) else _mul(b, a)
+        return Pair(a.re * b, a.im * b) if isinstance(a, Pair) else _mul(b, a)
     if _real(a):
-        return Pair(_lanes(a) * b.t) if isinstance(b, Pair) else _pair(a * b.real, a * b.imag)
+        return Pair(a * b.re, a * b.im) if isinstance(b, Pair) else _pair(a * b.real, a * b.imag)
     (ar, ai), (br, bi) = _parts(a), _parts(b)
     return _pair(ar * br - ai * bi, ar * bi + ai * br)
 
@@ -102,7 +96,7 @@ def _sub(a: Any, b: Any, alpha: Any = 1) -> Pair:
 
 def _div(a: Any, b: Any) -> Pair:
     if _real(b):
-        return Pair(a.t / _lanes(b))
+        return Pair(a.re / b, a.im / b)
     (ar, ai), (br, bi) = _parts(a), _parts(b)
     scale = br * br + bi * bi
     return _pair((ar * br + ai * bi) / scale, (ai * br - ar * bi) / scale)
@@ -113,23 +107,28 @@ def _product(op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callab
     matrix by a complex one): four real products, (Ar + Ai i)(Br + Bi i) = (Ar Br - Ai Bi) +
     (Ar Bi + Ai Br) i."""
     def product(a: Pair, b: Pair) -> Pair:
-        return _pair(op(a.re, b.re) - op(a.im, b.im), op(a.re, b.im) + op(a.im, b.re))
+        return Pair(op(a.re, b.re) - op(a.im, b.im), op(a.re, b.im) + op(a.im, b.re))
     return product
 
 
 def _conj(z: Pair) -> Pair:
-    return _pair(z.re, -z.im)
+    return Pair(z.re, -z.im)
+
+
+def _size(z: Pair) -> torch.Tensor:
+    return torch.sqrt(z.re * z.re + z.im * z.im)
 
 
 def _exp(z: Pair) -> Pair:
     size = torch.exp(z.re)
-    return _pair(size * torch.cos(z.im), size * torch.sin(z.im))
+    return Pair(size * torch.cos(z.im), size * torch.sin(z.im))
 
 
 def _sgn(z: Pair) -> Pair:
     """z / |z|, and 0 where z is 0 (torch.sgn; abs's gradient)."""
-    size = torch.sqrt(z.re * z.re + z.im * z.im)
-    return Pair(z.t * _lanes(torch.where(size > 0, 1 / size, 0.0)))
+    size = _size(z)
+    scale = torch.where(size > 0, 1 / size, 0.0)
+    return Pair(z.re * scale, z.im * scale)
 
 
 def _polar(size: torch.Tensor, angle: torch.Tensor) -> Pair:
@@ -141,10 +140,11 @@ def _to_copy(x: Any, dtype: torch.dtype | None = None, **_: Any) -> Any:
     torch does; real to complex gives a zero imaginary part."""
     if isinstance(x, Pair):
         if dtype is None or dtype.is_complex:
-            return Pair(x.t.to(_part_dtype(dtype or _complex_of(x.t.dtype))))
+            part = _part_dtype(dtype) if dtype is not None else x.re.dtype
+            return Pair(x.re.to(part), x.im.to(part))
         return x.re.to(dtype)
     real = x if dtype is None else x.to(_part_dtype(dtype))
-    return _pair(real, torch.zeros_like(real))
+    return Pair(real, torch.zeros_like(real))
 
 
 def _part_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -152,40 +152,17 @@ def _part_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.empty(0, dtype=dtype).real.dtype if dtype.is_complex else dtype
 
 
-def _complex_of(dtype: torch.dtype) -> torch.dtype:
-    return torch.complex128 if dtype == torch.float64 else torch.complex64
+def _as_pairs(tensors: list[Any]) -> list[Pair]:
+    """A list of complex and real tensors as pairs (the real ones with a zero imaginary part)."""
+    return [x if isinstance(x, Pair) else _to_copy(x) for x in tensors]
 
 
-def _dims(z: Pair, dims: Any) -> list[int]:
-    """A reduction's complex dimensions in `t` (none given: all of them)."""
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-        return list(range(z.ndim))
-    return [z.dim(d) for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
-
-
-def _squeeze(z: Pair, dims: Any = None) -> Pair:
-    if dims is None:
-        dims = [d for d in range(z.ndim) if z.t.shape[d] == 1]
-    return Pair(z.t.squeeze(tuple(_dims(z, dims)))) if dims != [] else z
-
-
-def _reshape(z: Pair, shape: Any) -> Pair:
-    return Pair(z.t.reshape(*shape, 2))
-
-
-def _every_pair(tensors: list[Any]) -> list[torch.Tensor]:
-    """The pairs of a list of complex and real tensors (the real ones with a zero imaginary part)."""
-    return [x.t if isinstance(x, Pair) else _to_copy(x).t for x in tensors]
-
-
-def _cat(tensors: list[Any], dim: int = 0) -> Pair:
-    pairs = _every_pair(tensors)
-    return Pair(torch.cat(pairs, dim % (pairs[0].dim() - 1)))
-
-
-def _stack(tensors: list[Any], dim: int = 0) -> Pair:
-    pairs = _every_pair(tensors)
-    return Pair(torch.stack(pairs, dim % pairs[0].dim()))
+def _joined(op: Callable[..., torch.Tensor]) -> Callable[..., Pair]:
+    """cat or stack of complex (and real) tensors: the parts joined alike."""
+    def joined(tensors: list[Any], *args: Any, **kwargs: Any) -> Pair:
+        pairs = _as_pairs(tensors)
+        return Pair(op([p.re for p in pairs], *args, **kwargs), op([p.im for p in pairs], *args, **kwargs))
+    return joined
 
 
 def _where(cond: torch.Tensor, a: Any, b: Any) -> Pair:
@@ -193,56 +170,45 @@ def _where(cond: torch.Tensor, a: Any, b: Any) -> Pair:
     return _pair(torch.where(cond, ar, br), torch.where(cond, ai, bi))
 
 
-def _slice(z: Pair, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Pair:
-    return Pair(torch.ops.aten.slice.Tensor(z.t, z.dim(dim), start, end, step))
-
-
-def _split(z: Pair, sizes: Any, dim: int = 0) -> list[Pair]:
-    return [Pair(p) for p in torch.split(z.t, sizes, z.dim(dim))]
+def _copy_into(z: Pair, value: Any, non_blocking: bool = False) -> Pair:
+    value = value if isinstance(value, Pair) else _to_copy(value)
+    z.re.copy_(value.re)
+    z.im.copy_(value.im)
+    return z
 
 
 def _in_place(rule: Callable[..., Any]) -> Callable[..., Pair]:
     """The in-place form of an op (`mul_`, a write into a registered complex tensor): its result
-    copied into the first operand's pairs."""
+    copied into the first operand's parts."""
     def written(z: Pair, *args: Any, **kwargs: Any) -> Pair:
         return _copy_into(z, rule(z, *args, **kwargs))
     return written
 
 
-def _copy_into(z: Pair, value: Any, non_blocking: bool = False) -> Pair:
-    z.t.copy_(value.t if isinstance(value, Pair) else _to_copy(value).t)
-    return z
-
-
-# op key (tracing._op_key) -> the op on pairs; a rule takes the op's arguments with pairs where
-# the op had complex tensors and returns pairs where it returns complex tensors
+# Ops that act on a complex tensor as on each of its parts: views, copies and sums over
+# dimensions. Their rule is the op itself on the real part and on the imaginary part
+# (`_PairInterpreter.run_node`), the op's own arguments unchanged.
+PER_PART = frozenset({
+    "view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "t", "unsqueeze", "squeeze", "slice",
+    "select", "split", "split_with_sizes", "unbind", "index", "alias", "detach", "lift_fresh", "clone",
+    "lift_fresh_copy", "sum", "prims.sum", "mean", "neg", "flip", "roll", "repeat", "narrow",
+    *(f"{k}_copy" for k in ("view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "t", "unsqueeze",
+                            "squeeze", "slice", "select", "split", "split_with_sizes", "unbind", "alias",
+                            "detach")),
+})
+# op key (tracing._op_key) -> the op on pairs, for the rest: a rule takes the op's arguments with
+# pairs where the op had complex tensors and returns pairs where it returns complex tensors
 _VIEW = {
-    "view_as_complex": lambda x: Pair(x), "view_as_real": lambda z: z.t,
-    "view": _reshape, "_unsafe_view": _reshape, "reshape": _reshape,
-    "expand": lambda z, size, implicit=False: Pair(z.t.expand(*size, 2)),
-    "permute": lambda z, dims: Pair(z.t.permute(*[z.dim(d) for d in dims], z.ndim)),
-    "transpose": lambda z, d0, d1: Pair(z.t.transpose(z.dim(d0), z.dim(d1))),
-    "t": lambda z: Pair(z.t.transpose(0, 1)) if z.ndim == 2 else z,
-    "unsqueeze": lambda z, d: Pair(z.t.unsqueeze(d % (z.ndim + 1))),
-    "squeeze": _squeeze, "slice": _slice,
-    "select": lambda z, dim, index: Pair(torch.select(z.t, z.dim(dim), index)),
-    "split": _split, "split_with_sizes": _split,
-    "unbind": lambda z, dim=0: [Pair(p) for p in torch.unbind(z.t, z.dim(dim))],
-    "alias": lambda z: z, "detach": lambda z: z, "lift_fresh": lambda z: z,
+    "view_as_complex": Pair.of, "view_as_real": lambda z: z.t,
     "real": lambda z: z.re, "imag": lambda z: z.im, "conj": _conj, "_conj": _conj,
 }
 _RULES: dict[str, Callable[..., Any]] = {
     **_VIEW, **{f"{k}_copy": v for k, v in _VIEW.items()},
-    "clone": lambda z, **_: Pair(z.t.clone()), "lift_fresh_copy": lambda z: Pair(z.t.clone()),
-    "_to_copy": _to_copy, "copy_": _copy_into, "cat": _cat, "stack": _stack, "where": _where,
-    "index": lambda z, indices: Pair(torch.ops.aten.index.Tensor(z.t, indices)),
-    "sum": lambda z, dims=None, keepdim=False, dtype=None: Pair(z.t.sum(_dims(z, dims), keepdim)),
-    "prims.sum": lambda z, dims, output_dtype=None: Pair(z.t.sum(_dims(z, dims))),
-    "mean": lambda z, dims=None, keepdim=False, dtype=None: Pair(z.t.mean(_dims(z, dims), keepdim)),
-    "mul": _mul, "add": _add, "sub": _sub, "div": _div, "neg": lambda z: Pair(-z.t),
+    "_to_copy": _to_copy, "copy_": _copy_into, "cat": _joined(torch.cat), "stack": _joined(torch.stack),
+    "where": _where, "mul": _mul, "add": _add, "sub": _sub, "div": _div,
     "reciprocal": lambda z: _div(1.0, z), "mm": _product(torch.mm), "bmm": _product(torch.bmm),
     "conj_physical": _conj, "resolve_conj": lambda z: z, "resolve_neg": lambda z: z,
-    "abs": lambda z: torch.sqrt(z.re * z.re + z.im * z.im), "angle": lambda z: torch.atan2(z.im, z.re),
+    "abs": _size, "angle": lambda z: torch.atan2(z.im, z.re),
     "exp": _exp, "sgn": _sgn, "polar": _polar, "complex": lambda re, im: _pair(re, im),
 }
 
@@ -286,12 +252,13 @@ class _PairInterpreter(torch.fx.Interpreter):
         self.refused: str | None = None  # the message of the op refused, as it was raised
         # captured complex tensors as view_as_real holds them: made here, before tracing, so that
         # they are constants of the new graph (made while tracing, they would be fake tensors)
-        self.constants = {n.target: torch.view_as_real(getattr(gm, n.target).detach()).clone()
+        self.constants = {n.target: Pair(getattr(gm, n.target).detach().real.clone(),
+                                         getattr(gm, n.target).detach().imag.clone())
                           for n in gm.graph.nodes if n.op == "get_attr" and is_complex(getattr(gm, n.target))}
 
     def placeholder(self, target: Any, args: tuple, kwargs: dict) -> Any:
         value = super().placeholder(target, args, kwargs)  # (a registered complex tensor in device_form)
-        return Pair(value) if isinstance(value, torch.Tensor) and is_complex(self.node_val(target)) else value
+        return Pair.of(value) if isinstance(value, torch.Tensor) and is_complex(self.node_val(target)) else value
 
     def node_val(self, target: Any) -> Any:
         """The traced value of the placeholder `target`."""
@@ -300,7 +267,7 @@ class _PairInterpreter(torch.fx.Interpreter):
     def get_attr(self, target: Any, args: tuple, kwargs: dict) -> Any:
         value = super().get_attr(target, args, kwargs)
         if isinstance(value, torch.Tensor) and value.is_complex():
-            return Pair(self.constants[target])
+            return self.constants[target]
         return value
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
@@ -318,13 +285,13 @@ class _PairInterpreter(torch.fx.Interpreter):
         with self._set_current_node(n):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             key = self.op_key(n.target)
-            rule = _RULES.get(key) or (_in_place(_RULES[key[:-1]]) if key.endswith("_") and key[:-1] in _RULES
-                                       else None)
+            rule = _per_part(n.target) if key in PER_PART else _RULES.get(key) or (
+                _in_place(_RULES[key[:-1]]) if key.endswith("_") and key[:-1] in _RULES else None)
             shapes = [list(a.meta["val"].shape) for a in n.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
             if rule is None:
                 refused = UnsupportedOpError(str(n.target), shapes, self.where(n),
                                              "complex tensors are computed as pairs of reals by the ops "
-                                             f"{', '.join(sorted(k for k in _RULES if not k.endswith('_copy')))}; "
+                                             f"{', '.join(sorted(k for k in {*_RULES, *PER_PART} if not k.endswith('_copy')))}; "
                                              "this one is not among them")
                 self.refused = str(refused)
                 raise refused
@@ -335,6 +302,15 @@ class _PairInterpreter(torch.fx.Interpreter):
             return result
 
 
+def _per_part(op: Callable[..., Any]) -> Callable[..., Any]:
+    """`op` (in PER_PART) on each part of its complex operand: a pair, or a list of pairs for
+    an op that returns a list (split, unbind)."""
+    def on_parts(z: Pair, *args: Any, **kwargs: Any) -> Any:
+        re, im = op(z.re, *args, **kwargs), op(z.im, *args, **kwargs)
+        return [Pair(r, i) for r, i in zip(re, im)] if isinstance(re, (list, tuple)) else Pair(re, im)
+    return on_parts
+
+
 def _check(n: torch.fx.Node, result: Any) -> None:
     """A rule's result has the shape of the op's value (complex ones as pairs): a wrong rule is
     found here, at its op, not as wrong numbers later."""
@@ -342,7 +318,7 @@ def _check(n: torch.fx.Node, result: Any) -> None:
             result, is_leaf=lambda x: isinstance(x, Pair))):
         if not isinstance(want, torch.Tensor):
             continue
-        shape = tuple(got.t.shape[:-1]) if isinstance(got, Pair) else tuple(getattr(got, "shape", ()))
+        shape = tuple(got.re.shape) if isinstance(got, Pair) else tuple(getattr(got, "shape", ()))
         if shape != tuple(want.shape) or isinstance(got, Pair) != want.is_complex():
             raise CompileError(f"internal: the complex rule for {n.target} gave {shape} "
                                f"{'complex' if isinstance(got, Pair) else 'real'}, torch {tuple(want.shape)} {want.dtype}")

@@ -32,6 +32,8 @@ def every_rule(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         "mean": a.mean(0), "where": torch.where(r > 0, a, b), "transpose": a.transpose(0, 1) * b.t(),
         "permute": a.unsqueeze(0).permute(2, 0, 1).squeeze(1), "expand": a[:1].expand(3, 4) * b,
         "select": a[:, 1] * b[:, 2].unsqueeze(1).T, "split": torch.cat(a.split(2, 1)[::-1], 1), "slice": a[:, 1::2],
+        "flip": torch.flip(a, [1]) * b, "roll": torch.roll(a, 1, 0) * b, "repeat": a[:1].repeat(3, 1) * b,
+        "narrow": a.narrow(1, 1, 2),
     }
     out = {k: torch.view_as_real(v) for k, v in complex_results.items()}
     out.update(abs=a.abs(), angle=(a * b).angle(), real=(a * b).real, imag=(a / b).imag)
