@@ -35,6 +35,7 @@ from .rules import RULES, ir_dtype
 from .build import Builder
 from . import complex_pairs
 from .above_autograd import DecomposeAboveAutograd
+from .cumulative_average import traced_cumulative_average
 from .random import DeviceGenerator, draws
 from .mappings import register_mappings
 from .decompositions import table
@@ -168,7 +169,7 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
         # without oneDNN, recurrent layers (nn.LSTM) trace as their ATen composite rather than as
         # one fused CPU kernel (mkldnn_rnn_layer) that no decomposition opens
         no_onednn = torch.backends.mkldnn.flags(enabled=False, deterministic=None, allow_tf32=None, fp32_precision=None)
-        with _all_stack_frames(), no_onednn, _no_attention_fastpath():
+        with _all_stack_frames(), no_onednn, _no_attention_fastpath(), traced_cumulative_average():
             # pass 1, through autograd and the optimizer: backward() and step() become ATen ops on
             # the captured tensors (functionalize would hide autograd, so it comes second)
             zeroed: set[int] = set()

@@ -795,9 +795,8 @@ class _Counter(nn.Module):
 
 def test_a_registered_tensor_read_as_a_number_is_refused_and_the_context_stays_usable():
     """float(buffer) while tracing would bake the buffer's value at compile into the program while
-    the device keeps updating the buffer: x / float(count) divided by 1 on every call, and
-    BatchNorm(momentum=None) kept the last batch's statistics. Refused, naming the tensor and the
-    line; the same Context then compiles and runs the tensor form."""
+    the device keeps updating the buffer: x / float(count) divided by 1 on every call. Refused,
+    naming the tensor and the line; the same Context then compiles and runs the tensor form."""
     counter = _Counter()
     ctx = Context(MNDevice("mini"))
     ctx.registry.register("counter", counter)
@@ -805,16 +804,37 @@ def test_a_registered_tensor_read_as_a_number_is_refused_and_the_context_stays_u
     with pytest.raises(CompileError, match=r"registered tensor 'counter@count' is read as a Python number") as info:
         ctx.compile(lambda d: {"y": counter(d["x"])}, {"x": x}, None)
     assert "x / float(self.count)" in str(info.value)
-    bn = nn.BatchNorm1d(4, momentum=None)
-    ctx.registry.register("bn", bn)
-    with pytest.raises(CompileError, match=r"'bn@num_batches_tracked' is read as a Python number"):
-        ctx.compile(lambda d: {"y": bn(d["x"])}, {"x": torch.randn(8, 4)}, None)
 
     def tensor_form(d):
         counter.count += 1
         return {"y": d["x"] / counter.count}
     step = ctx.compile(tensor_form, {"x": x}, None)
     assert [step({"x": x})["y"].cpu()[0].item() for _ in range(3)] == [1.0, 0.5, pytest.approx(1 / 3)]
+
+
+class CumulativeCNN(SmallCNN):
+    """SmallCNN whose BatchNorm keeps a cumulative average of the batch statistics."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(8, momentum=None)
+
+
+def test_batch_norm_with_a_cumulative_average_trains_as_torch_does():
+    """BatchNorm(momentum=None) weighs each batch by 1 / num_batches_tracked, a Python number in
+    torch's forward, which tracing refused (compiler.frontend.cumulative_average traces it with the
+    weight a tensor): three SGD steps give torch's losses, parameters, running statistics and count."""
+    torch.manual_seed(0)
+    model = CumulativeCNN().train()
+    ref = copy.deepcopy(model)
+    ctx = Context(MNDevice("mini:auto"))
+    optimizer = MNCoreSGD(model.parameters(), 0.1, 0.9, 0.0)
+    registered(ctx, model, optimizer)
+    data = batches((4, 3, 8, 8))
+    step = ctx.compile(training_step(model, optimizer), data[0], None)
+    steps_against_torch(ctx, step, ref, torch.optim.SGD(ref.parameters(), 0.1, 0.9, 0.0), data)
+    assert_state_close(model, ref)
+    assert model.bn.num_batches_tracked.item() == len(data)
 
 
 def test_zero_grad_clears_gradients_the_device_keeps():
