@@ -41,7 +41,9 @@ def cumulative_forward(self: _BatchNorm, input: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def traced_cumulative_average() -> Iterator[None]:
-    """BatchNorm modules run `cumulative_forward` inside the block (tracing: one at a time)."""
+    """BatchNorm modules run `cumulative_forward` inside the block. The patch is process-wide
+    while a trace runs (traces queue, one at a time): a module run eagerly on another thread
+    meanwhile computes the same update, rounded as this forward rounds it."""
     _BatchNorm.forward = cumulative_forward
     try:
         yield
