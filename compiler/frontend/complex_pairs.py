@@ -15,9 +15,9 @@ complex value, and each op keeps the user's source line. A complex tensor the fu
 
 A registered complex tensor is held on the device as the real tensor `torch.view_as_real` gives
 (`device_form`, runtime.resident: a view, so what the program writes back lands in the complex
-tensor), whose last dimension holds the parts. What is refused, by name: complex inputs and outputs of the compiled function (the
-host would convert them each call: pass and return `torch.view_as_real(z)` instead), and
-complex ops outside `_RULES`, with the user's line.
+tensor), whose last dimension holds the parts. What is refused, by name: complex inputs and
+outputs of the compiled function (the host would convert them each call: pass and return
+`torch.view_as_real(z)` instead), and complex ops without a rule, with the user's line.
 """
 
 from __future__ import annotations
@@ -148,8 +148,9 @@ def _to_copy(x: Any, dtype: torch.dtype | None = None, **_: Any) -> Any:
 
 
 def _part_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The real dtype of a complex dtype's parts."""
-    return torch.empty(0, dtype=dtype).real.dtype if dtype.is_complex else dtype
+    """The real dtype of a complex dtype's parts (from the dtype alone: a tensor made here, while
+    tracing, would be recorded as one more op of the program)."""
+    return dtype.to_real()
 
 
 def _as_pairs(tensors: list[Any]) -> list[Pair]:
@@ -250,8 +251,8 @@ class _PairInterpreter(torch.fx.Interpreter):
         super().__init__(gm)
         self.op_key, self.where = op_key, where
         self.refused: str | None = None  # the message of the op refused, as it was raised
-        # captured complex tensors as view_as_real holds them: made here, before tracing, so that
-        # they are constants of the new graph (made while tracing, they would be fake tensors)
+        # captured complex tensors as their parts: made here, before tracing, so that they are
+        # constants of the new graph (made while tracing, they would be fake tensors)
         self.constants = {n.target: Pair(getattr(gm, n.target).detach().real.clone(),
                                          getattr(gm, n.target).detach().imag.clone())
                           for n in gm.graph.nodes if n.op == "get_attr" and is_complex(getattr(gm, n.target))}
@@ -287,12 +288,13 @@ class _PairInterpreter(torch.fx.Interpreter):
             key = self.op_key(n.target)
             rule = _per_part(n.target) if key in PER_PART else _RULES.get(key) or (
                 _in_place(_RULES[key[:-1]]) if key.endswith("_") and key[:-1] in _RULES else None)
-            shapes = [list(a.meta["val"].shape) for a in n.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
             if rule is None:
+                shapes = [list(a.meta["val"].shape) for a in n.all_input_nodes
+                          if isinstance(a.meta.get("val"), torch.Tensor)]
+                ruled = sorted(k for k in {*_RULES, *PER_PART} if not k.endswith("_copy"))
                 refused = UnsupportedOpError(str(n.target), shapes, self.where(n),
-                                             "complex tensors are computed as pairs of reals by the ops "
-                                             f"{', '.join(sorted(k for k in {*_RULES, *PER_PART} if not k.endswith('_copy')))}; "
-                                             "this one is not among them")
+                                             f"complex tensors are computed as pairs of reals by the ops "
+                                             f"{', '.join(ruled)}; this one is not among them")
                 self.refused = str(refused)
                 raise refused
             kwargs = {k: v for k, v in kwargs.items() if k not in ("layout", "device", "pin_memory", "memory_format",
@@ -306,6 +308,8 @@ def _per_part(op: Callable[..., Any]) -> Callable[..., Any]:
     """`op` (in PER_PART) on each part of its complex operand: a pair, or a list of pairs for
     an op that returns a list (split, unbind)."""
     def on_parts(z: Pair, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(kwargs.get("dtype"), torch.dtype):  # a sum's result dtype: its parts' then
+            kwargs["dtype"] = _part_dtype(kwargs["dtype"])
         re, im = op(z.re, *args, **kwargs), op(z.im, *args, **kwargs)
         return [Pair(r, i) for r, i in zip(re, im)] if isinstance(re, (list, tuple)) else Pair(re, im)
     return on_parts
@@ -320,5 +324,6 @@ def _check(n: torch.fx.Node, result: Any) -> None:
             continue
         shape = tuple(got.re.shape) if isinstance(got, Pair) else tuple(getattr(got, "shape", ()))
         if shape != tuple(want.shape) or isinstance(got, Pair) != want.is_complex():
-            raise CompileError(f"internal: the complex rule for {n.target} gave {shape} "
-                               f"{'complex' if isinstance(got, Pair) else 'real'}, torch {tuple(want.shape)} {want.dtype}")
+            kind = "complex" if isinstance(got, Pair) else "real"
+            raise CompileError(f"internal: the complex rule for {n.target} gave {shape} {kind}, "
+                               f"torch {tuple(want.shape)} {want.dtype}")
