@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 
 from compiler.compile import Compiled
 from compiler.frontend import key_name
+from compiler.frontend.complex_pairs import device_form
 from compiler.frontend.mappings import register_mappings
 from compiler.iospec import IOSpec
 from runtime import TORCH_DTYPES, Call, Executable, Runtime, run_reference
@@ -144,7 +145,9 @@ class CompiledFunction:
     def _flatten(self, inputs: Any) -> dict[str, Any]:
         register_mappings(inputs)
         leaves, _ = pytree.tree_flatten_with_path(inputs, is_leaf=lambda x: isinstance(x, TensorProxy))
-        values = {key_name(path): leaf for path, leaf in leaves}
+        # a complex tensor is passed as the device holds it, its view_as_real form (compiled so)
+        values = {key_name(path): device_form(leaf) if isinstance(leaf, torch.Tensor) else leaf
+                  for path, leaf in leaves}
         missing = [k for k in self._inputs if k not in values]
         extra = [k for k in values if k not in self._inputs]
         if missing or extra:

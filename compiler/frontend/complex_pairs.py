@@ -15,9 +15,10 @@ complex value, and each op keeps the user's source line. A complex tensor the fu
 
 A registered complex tensor is held on the device as the real tensor `torch.view_as_real` gives
 (`device_form`, runtime.resident: a view, so what the program writes back lands in the complex
-tensor), whose last dimension holds the parts. What is refused, by name: complex inputs and
-outputs of the compiled function (the host would convert them each call: pass and return
-`torch.view_as_real(z)` instead), and complex ops without a rule, with the user's line.
+tensor), whose last dimension holds the parts, and so is a complex64 input of the compiled
+function (mlsdk.function passes it so). What is refused, by name: complex outputs (return
+`torch.view_as_real(z)` instead: a proxy of a complex tensor is not modelled) and complex ops
+without a rule, with the user's line.
 """
 
 from __future__ import annotations

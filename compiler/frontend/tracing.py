@@ -146,11 +146,9 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
     for name, t in zip(names, tensors):
         if not isinstance(t, torch.Tensor):
             raise CompileError(f"input {name!r} is a {type(t).__name__}; compiled functions take tensors")
-        if t.dtype not in INPUT_DTYPES:
-            hint = f" (pass torch.view_as_real({name}) and take torch.view_as_complex of it in the function)" \
-                if t.is_complex() else ""
+        if t.dtype not in INPUT_DTYPES and t.dtype != torch.complex64:  # (complex: as its view_as_real pairs)
             raise CompileError(f"input {name!r} has dtype {t.dtype}; the device takes "
-                               f"{', '.join(str(d).replace('torch.', '') for d in INPUT_DTYPES)}{hint}")
+                               f"{', '.join(str(d).replace('torch.', '') for d in INPUT_DTYPES)} and complex64")
     tensors = _unaliased(tensors)
     spec = pytree.tree_structure(inputs)
     out_info: dict[str, Any] = {}
@@ -184,7 +182,7 @@ def _trace(fn: Callable[[Any], Any], inputs: Any, resident: Callable[[torch.Tens
             if clash:
                 raise CompileError(f"input {clash[0]!r} has the name of a registered tensor the function reads; "
                                    "rename the input or give the model another prefix")
-            tensors = [t.detach() for t in tensors]
+            tensors = [complex_pairs.device_form(t.detach()) for t in tensors]  # (as the device takes them)
             # fake tensor mode keeps one-element constants real and runs ops on them: pass 2 would
             # really add 1 to an unregistered BatchNorm's num_batches_tracked (kept as it was below)
             written = [(t, t.detach().clone()) for _, t in unkept]

@@ -1,7 +1,8 @@
 """Complex tensors inside compiled functions, computed as pairs of reals (compiler.frontend.complex_pairs):
 values against torch, a rotary-embedding training step against torch's optimizer (its rotations
-captured, or a registered buffer), a registered complex tensor written in place coming back
-complex, and the refusals (complex inputs, outputs, ops without a rule) by type and message."""
+captured, a registered buffer or an input), a registered complex tensor written in place coming
+back complex, and the refusals (complex128 inputs, complex outputs, ops without a rule) by type
+and message."""
 
 from __future__ import annotations
 
@@ -106,11 +107,25 @@ def test_rotary_attention_trains_as_torch_does(buffer):
     assert model.freqs_cis.dtype == torch.complex64 and torch.equal(model.freqs_cis, ref.freqs_cis)
 
 
-def test_complex_inputs_outputs_and_ops_without_a_rule_are_refused_by_name():
+def test_a_complex_input_is_passed_as_its_pairs():
+    """A complex64 input (the rotations passed in rather than captured) is uploaded as its
+    view_as_real form, each call's own values."""
+    def rotate(d):
+        return dict(zip("qk", apply_rotary_emb(d["q"], d["k"], d["freqs_cis"])))
+    d = {"q": torch.randn(2, 6, 2, 8), "k": torch.randn(2, 6, 2, 8), "freqs_cis": precompute_freqs_cis(8, 6)}
+    fn = Context(MNDevice("mini:auto")).compile(rotate, d, None)
+    for theta in (10000.0, 100.0):
+        d["freqs_cis"] = precompute_freqs_cis(8, 6, theta)
+        got, want = fn(d), rotate(d)
+        for n in "qk":
+            torch.testing.assert_close(got[n].cpu(), want[n], rtol=1e-5, atol=1e-6)
+
+
+def test_complex128_inputs_outputs_and_ops_without_a_rule_are_refused_by_name():
     ctx = Context(MNDevice("mini:auto"))
     x = torch.randn(3, 4, 2)
-    with pytest.raises(CompileError, match=r"input 'z' has dtype torch.complex64.*torch.view_as_real\(z\)"):
-        ctx.compile(lambda d: {"y": torch.view_as_real(d["z"] * 2)}, {"z": torch.view_as_complex(x)}, None)
+    with pytest.raises(CompileError, match=r"input 'z' has dtype torch.complex128; the device takes .* and complex64"):
+        ctx.compile(lambda d: {"y": torch.view_as_real(d["z"] * 2)}, {"z": torch.view_as_complex(x.double())}, None)
     with pytest.raises(CompileError, match=r"output 'w' is a complex tensor.*return torch.view_as_real"):
         ctx.compile(lambda d: {"w": torch.view_as_complex(d["x"]) * 2}, {"x": x}, None)
 
