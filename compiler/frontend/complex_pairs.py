@@ -252,6 +252,8 @@ class _PairInterpreter(torch.fx.Interpreter):
         super().__init__(gm)
         self.op_key, self.where = op_key, where
         self.refused: str | None = None  # the message of the op refused, as it was raised
+        self.complex_inputs = {n.target for n in gm.graph.nodes  # (given in device_form: read as pairs)
+                               if n.op == "placeholder" and is_complex(n.meta.get("val"))}
         # captured complex tensors as their parts: made here, before tracing, so that they are
         # constants of the new graph (made while tracing, they would be fake tensors)
         self.constants = {n.target: Pair(getattr(gm, n.target).detach().real.clone(),
@@ -259,12 +261,8 @@ class _PairInterpreter(torch.fx.Interpreter):
                           for n in gm.graph.nodes if n.op == "get_attr" and is_complex(getattr(gm, n.target))}
 
     def placeholder(self, target: Any, args: tuple, kwargs: dict) -> Any:
-        value = super().placeholder(target, args, kwargs)  # (a registered complex tensor in device_form)
-        return Pair.of(value) if isinstance(value, torch.Tensor) and is_complex(self.node_val(target)) else value
-
-    def node_val(self, target: Any) -> Any:
-        """The traced value of the placeholder `target`."""
-        return next(n.meta.get("val") for n in self.graph.nodes if n.op == "placeholder" and n.target == target)
+        value = super().placeholder(target, args, kwargs)
+        return Pair.of(value) if target in self.complex_inputs else value
 
     def get_attr(self, target: Any, args: tuple, kwargs: dict) -> Any:
         value = super().get_attr(target, args, kwargs)
